@@ -1,0 +1,1 @@
+"""dice_ray.cluster"""

@@ -1,0 +1,274 @@
+"""The one typed configuration of a dice-ray run.
+
+Every knob has its default, its meaning and, where it has one, the paper or project it comes from.
+Knob names follow TRL's ``GRPOConfig`` where one exists (``num_generations``, ``beta``, ``epsilon``,
+``scale_rewards``, ``learning_rate``).  Unknown keys and bad values raise
+:class:`pydantic.ValidationError` naming the key, before any actor starts.
+
+Load with :func:`load_config` (YAML file + ``key=value`` overrides in dotted form, e.g.
+``rl.num_generations=8``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TasksConfig(_Section):
+    """Which problems the run trains and evaluates on."""
+
+    spec: str = Field(
+        "builtin", description="'builtin', 'dice:PATH' (a DICE JSON file or folder) or 'kernelbench:DIR'."
+    )
+    heldout_fraction: float = Field(
+        0.2, ge=0.0, lt=1.0, description="Share of tasks kept out of SFT and RL, for compile-rate reports."
+    )
+    max_tasks: int | None = Field(None, ge=1, description="Cap on tasks loaded (after shuffling by seed).")
+    max_input_elements: int | None = Field(
+        2**28,
+        ge=1,
+        description="Refuse references whose get_inputs() allocates more elements than this, by a static "
+        "lower bound (DICE's data holds references of up to 17 GB of inputs); None: no cap.",
+    )
+    prompt_template: Literal["compact", "dice"] = Field(
+        "compact",
+        description="Prompt template set: 'compact' fits the tiny policy's ~600-token prompt budget; 'dice' is "
+        "DICE-style full prompts (with a worked example) for real SDAR-size models.",
+    )
+
+
+class ModelConfig(_Section):
+    """The tiny SDAR-shape block-diffusion policy (Qwen3 architecture, block-causal attention)."""
+
+    hidden_size: int = Field(128, ge=16)
+    intermediate_size: int = Field(384, ge=16)
+    num_hidden_layers: int = Field(4, ge=1)
+    num_attention_heads: int = Field(4, ge=1)
+    num_key_value_heads: int = Field(2, ge=1)
+    head_dim: int = Field(32, ge=8)
+    max_position_embeddings: int = Field(4096, ge=128)
+    block_size: int = Field(4, ge=1, description="Tokens per diffusion block (SDAR / DICE: 4).")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Parameter dtype; bf16 matmul is ~85x slower than fp32 on AVX2-only CPUs."
+    )
+    path: str | None = Field(None, description="Load a saved policy from this folder instead of building one.")
+    rope_theta: float = Field(10000.0, gt=0.0, description="RoPE base (Qwen3).")
+    tie_word_embeddings: bool = Field(True, description="Share the input embedding and the LM head (fewer params).")
+
+
+class SamplingConfig(_Section):
+    """Block-diffusion decoding (SDAR / Fast-dLLM low-confidence remasking)."""
+
+    max_new_tokens: int = Field(512, ge=4)
+    steps_per_block: int = Field(4, ge=1, description="Denoising steps a block for static remasking.")
+    remasking: Literal["static", "dynamic"] = Field(
+        "dynamic", description="static: k tokens a step; dynamic: every token above the threshold (>=1)."
+    )
+    threshold: float = Field(0.9, gt=0.0, le=1.0, description="Confidence threshold for dynamic remasking.")
+    temperature: float = Field(1.0, ge=0.0)
+    top_k: int | None = Field(None, ge=1)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+
+
+class SFTConfig(_Section):
+    """Masked-diffusion SFT warm start on the suite's reference solutions (cached by content hash)."""
+
+    enabled: bool = True
+    steps: int = Field(400, ge=0, description="Optimizer steps.")
+    batch_size: int = Field(8, ge=1, description="(prompt, target) pairs a step.")
+    learning_rate: float = Field(3e-3, gt=0.0, description="AdamW peak lr (linear warm-up, cosine decay).")
+    warmup_steps: int = Field(20, ge=0, description="Linear lr warm-up steps.")
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="Cosine decay floor, as a share of the peak lr.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient-norm clip.")
+    complementary_mask: bool = Field(
+        True,
+        description="Also train the complement of each block's mask (DiffuCoder's coupled sampling): every "
+        "response token gets a loss each step, for ~25% more compute.",
+    )
+    num_threads: int | None = Field(
+        None, ge=1, description="torch CPU threads during SFT; None: every core this process may use."
+    )
+    target_loss: float | None = Field(
+        None,
+        gt=0.0,
+        description="Stop early once the loss (EMA over ~20 steps) falls below this (nats a masked token); "
+        "None: run all steps. Stopping short of perfect memorization keeps temperature-1 samples diverse, "
+        "so RL groups have differing rewards.",
+    )
+    log_every: int = Field(50, ge=1, description="Record the loss every this many steps (SFTReport.losses).")
+    cache_dir: str = Field("~/.cache/dice-ray/sft", description="Where warm-started weights are cached.")
+
+
+class RewardConfig(_Section):
+    """Reward of one verdict (see ``dice_ray.verify.reward``).
+
+    0 unless compiled, correct (when measured) and no anti-cheat rule broken; then
+    ``correct_reward + speedup_weight * clip(log2(speedup), -speedup_clip_low, speedup_clip_high)``.
+    With no GPU (compile-only mode) correctness is unmeasured and a compiled, rule-abiding candidate
+    gets ``compile_only_reward``.
+    """
+
+    correct_reward: float = 1.0
+    speedup_weight: float = 0.5
+    speedup_clip_low: float = Field(1.0, ge=0.0)
+    speedup_clip_high: float = Field(3.0, ge=0.0)
+    compile_only_reward: float = 1.0
+
+
+class VerifyConfig(_Section):
+    """The verifier: compile, static anti-cheat rules, sandboxed run, correctness and timing.
+
+    Correctness and timing follow KernelBench (``eval.py``, ``timing.py``: seeded ``Model`` and
+    ``ModelNew``, several input trials, allclose, CUDA-event timing with an L2 flush) and close its
+    known gaps (see ``dice_ray.verify``'s docstring and ``dice_ray.verify.rules.RULES``).
+    """
+
+    mode: Literal["auto", "gpu", "compile_only"] = Field(
+        "auto", description="auto: gpu when the actor has one, else compile_only."
+    )
+    correctness_trials: int = Field(3, ge=1, description="Input sets (different seeds) checked against the reference.")
+    timing_trials: int = Field(20, ge=1, description="Timed forwards of each of reference and candidate (median taken).")
+    warmup: int = Field(3, ge=0, description="Untimed forwards before timing.")
+    rtol: float = Field(1e-2, gt=0.0, description="Relative tolerance for fp32 outputs (KernelBench: 1e-2).")
+    atol: float = Field(
+        1e-2, ge=0.0,
+        description="Absolute tolerance for fp32 outputs (KernelBench: 1e-2); capped at rtol * rms(reference) "
+        "so near-zero outputs are compared relatively and all-zeros cannot pass.",
+    )
+    half_rtol: float = Field(5e-2, gt=0.0, description="Relative tolerance when the reference output is fp16/bf16.")
+    half_atol: float = Field(5e-2, ge=0.0, description="Absolute tolerance when the reference output is fp16/bf16.")
+    seed: int = Field(42, description="Seed of Model/ModelNew construction (KernelBench: 42); trial i uses seed+1+i.")
+    compile_timeout_s: float = Field(60.0, gt=0.0, description="Limit on executing the candidate module (NVRTC compiles).")
+    run_timeout_s: float = Field(60.0, gt=0.0, description="Limit on each later stage: reference check, then run + timing.")
+    start_timeout_s: float = Field(180.0, gt=0.0, description="Limit on starting a sandbox worker (import torch, CUDA init).")
+    arch: str = Field("sm_90", description="NVRTC target when no GPU is present (compile-only mode).")
+    static_rules: bool = Field(
+        True, description="Apply the static anti-cheat rules and the candidate's import guard. False only to test the sandbox."
+    )
+    dry_run: bool = Field(
+        True, description="compile_only: also run ModelNew.forward on meta tensors with kernel launches checked, not run."
+    )
+    max_jobs_per_worker: int = Field(500, ge=1, description="Respawn the sandbox worker after this many candidates.")
+    cpu_address_space_gib: float = Field(
+        16.0, ge=0.0, description="RLIMIT_AS of a compile-only worker (GiB; 0: none). Not set on GPU: CUDA reserves huge ranges."
+    )
+    file_size_mib: float = Field(64.0, gt=0.0, description="RLIMIT_FSIZE of the worker (MiB): largest file it may write.")
+    gpu_memory_fraction: float = Field(
+        0.9, gt=0.0, le=1.0, description="torch.cuda.set_per_process_memory_fraction in the GPU worker."
+    )
+    seccomp: bool = Field(True, description="Forbid fork/exec in the worker with a seccomp filter (x86-64 Linux).")
+
+
+class PhaseConfig(_Section):
+    """BiC-RL curriculum: infilling first, end-to-end after, with a linear ramp between (no abrupt switch)."""
+
+    infill_steps: int = Field(2, ge=0, description="Steps with infill fraction 1.0 (DICE: 20).")
+    ramp_steps: int = Field(2, ge=0, description="Steps over which the infill fraction falls linearly to final.")
+    final_infill_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    scaffold_granularity: Literal["source"] = "source"
+
+
+class RLConfig(_Section):
+    """GRPO-family loss with TraceRL log-probs (Wang et al. 2025, DICE's method); names after TRL's GRPOConfig."""
+
+    steps: int = Field(6, ge=1, description="RL steps in the run.")
+    prompts_per_step: int = Field(4, ge=1)
+    num_generations: int = Field(4, ge=2, description="G: samples a prompt (a group).")
+    learning_rate: float = Field(1e-4, gt=0.0, description="AdamW lr (DICE: 1e-6 on 8B).")
+    beta: float = Field(0.0, ge=0.0, description="k3 KL coefficient against the reference policy (DICE: 0.01).")
+    epsilon: float = Field(0.2, gt=0.0, description="PPO clip range.")
+    scale_rewards: bool = Field(True, description="Divide group-centred rewards by the group std (GRPO z-score).")
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    ppo_epochs: int = Field(1, ge=1)
+    seed: int = 0
+
+
+class EvalConfig(_Section):
+    """Compile / correct rates on held-out tasks at the start and the end of a run."""
+
+    heldout_tasks: int = Field(4, ge=0, description="Held-out tasks sampled (0: skip the report).")
+    samples: int = Field(2, ge=1, description="Samples a held-out task and phase.")
+
+
+class ClusterConfig(_Section):
+    """Ray resources and the DeepSpeed learner."""
+
+    address: str | None = Field(None, description="Ray address; None: RAY_ADDRESS or a new local cluster.")
+    num_rollout_workers: int = Field(1, ge=1)
+    num_verifiers: int | None = Field(None, ge=1, description="None: one per GPU, or 2 CPU actors without GPUs.")
+    zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage of the learner.")
+    learner_gpus: float = Field(0.0, ge=0.0, description="GPUs for the learner actor (0: CPU, gloo; a fraction shares one).")
+    rollout_gpus: float = Field(0.0, ge=0.0)
+    verifier_gpus: float = Field(1.0, ge=0.0, description="GPUs per verifier actor when GPUs exist.")
+
+
+class DiceConfig(_Section):
+    """Top-level config of ``dice-ray train``."""
+
+    run_dir: str = Field("runs", description="Parent folder of run directories.")
+    run_name: str | None = None
+    checkpoint_every: int = Field(1, ge=1)
+    keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept (oldest deleted first).")
+    tasks: TasksConfig = TasksConfig()
+    model: ModelConfig = ModelConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    sft: SFTConfig = SFTConfig()
+    reward: RewardConfig = RewardConfig()
+    verify: VerifyConfig = VerifyConfig()
+    phase: PhaseConfig = PhaseConfig()
+    rl: RLConfig = RLConfig()
+    eval: EvalConfig = EvalConfig()
+    cluster: ClusterConfig = ClusterConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> "DiceConfig":
+        if self.sampling.max_new_tokens % self.model.block_size:
+            raise ValueError(
+                f"sampling.max_new_tokens={self.sampling.max_new_tokens} must be a multiple of "
+                f"model.block_size={self.model.block_size}"
+            )
+        return self
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"override {key!r}: {p!r} is not a section")
+    node[parts[-1]] = value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> DiceConfig:
+    """Build a :class:`DiceConfig` from an optional YAML file and ``key=value`` overrides.
+
+    Values in overrides are parsed as YAML scalars (``rl.steps=3``, ``cluster.address=null``).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: an override is not of the form ``dotted.key=value``.
+        pydantic.ValidationError: an unknown key or a bad value (the message names it).
+    """
+    tree: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text()
+        loaded = yaml.safe_load(text) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"config {path}: top level must be a mapping, got {type(loaded).__name__}")
+        tree = loaded
+    for item in overrides or []:
+        if "=" not in item:
+            raise ValueError(f"override {item!r}: expected dotted.key=value")
+        key, raw = item.split("=", 1)
+        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
+    return DiceConfig.model_validate(tree)

@@ -1,0 +1,113 @@
+"""DiffusionPolicy: the block-diffusion LM, its tokenizer and the ids the sampler and trainer need."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_model, save_model
+
+from dice_ray.config import ModelConfig
+from dice_ray.policy.model import build_model
+from dice_ray.policy.tokenizer import ASSET_PATH, DiceTokenizer
+
+_CONFIG_FILE = "model_config.json"
+_WEIGHTS_FILE = "model.safetensors"
+_TOKENIZER_FILE = "tokenizer.json"
+
+
+class DiffusionPolicy:
+    """An SDAR-shape block-diffusion policy: a Qwen3ForCausalLM with block-causal attention + tokenizer.
+
+    Attributes:
+        model: ``transformers.Qwen3ForCausalLM`` (attention ``"dice_block"``; see ``dice_ray.policy.model``).
+        tokenizer: :class:`~dice_ray.policy.tokenizer.DiceTokenizer`.
+        mask_id, eos_id, pad_id: ids of ``<|mask|>``, ``<|eos|>``, ``<|pad|>``.
+        block_size: tokens a diffusion block (SDAR / DICE: 4).
+        model_cfg: the :class:`ModelConfig` the model was built from.
+
+    Weight sync between actors: ``policy.state_dict()`` / ``policy.load_state_dict(sd)`` (the model's,
+    fp32 or bf16 tensors keyed by parameter name).
+    """
+
+    def __init__(self, model, tokenizer: DiceTokenizer, model_cfg: ModelConfig):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.model_cfg = model_cfg
+        self.mask_id = tokenizer.mask_id
+        self.eos_id = tokenizer.eos_id
+        self.pad_id = tokenizer.pad_id
+        self.block_size = model_cfg.block_size
+
+    @classmethod
+    def build(cls, model_cfg: ModelConfig, seed: int = 0, tokenizer_path: str | Path = ASSET_PATH) -> "DiffusionPolicy":
+        """A fresh, randomly initialised tiny policy with the shipped tokenizer (no download).
+
+        The initial weights depend only on ``model_cfg``, the tokenizer and ``seed`` (the global torch RNG
+        is left untouched).
+        """
+        tok = DiceTokenizer.load(tokenizer_path)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = build_model(model_cfg, tok.vocab_size, tok.pad_id)
+        return cls(model, tok, model_cfg)
+
+    @classmethod
+    def from_config(cls, model_cfg: ModelConfig, seed: int = 0) -> "DiffusionPolicy":
+        """``load(model_cfg.path)`` when a path is set, else ``build(model_cfg, seed)``."""
+        return cls.load(model_cfg.path) if model_cfg.path else cls.build(model_cfg, seed)
+
+    def save(self, path: str | Path) -> None:
+        """Write ``model_config.json``, ``model.safetensors`` and ``tokenizer.json`` into folder ``path``."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / _CONFIG_FILE).write_text(self.model_cfg.model_dump_json(indent=2))
+        save_model(self.model, str(path / _WEIGHTS_FILE))
+        self.tokenizer.save(path / _TOKENIZER_FILE)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "DiffusionPolicy":
+        """Load a policy written by :meth:`save`.
+
+        Raises:
+            FileNotFoundError: ``path`` lacks one of the three files.
+        """
+        path = Path(path)
+        for f in (_CONFIG_FILE, _WEIGHTS_FILE, _TOKENIZER_FILE):
+            if not (path / f).is_file():
+                raise FileNotFoundError(f"policy folder {path}: missing {f}")
+        cfg = ModelConfig.model_validate(json.loads((path / _CONFIG_FILE).read_text()))
+        tok = DiceTokenizer.load(path / _TOKENIZER_FILE)
+        model = build_model(cfg, tok.vocab_size, tok.pad_id)
+        load_model(model, str(path / _WEIGHTS_FILE))
+        return cls(model, tok, cfg.model_copy(update={"path": str(path)}))
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def to(self, device: str | torch.device) -> "DiffusionPolicy":
+        """Move the model to ``device``; returns self."""
+        self.model.to(device)
+        return self
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no special tokens added)."""
+        return self.tokenizer.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of ``ids`` with special tokens dropped."""
+        return self.tokenizer.decode(ids)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's parameters and buffers (for weight sync)."""
+        return self.model.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load weights produced by :meth:`state_dict` (strict)."""
+        self.model.load_state_dict(state_dict)
+
+    def num_parameters(self) -> int:
+        """Number of distinct parameters (tied embeddings counted once)."""
+        return sum(p.numel() for p in self.model.parameters())

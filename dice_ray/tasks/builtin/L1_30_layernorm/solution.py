@@ -1,0 +1,57 @@
+import torch
+import torch.nn as nn
+from dice_ray.launch import load_cuda
+
+cuda_source = r"""
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+    return v;
+}
+
+// Sum over a block of a multiple of 32 threads; every thread gets the result. sh: 32 floats.
+__device__ float block_sum(float v, float* sh) {
+    v = warp_sum(v);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = (threadIdx.x & 31) < (blockDim.x >> 5) ? sh[threadIdx.x & 31] : 0.f;
+    v = warp_sum(v);
+    __syncthreads();
+    return v;
+}
+
+// One block per row: y = (x - mean) / sqrt(var + eps) * w + b (biased variance, as nn.LayerNorm).
+extern "C" __global__ void layernorm_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                                           const float* __restrict__ b, float* __restrict__ y,
+                                           long cols, float eps) {
+    __shared__ float sh[32];
+    const float* xr = x + blockIdx.x * cols;
+    float* yr = y + blockIdx.x * cols;
+    float s = 0.f;
+    for (long j = threadIdx.x; j < cols; j += blockDim.x) s += xr[j];
+    float mean = block_sum(s, sh) / (float)cols;
+    float v = 0.f;
+    for (long j = threadIdx.x; j < cols; j += blockDim.x) {
+        float c = xr[j] - mean;
+        v += c * c;
+    }
+    float rstd = rsqrtf(block_sum(v, sh) / (float)cols + eps);
+    for (long j = threadIdx.x; j < cols; j += blockDim.x) yr[j] = (xr[j] - mean) * rstd * w[j] + b[j];
+}
+"""
+
+kernels = load_cuda(cuda_source)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.ln = nn.LayerNorm(dim)
+
+    def forward(self, x):
+        x = x.contiguous()
+        cols = x.shape[-1]
+        rows = x.numel() // cols
+        y = torch.empty_like(x)
+        kernels.layernorm_kernel(grid=rows, block=256,
+                                 args=(x, self.ln.weight, self.ln.bias, y, cols, self.ln.eps))
+        return y

@@ -1,0 +1,277 @@
+"""The task model: one KernelBench-format problem and, optionally, a working solution.
+
+A *reference* (KernelBench format, also the ``pytorch_code`` of DICE's RL data) is a Python module
+that defines ``class Model(nn.Module)`` with a ``forward``, ``get_inputs()`` (the forward's
+arguments) and ``get_init_inputs()`` (the constructor's arguments).  A *solution* defines
+``class ModelNew`` with the same constructor signature, in one of two formats:
+
+* ``"fast"``: dice-ray's NVRTC format (``cuda_source = r\"\"\"...\"\"\"``,
+  ``kernels = load_cuda(cuda_source)``, see INTERFACES.md);
+* ``"load_inline"``: KernelBench / DICE's ``torch.utils.cpp_extension.load_inline`` format.
+
+Sources are untrusted (DICE records, user files): validation here only parses them with
+:mod:`ast` and never executes them; references run only inside the verifier's sandbox.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+SolutionFormat = Literal["fast", "load_inline"]
+SOLUTION_FORMATS: tuple[str, ...] = ("fast", "load_inline")
+
+#: Longest source accepted (characters); DICE's longest reference is ~1.6k, its longest solution ~9k.
+MAX_SOURCE_CHARS = 200_000
+
+
+class TaskError(ValueError):
+    """A task's field breaks a validation rule.
+
+    Attributes:
+        rule: short id of the broken rule (``"syntax-error"``, ``"no-model-class"``, ...), used by
+            :class:`dice_ray.tasks.loaders.LoadReport` to count rejections by reason.
+    """
+
+    def __init__(self, rule: str, message: str):
+        super().__init__(f"{rule}: {message}")
+        self.rule = rule
+
+
+def _parse(src: object, field: str) -> ast.Module:
+    if not isinstance(src, str):
+        raise TaskError("not-a-string", f"{field} must be a str, got {type(src).__name__}")
+    if not src.strip():
+        raise TaskError("empty-source", f"{field} is empty")
+    if len(src) > MAX_SOURCE_CHARS:
+        raise TaskError("too-large", f"{field} has {len(src)} characters, the limit is {MAX_SOURCE_CHARS}")
+    try:
+        return ast.parse(src)
+    except SyntaxError as e:
+        raise TaskError("syntax-error", f"{field} does not parse: line {e.lineno}: {e.msg}") from None
+    except ValueError as e:  # e.g. NUL bytes
+        raise TaskError("syntax-error", f"{field} does not parse: {e}") from None
+
+
+def _top_level_names(tree: ast.Module) -> tuple[dict[str, ast.ClassDef], set[str]]:
+    classes: dict[str, ast.ClassDef] = {}
+    functions: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            classes[node.name] = node
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions.add(node.name)
+        elif isinstance(node, ast.Assign):  # get_inputs = lambda: [...]
+            functions.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return classes, functions
+
+
+def _has_method(cls: ast.ClassDef, name: str) -> bool:
+    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name for n in cls.body)
+
+
+def validate_reference(src: object, field: str = "reference_src") -> ast.Module:
+    """Check that ``src`` is a KernelBench-format reference, by parsing only (never executing).
+
+    Rules: a non-empty str of at most :data:`MAX_SOURCE_CHARS` characters that parses as Python and
+    defines, at top level, ``class Model`` with a ``forward`` method, ``get_inputs`` and
+    ``get_init_inputs``.
+
+    Returns:
+        The parsed module.
+    Raises:
+        TaskError: naming ``field`` and the broken rule (``not-a-string``, ``empty-source``,
+            ``too-large``, ``syntax-error``, ``no-model-class``, ``no-forward``, ``no-get-inputs``,
+            ``no-get-init-inputs``).
+    """
+    tree = _parse(src, field)
+    classes, functions = _top_level_names(tree)
+    if "Model" not in classes:
+        raise TaskError("no-model-class", f"{field} must define a top-level class Model (KernelBench format)")
+    if not _has_method(classes["Model"], "forward"):
+        raise TaskError("no-forward", f"{field}: class Model must define forward()")
+    for fn in ("get_inputs", "get_init_inputs"):
+        if fn not in functions:
+            raise TaskError(f"no-{fn.replace('_', '-')}", f"{field} must define a top-level function {fn}()")
+    return tree
+
+
+def validate_solution(src: object, fmt: object, field: str = "solution_src") -> ast.Module:
+    """Check that ``src`` is a solution in format ``fmt``, by parsing only (never executing).
+
+    Rules: ``fmt`` is ``"fast"`` or ``"load_inline"``; ``src`` parses (see :func:`validate_reference`
+    for the string rules) and defines a top-level ``class ModelNew`` with ``forward``; a ``"fast"``
+    solution calls ``load_cuda``, a ``"load_inline"`` one calls ``load_inline``.
+
+    Raises:
+        TaskError: naming ``field`` and the broken rule (``bad-format``, ``syntax-error``,
+            ``no-modelnew-class``, ``no-forward``, ``no-loader-call``, ...).
+    """
+    if fmt not in SOLUTION_FORMATS:
+        raise TaskError("bad-format", f"solution_format must be one of {SOLUTION_FORMATS}, got {fmt!r}")
+    tree = _parse(src, field)
+    classes, _ = _top_level_names(tree)
+    if "ModelNew" not in classes:
+        raise TaskError("no-modelnew-class", f"{field} must define a top-level class ModelNew")
+    if not _has_method(classes["ModelNew"], "forward"):
+        raise TaskError("no-forward", f"{field}: class ModelNew must define forward()")
+    loader = "load_cuda" if fmt == "fast" else "load_inline"
+    if not any(isinstance(n, ast.Call) and _call_name(n) == loader for n in ast.walk(tree)):
+        raise TaskError("no-loader-call", f"{field} in format {fmt!r} must call {loader}()")
+    return tree
+
+
+def _call_name(call: ast.Call) -> str | None:
+    f = call.func
+    if isinstance(f, ast.Name):
+        return f.id
+    if isinstance(f, ast.Attribute):
+        return f.attr
+    return None
+
+
+def estimate_level(reference_src: str) -> int:
+    """Guess a KernelBench level for a reference without one (DICE's infilling records have none).
+
+    Counts the calls in ``Model.forward`` (``torch.relu(x)``, ``self.linear(x)``, ``x.sum()``...):
+    at most one call is a single operator (level 1), more is a fusion (level 2).  Parses only.
+
+    Raises:
+        TaskError: the reference breaks a rule of :func:`validate_reference`.
+    """
+    tree = validate_reference(reference_src)
+    model = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model")
+    forward = next(
+        n for n in model.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "forward"
+    )
+    calls = sum(isinstance(n, ast.Call) for n in ast.walk(forward))
+    return 1 if calls <= 1 else 2
+
+
+_TENSOR_FACTORIES = frozenset({"randn", "rand", "ones", "zeros", "empty"})
+_BINOPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.FloorDiv: lambda a, b: a // b,
+    ast.Div: lambda a, b: a / b,
+}
+
+
+class _Unknown(Exception):
+    pass
+
+
+def _static_value(node: ast.AST, env: dict[str, object]) -> object:
+    """Evaluate int/float arithmetic and tuples over known names; anything else is unknown."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in env:
+        return env[node.id]
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return tuple(_static_value(e, env) for e in node.elts)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        v = _static_value(node.operand, env)
+        if isinstance(v, (int, float)):
+            return -v
+    if isinstance(node, ast.BinOp):
+        a, b = _static_value(node.left, env), _static_value(node.right, env)
+        if isinstance(a, tuple) and isinstance(b, tuple) and isinstance(node.op, ast.Add):
+            return a + b
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            if isinstance(node.op, ast.Pow) and abs(b) <= 64 and abs(a) <= 2**32:
+                return a**b
+            op = _BINOPS.get(type(node.op))
+            if op is not None and not (isinstance(node.op, (ast.FloorDiv, ast.Div)) and b == 0):
+                return op(a, b)
+    raise _Unknown
+
+
+def static_input_elements(reference_src: str) -> int:
+    """A lower bound of the elements ``get_inputs()`` allocates, found without executing anything.
+
+    Evaluates module-level constant assignments (``N = 2048 * 2``, ``h, w = 32, 32``) and sums the
+    sizes of ``torch.randn/rand/ones/zeros/empty(...)`` calls in ``get_inputs`` whose sizes are
+    literal arithmetic over those constants; calls it cannot size count 0.  DICE's RL data holds
+    references with up to 4.3e9 input elements (17 GB of fp32): loaders refuse those by this bound.
+
+    Raises:
+        TaskError: the reference breaks a rule of :func:`validate_reference`.
+    """
+    tree = validate_reference(reference_src)
+    env: dict[str, object] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            try:
+                value = _static_value(node.value, env)
+            except _Unknown:
+                continue
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    env[target.id] = value
+                elif isinstance(target, ast.Tuple) and isinstance(value, tuple) and len(value) == len(target.elts):
+                    env.update({t.id: v for t, v in zip(target.elts, value) if isinstance(t, ast.Name)})
+    get_inputs = next(
+        (n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "get_inputs"),
+        None,
+    )
+    total = 0
+    for call in ast.walk(get_inputs) if get_inputs is not None else ():
+        if not (isinstance(call, ast.Call) and _call_name(call) in _TENSOR_FACTORIES):
+            continue
+        try:
+            dims: list[object] = []
+            for arg in [*call.args, *(k.value for k in call.keywords if k.arg == "size")]:
+                v = _static_value(arg, env)
+                dims.extend(v if isinstance(v, tuple) else (v,))
+            if dims and all(isinstance(d, int) and d >= 0 for d in dims):
+                total += math.prod(dims)  # type: ignore[arg-type]
+        except _Unknown:
+            continue
+    return total
+
+
+@dataclass(frozen=True)
+class Task:
+    """One problem: a KernelBench-format reference and, optionally, a working solution.
+
+    Attributes:
+        task_id: unique id, e.g. ``"builtin/L1/relu"``, ``"dice-e2e/17"``, ``"dice-infill/3"``.
+        name: short human name (``"relu"``).
+        level: 0..4; 1 single operator, 2 fusion, 3 whole model (KernelBench levels; DICE data also
+            has 0).  Used to order the curriculum from single operators to fused models.
+        reference_src: the reference module (see :func:`validate_reference`).
+        solution_src: a working solution, or None.
+        solution_format: ``"fast"`` or ``"load_inline"``; set exactly when ``solution_src`` is.
+
+    Raises:
+        TaskError: on construction, when a field breaks a rule (the message names the field and
+            the rule).  Sources are parsed, never executed.
+    """
+
+    task_id: str
+    name: str
+    level: int
+    reference_src: str
+    solution_src: str | None = None
+    solution_format: SolutionFormat | None = None
+
+    def __post_init__(self) -> None:
+        for field in ("task_id", "name"):
+            value = getattr(self, field)
+            if not isinstance(value, str) or not value.strip():
+                raise TaskError(f"bad-{field.replace('_', '-')}", f"{field} must be a non-empty str, got {value!r}")
+        if isinstance(self.level, bool) or not isinstance(self.level, int) or not 0 <= self.level <= 4:
+            raise TaskError("bad-level", f"level must be an int in 0..4, got {self.level!r}")
+        validate_reference(self.reference_src)
+        if (self.solution_src is None) != (self.solution_format is None):
+            raise TaskError(
+                "solution-format-mismatch",
+                "solution_src and solution_format must be given together "
+                f"(solution_src is {'None' if self.solution_src is None else 'set'}, "
+                f"solution_format={self.solution_format!r})",
+            )
+        if self.solution_src is not None:
+            validate_solution(self.solution_src, self.solution_format)

@@ -1,0 +1,27 @@
+"""dice_ray.verify: compile, static anti-cheat rules, sandboxed run, correctness, timing, reward.
+
+Entry points: :class:`dice_ray.verify.verifier.Verifier` (``verify(task, src, id) -> Verdict``),
+:func:`dice_ray.verify.reward.compute_reward`, :func:`dice_ray.verify.command.verify_files`.
+
+Modules: ``verdict`` (the typed result), ``rules`` (static rules, ast), ``correctness`` (output
+comparison), ``harness`` (what the worker does: stages, run-time rules, timing), ``worker`` (the
+sandboxed process), ``runner`` (its parent side: spawn, protocol, timeouts), ``sandbox``
+(rlimits, seccomp, environment), ``protocol`` (JSON frames), ``reward``, ``command``.
+Nothing here imports Ray: the verifier runs the same inside a Ray actor or a plain process.
+
+Built on KernelBench's evaluation (``src/kernelbench/eval.py``, ``timing.py``) and closes its
+known gaps: one bad kernel poisoning the evaluating process (here: a separate worker, killed and
+replaced after a crash, timeout or sticky CUDA error); zero / near-zero outputs passing an
+absolute tolerance (scaled atol); reused freed output buffers and unwritten elements (free
+memory poisoned with NaN, candidate run before the reference); input mutation; side streams,
+threads and patched timers (static rules, timing through pre-bound CUDA events on the launch
+stream); torch fallbacks (static rules + a dispatch-mode op check); decoy kernels (launch counter
+on every call); behaviour that changes after the correctness phase (a launch check on every timed
+call and a final comparison after timing).
+
+Known gaps: shapes are those of ``get_inputs()`` (a kernel hard-coded for them passes); precision
+within tolerance (an fp32 task may be computed in bf16 when errors stay within 1e-2); a kernel
+that writes out of bounds without faulting can corrupt later candidates in the same worker;
+RLIMIT_AS is not set on GPU workers (CUDA reserves huge ranges); timing is of one stream,
+CUDA-event based, with Python launch overhead included for both sides.
+"""

@@ -1,0 +1,577 @@
+"""Static anti-cheat rules on a candidate's source, applied with :mod:`ast` before anything runs.
+
+The candidate format is INTERFACES.md's fast format: a Python module that compiles CUDA with
+``dice_ray.launch.load_cuda`` and whose ``ModelNew.forward`` launches those kernels.  These rules
+close the fallbacks and tricks that KernelBench's evaluator lets through (DESIGN.md's list of known
+cheats; KernelBench's own ``kernel_static_checker.py`` is regex-based and opt-in).  The run-time
+rules (kernel launched on every call, torch ops seen by a dispatch mode, input mutation, output
+type) are enforced by :mod:`dice_ray.verify.harness` in the sandbox.
+
+Decisions (documented so prompts can state them):
+
+* Imports: only :data:`ALLOWED_IMPORTS` (``torch``, ``torch.nn``, ``torch.nn.functional``,
+  ``math``, ``typing``, ``__future__``, ``dice_ray.launch`` for :data:`ALLOWED_LAUNCH_NAMES`).
+  ``torch.nn.functional`` may be imported (``__init__`` may use anything in torch to build
+  parameters that match the reference) but its compute functions are refused in run-time code.
+* "Run-time code" is every function and lambda except ``__init__`` methods: there only
+  :data:`ALLOWED_TORCH_CALLS` (allocation, meta queries) and :data:`ALLOWED_TENSOR_METHODS`
+  (views, sizes, pointers, in-place fills) may be called on torch; ``@`` is refused; submodules
+  (``self.conv(x)``) and ``.forward`` may not be called.
+* No state across calls: run-time code may not assign ``self.<x>``, use ``global``/``nonlocal``,
+  mutate module-level containers or use mutable default arguments; module top level holds only
+  imports, defs, classes and constant (or ``load_cuda(...)``) assignments.
+
+Each rule has an id (``RULES``); a :class:`Violation` names the rule, the line and what was seen.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "ALLOWED_IMPORTS",
+    "ALLOWED_LAUNCH_NAMES",
+    "ALLOWED_TENSOR_METHODS",
+    "ALLOWED_TORCH_CALLS",
+    "RULES",
+    "Rule",
+    "StaticReport",
+    "Violation",
+    "check_candidate",
+    "check_cuda_source",
+    "import_allowed",
+]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """An anti-cheat (or format) rule: ``id``, the verdict it gives, and what it forbids."""
+
+    id: str
+    verdict: Literal["cheat", "compile_error"]
+    description: str
+
+
+RULES: dict[str, Rule] = {
+    r.id: r
+    for r in [
+        Rule("syntax", "compile_error", "the candidate must parse as Python"),
+        Rule("no-modelnew", "compile_error", "the candidate must define a top-level class ModelNew with forward()"),
+        Rule("unsupported-format", "compile_error",
+             "torch.utils.cpp_extension / load_inline are not the fast format: compile with dice_ray.launch.load_cuda"),
+        Rule("unknown-kernel", "compile_error", "every kernels.<name> the source uses must exist in the compiled module"),
+        Rule("try-except", "cheat", "no try/except: a fallback to PyTorch on kernel failure is the classic cheat"),
+        Rule("reference-model", "cheat", "no use of the reference class Model (inheriting, calling, naming it)"),
+        Rule("base-class", "cheat", "classes may derive only from nn.Module or from classes of the candidate"),
+        Rule("forbidden-import", "cheat", "imports outside the allow-list (os, sys, subprocess, threading, ctypes, ...)"),
+        Rule("dynamic-code", "cheat", "no eval/exec/compile/__import__/getattr/setattr/globals/vars or dunder access"),
+        Rule("file-access", "cheat", "no open() or other file/network access"),
+        Rule("cuda-stream", "cheat", "no CUDA streams, events or graphs: work outside the timed stream is hidden"),
+        Rule("torch-internals", "cheat", "no torch._C / torch.ops / torch.compile / torch.jit / torch.backends / jiterator"),
+        Rule("patching", "cheat", "no assignment to attributes of modules (torch, time, dice_ray) or global torch settings"),
+        Rule("forward-torch-op", "cheat", "run-time code may call only allocation/view torch ops; compute must be in kernels"),
+        Rule("forward-module-call", "cheat", "run-time code may not call submodules (self.conv(x)) or .forward"),
+        Rule("forward-state", "cheat", "no state across calls (self.x = ..., global, mutable defaults, caches)"),
+        Rule("module-state", "cheat", "module top level: imports, defs, classes, constants and load_cuda(...) only"),
+        Rule("cuda-library", "cheat", "no cuBLAS / cuDNN / CUTLASS / CuTe / thrust / cuSPARSE / cuFFT / cuSOLVER includes"),
+        Rule("no-kernel-launch", "cheat", "forward must launch at least one of the candidate's kernels on every call"),
+        Rule("input-mutation", "cheat", "the candidate must not modify its inputs"),
+        Rule("output-type", "cheat", "outputs must be plain torch.Tensor objects (no subclasses or lazy objects)"),
+    ]
+}
+
+ALLOWED_IMPORTS: frozenset[str] = frozenset(
+    {"torch", "torch.nn", "torch.nn.functional", "math", "typing", "__future__", "dice_ray.launch"}
+)
+ALLOWED_LAUNCH_NAMES: frozenset[str] = frozenset({"load_cuda", "KernelModule", "CompileError"})
+ALLOWED_TORCH_CALLS: frozenset[str] = frozenset(
+    f"torch.{n}"
+    for n in (
+        "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
+        "Size", "device", "finfo", "iinfo", "is_tensor", "numel", "no_grad", "inference_mode",
+        "cuda.current_device", "cuda.is_available", "cuda.device_count",
+    )
+)
+ALLOWED_TENSOR_METHODS: frozenset[str] = frozenset(
+    {
+        "contiguous", "view", "view_as", "reshape", "reshape_as", "size", "numel", "dim", "ndimension",
+        "nelement", "stride", "data_ptr", "is_contiguous", "element_size", "storage_offset", "get_device",
+        "t", "transpose", "permute", "unsqueeze", "squeeze", "flatten", "unflatten", "expand", "expand_as",
+        "narrow", "select", "unbind", "split", "chunk", "new_empty", "new_zeros", "new_ones", "new_full",
+        "zero_", "fill_", "detach", "item", "tolist", "cuda", "to", "type", "is_floating_point",
+        "requires_grad_", "dim_order",
+    }
+)
+_STREAM_NAMES = frozenset(
+    {"Stream", "stream", "Event", "graph", "graphs", "CUDAGraph", "make_graphed_callables", "ExternalStream",
+     "set_stream", "current_stream", "default_stream", "StreamContext", "_sleep", "graph_pool_handle"}
+)
+_INTERNAL_ROOTS = ("torch.ops", "torch.compile", "torch.jit", "torch.backends", "torch.library",
+                   "torch.utils", "torch.cuda.jiterator", "torch.fx", "torch.export", "torch.distributed",
+                   "torch.multiprocessing", "torch.classes", "torch.hub", "torch.overrides", "torch.func")
+_GLOBAL_SETTERS = re.compile(r"^torch\.(cuda\.)?(set_\w+|manual_seed\w*|seed|use_deterministic_algorithms|"
+                             r"random\.\w+|cuda\.memory\.\w+|cuda\.empty_cache)$")
+_FORBIDDEN_BUILTINS = {
+    "eval": "dynamic-code", "exec": "dynamic-code", "compile": "dynamic-code", "__import__": "dynamic-code",
+    "getattr": "dynamic-code", "setattr": "dynamic-code", "delattr": "dynamic-code", "globals": "dynamic-code",
+    "locals": "dynamic-code", "vars": "dynamic-code", "breakpoint": "dynamic-code", "input": "dynamic-code",
+    "help": "dynamic-code", "memoryview": "dynamic-code", "exit": "dynamic-code", "quit": "dynamic-code",
+    "open": "file-access",
+}
+_MUTATORS = frozenset({"append", "extend", "insert", "update", "setdefault", "pop", "popitem", "clear", "add",
+                       "discard", "remove", "register_buffer", "register_parameter", "add_module", "copy_"})
+_CUDA_LIBRARIES = re.compile(
+    r"#\s*include\s*[<\"]\s*(cublas\w*|cublasLt\w*|cudnn\w*|cutlass/[^>\"]*|cute/[^>\"]*|thrust/[^>\"]*|"
+    r"cusparse\w*|cufft\w*|cusolver\w*|nccl\w*|nvshmem\w*)",
+    re.I,
+)
+_ALLOWED_DUNDERS = frozenset({"__init__", "__name__"})
+_ALLOWED_DECORATORS = frozenset({"staticmethod", "classmethod", "property", "torch.no_grad", "torch.inference_mode"})
+_STR_METHODS = frozenset({"format", "replace", "strip", "lstrip", "rstrip", "join", "upper", "lower"})
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule: ``rule`` (an id of :data:`RULES`), ``message``, source ``line`` (1-based or None)."""
+
+    rule: str
+    message: str
+    line: int | None = None
+
+    @property
+    def verdict(self) -> str:
+        return RULES[self.rule].verdict
+
+    def __str__(self) -> str:
+        where = f"line {self.line}: " if self.line else ""
+        return f"[{self.rule}] {where}{self.message}"
+
+
+@dataclass
+class StaticReport:
+    """Result of :func:`check_candidate`.
+
+    Attributes:
+        violations: every broken rule, in source order (empty: the candidate may run).
+        kernel_refs: ``variable -> kernel names`` used as ``variable.<name>`` (``kernels.relu_kernel``),
+            for the compile-only existence check; ``self.<attr>`` holders appear as ``"self.<attr>"``.
+    """
+
+    violations: list[Violation] = field(default_factory=list)
+    kernel_refs: dict[str, set[str]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def first(self) -> Violation | None:
+        """The violation that decides the verdict: a compile_error rule first, else the first cheat."""
+        errors = [v for v in self.violations if v.verdict == "compile_error"]
+        return (errors or self.violations or [None])[0]
+
+
+def import_allowed(module: str, names: tuple[str, ...] = ()) -> bool:
+    """Whether ``import module`` / ``from module import names`` is on the allow-list."""
+    if module not in ALLOWED_IMPORTS:
+        return False
+    if module == "dice_ray.launch" and names:
+        return all(n in ALLOWED_LAUNCH_NAMES for n in names)
+    return True
+
+
+def check_cuda_source(text: str) -> list[Violation]:
+    """The CUDA-side rule (``cuda-library``) on any text: library includes that do the work for the kernel."""
+    out = []
+    for m in _CUDA_LIBRARIES.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        out.append(Violation("cuda-library", f"includes the library header {m.group(1)!r}", line))
+    return out
+
+
+_TENSOR_ATTRS: frozenset[str] | None = None
+
+
+def _tensor_compute_methods() -> frozenset[str]:
+    global _TENSOR_ATTRS
+    if _TENSOR_ATTRS is None:
+        import torch
+
+        _TENSOR_ATTRS = frozenset(n for n in dir(torch.Tensor) if not n.startswith("_")) - ALLOWED_TENSOR_METHODS
+    return _TENSOR_ATTRS
+
+
+def _root(node: ast.AST) -> ast.AST:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node
+
+
+class _Checker(ast.NodeVisitor):
+    def __init__(self, tree: ast.Module):
+        self.tree = tree
+        self.report = StaticReport()
+        self.aliases: dict[str, str] = {}
+        self.kernel_vars: set[str] = set()
+        self.kernel_attrs: set[str] = set()
+        self.module_names: set[str] = set()
+        self.class_methods: dict[str, set[str]] = {}
+        self.local_classes: set[str] = set()
+        self.runtime_depth = 0
+        self.direct_class: str | None = None  # set while visiting a class body (its defs are methods)
+        self.scopes: list[set[str]] = [_bound_names(tree)]
+        self.kernel_calls_in_runtime = 0
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def add(self, rule: str, message: str, node: ast.AST | None) -> None:
+        self.report.violations.append(Violation(rule, message, getattr(node, "lineno", None)))
+
+    def dotted(self, node: ast.AST) -> str | None:
+        if isinstance(node, ast.Name):
+            return self.aliases.get(node.id)
+        if isinstance(node, ast.Attribute):
+            base = self.dotted(node.value)
+            return f"{base}.{node.attr}" if base else None
+        return None
+
+    def is_load_cuda(self, node: ast.AST) -> bool:
+        return isinstance(node, ast.Call) and self.dotted(node.func) == "dice_ray.launch.load_cuda"
+
+    def kernel_holder(self, node: ast.AST) -> str | None:
+        """'kernels' for Name kernels, 'self.k' for self.k holding a KernelModule."""
+        if isinstance(node, ast.Name) and node.id in self.kernel_vars:
+            return node.id
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+                and node.attr in self.kernel_attrs):
+            return f"self.{node.attr}"
+        return None
+
+    # -- pre-pass: imports, module names, kernel holders, classes ----------------------------------
+    def prepass(self) -> None:
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.asname:
+                        self.aliases[a.asname] = a.name
+                    else:
+                        top = a.name.split(".")[0]
+                        self.aliases[top] = top
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for a in node.names:
+                    self.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        for node in self.tree.body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [t.id for t in targets if isinstance(t, ast.Name)]
+                self.module_names.update(names)
+                if node.value is not None and self.is_load_cuda(node.value):
+                    self.kernel_vars.update(names)
+            elif isinstance(node, ast.ClassDef):
+                self.local_classes.add(node.name)
+                self.class_methods[node.name] = {
+                    n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                }
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.module_names.add(node.name)
+        for node in ast.walk(self.tree):  # self.k = kernels / load_cuda(...) inside methods
+            if isinstance(node, ast.Assign) and (
+                self.is_load_cuda(node.value) or (isinstance(node.value, ast.Name) and node.value.id in self.kernel_vars)
+            ):
+                for t in node.targets:
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                        self.kernel_attrs.add(t.attr)
+
+    # -- top level -------------------------------------------------------------------------------
+    def check_module(self) -> None:
+        self.prepass()
+        model_new = next((n for n in self.tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelNew"), None)
+        if model_new is None or "forward" not in self.class_methods.get("ModelNew", set()):
+            self.add("no-modelnew", "no top-level class ModelNew with a forward() method", model_new)
+        for node in self.tree.body:
+            self.check_top_statement(node)
+        self.visit(self.tree)
+        if model_new is not None and self.kernel_calls_in_runtime == 0:
+            self.add("no-kernel-launch", "no run-time code uses a kernel of a load_cuda module (kernels.<name>)",
+                     model_new)
+
+    def constantish(self, node: ast.AST | None) -> bool:
+        if node is None or isinstance(node, ast.Constant):
+            return True
+        if isinstance(node, ast.Name):
+            return True  # a reference to another top-level constant or import
+        if isinstance(node, ast.Attribute):
+            return self.dotted(node) is not None  # torch.float32, math.pi
+        if isinstance(node, (ast.Tuple,)):
+            return all(self.constantish(e) for e in node.elts)
+        if isinstance(node, ast.BinOp):
+            return self.constantish(node.left) and self.constantish(node.right)
+        if isinstance(node, ast.UnaryOp):
+            return self.constantish(node.operand)
+        if isinstance(node, ast.JoinedStr):
+            return all(self.constantish(v.value if isinstance(v, ast.FormattedValue) else v) for v in node.values)
+        if isinstance(node, ast.Call):  # "...".format(...) / SRC.replace(...)
+            f = node.func
+            return (isinstance(f, ast.Attribute) and f.attr in _STR_METHODS
+                    and isinstance(f.value, (ast.Constant, ast.Name, ast.JoinedStr))
+                    and all(self.constantish(a) for a in node.args)
+                    and all(self.constantish(k.value) for k in node.keywords))
+        return False
+
+    def check_top_statement(self, node: ast.stmt) -> None:
+        if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Pass)):
+            return
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            return  # docstring
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if all(isinstance(t, ast.Name) for t in targets) and (
+                self.is_load_cuda(node.value) or self.constantish(node.value)
+            ):
+                return
+            self.add("module-state", "top-level assignment of a non-constant (state shared across calls)", node)
+            return
+        if isinstance(node, ast.If) and "__name__" in ast.unparse(node.test):
+            return
+        self.add("module-state", f"top-level {type(node).__name__} statement (only imports, defs, classes, "
+                 "constants and load_cuda(...) are allowed)", node)
+
+    # -- visitors --------------------------------------------------------------------------------
+    def visit_Import(self, node: ast.Import) -> None:
+        for a in node.names:
+            self.check_import(a.name, (), node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            self.add("forbidden-import", "relative import", node)
+            return
+        names = tuple(a.name for a in node.names)
+        if "*" in names:
+            self.add("forbidden-import", f"star import from {node.module}", node)
+            return
+        self.check_import(node.module or "", names, node)
+
+    def check_import(self, module: str, names: tuple[str, ...], node: ast.AST) -> None:
+        if module.startswith("torch.utils.cpp_extension") or (module == "torch.utils" and "cpp_extension" in names):
+            self.add("unsupported-format", f"imports {module} (load_inline): use dice_ray.launch.load_cuda", node)
+        elif not import_allowed(module, names):
+            what = f"from {module} import {', '.join(names)}" if names else f"import {module}"
+            self.add("forbidden-import", f"{what} (allowed: {sorted(ALLOWED_IMPORTS)})", node)
+
+    def visit_Try(self, node: ast.AST) -> None:
+        self.add("try-except", "try statement (a fallback path around the kernel)", node)
+        self.generic_visit(node)
+
+    visit_TryStar = visit_Try
+
+    def visit_Global(self, node: ast.AST) -> None:
+        self.add("forward-state", f"{type(node).__name__.lower()} statement", node)
+
+    visit_Nonlocal = visit_Global
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        if node.name == "Model":
+            self.add("reference-model", "defines a class named Model (the reference's name)", node)
+        for base in node.bases:
+            d = self.dotted(base)
+            if isinstance(base, ast.Name) and base.id == "Model":
+                continue  # reported by visit_Name
+            if d == "torch.nn.Module" or d == "torch.nn.modules.module.Module":
+                continue
+            if isinstance(base, ast.Name) and base.id in self.local_classes:
+                continue
+            self.add("base-class", f"class {node.name} derives from {ast.unparse(base)} (only nn.Module allowed)", node)
+        for kw in node.keywords:
+            self.add("base-class", f"class {node.name} uses the class keyword {kw.arg}=", node)
+        for stmt in node.body:  # class-level mutable attributes are shared caches
+            if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and not self.constantish(stmt.value):
+                self.add("forward-state", f"class attribute of {node.name} is not a constant", stmt)
+        saved, self.direct_class = self.direct_class, node.name
+        self.generic_visit(node)
+        self.direct_class = saved
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> None:
+        for d in [*node.args.defaults, *[d for d in node.args.kw_defaults if d is not None]]:
+            if isinstance(d, (ast.List, ast.Dict, ast.Set, ast.Call, ast.ListComp, ast.DictComp, ast.SetComp)):
+                self.add("forward-state", "mutable default argument (a cache across calls)", d)
+        direct_class, self.direct_class = self.direct_class, None
+        if not isinstance(node, ast.Lambda):
+            for dec in node.decorator_list:
+                target = dec.func if isinstance(dec, ast.Call) else dec
+                name = target.id if isinstance(target, ast.Name) and target.id not in self.aliases else self.dotted(target)
+                if name not in _ALLOWED_DECORATORS:
+                    self.add("dynamic-code", f"decorator {ast.unparse(dec)} on {node.name}", dec)
+        is_init = not isinstance(node, ast.Lambda) and node.name == "__init__" and direct_class is not None
+        runtime = 0 if is_init else 1
+        self.runtime_depth += runtime
+        self.scopes.append(_bound_names(node))
+        self.generic_visit(node)
+        self.scopes.pop()
+        self.runtime_depth -= runtime
+        self.direct_class = direct_class
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+    visit_Lambda = visit_FunctionDef
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if node.id == "Model":
+            self.add("reference-model", "uses the name Model (the reference class)", node)
+        elif node.id in _FORBIDDEN_BUILTINS and not any(node.id in scope for scope in self.scopes):
+            self.add(_FORBIDDEN_BUILTINS[node.id], f"uses {node.id}", node)
+        elif node.id.startswith("__") and node.id not in _ALLOWED_DUNDERS:
+            self.add("dynamic-code", f"uses the dunder name {node.id}", node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if node.attr.startswith("__") and node.attr not in _ALLOWED_DUNDERS:
+            self.add("dynamic-code", f"accesses the dunder attribute .{node.attr}", node)
+        holder = self.kernel_holder(node.value)
+        if holder is not None:
+            self.report.kernel_refs.setdefault(holder, set()).add(node.attr)
+            if self.runtime_depth:
+                self.kernel_calls_in_runtime += 1
+        d = self.dotted(node)
+        if d is not None and d.startswith("torch.") and not isinstance(getattr(node, "parent", None), ast.Attribute):
+            parts = d.split(".")
+            if any(p in _STREAM_NAMES for p in parts[1:]) and parts[1] in ("cuda", *_STREAM_NAMES):
+                self.add("cuda-stream", f"uses {d}", node)
+            elif d.startswith("torch._") or any(d == r or d.startswith(r + ".") for r in _INTERNAL_ROOTS):
+                self.add("torch-internals", f"uses {d}", node)
+        self.generic_visit(node)
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        if self.runtime_depth and isinstance(node.op, ast.MatMult):
+            self.add("forward-torch-op", "matrix product operator @ in run-time code", node)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        if self.runtime_depth and isinstance(node.op, ast.MatMult):
+            self.add("forward-torch-op", "matrix product operator @= in run-time code", node)
+        self.check_targets([node.target], node)
+        self.generic_visit(node)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        self.check_targets(node.targets, node)
+        self.generic_visit(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        self.check_targets([node.target], node)
+        self.generic_visit(node)
+
+    def visit_Delete(self, node: ast.Delete) -> None:
+        self.check_targets(node.targets, node)
+        self.generic_visit(node)
+
+    def check_targets(self, targets: list[ast.expr], node: ast.AST) -> None:
+        flat: list[ast.expr] = []
+        for t in targets:
+            flat.extend(t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])
+        for t in flat:
+            if not isinstance(t, (ast.Attribute, ast.Subscript)):
+                continue
+            root = _root(t)
+            if isinstance(root, ast.Name):
+                if root.id in self.aliases or self.kernel_holder(root) or root.id in ("time", "builtins"):
+                    self.add("patching", f"assigns to {ast.unparse(t)} (a module or kernel module)", node)
+                elif self.runtime_depth and (root.id == "self" or root.id in self.module_names):
+                    self.add("forward-state", f"run-time code assigns {ast.unparse(t)} (state across calls)", node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        f = node.func
+        d = self.dotted(f)
+        if d is not None and _GLOBAL_SETTERS.match(d):
+            self.add("patching", f"calls {d} (changes global torch state shared with the reference)", node)
+        if isinstance(f, ast.Name) and f.id == "type" and len(node.args) == 3:
+            self.add("dynamic-code", "type() with 3 arguments creates a class dynamically", node)
+        if d in ("torch.utils.cpp_extension.load_inline", "torch.utils.cpp_extension.load"):
+            self.add("unsupported-format", f"calls {d}", node)
+        if self.runtime_depth:
+            self.check_runtime_call(node, d)
+        self.generic_visit(node)
+
+    def check_runtime_call(self, node: ast.Call, d: str | None) -> None:
+        f = node.func
+        if d is not None:
+            if (d == "torch" or d.startswith("torch.")) and d not in ALLOWED_TORCH_CALLS and not _GLOBAL_SETTERS.match(d):
+                self.add("forward-torch-op", f"calls {d} in run-time code (only {sorted(ALLOWED_TORCH_CALLS)})", node)
+            return
+        if not isinstance(f, ast.Attribute):
+            return
+        if self.kernel_holder(f.value) is not None:
+            return  # a kernel launch
+        if f.attr in ("forward", "__call__"):
+            self.add("forward-module-call", f"calls .{f.attr}() in run-time code", node)
+            return
+        if isinstance(f.value, ast.Name) and f.value.id == "self":
+            methods = set().union(*[self.class_methods.get(c, set()) for c in self.local_classes]) if self.local_classes else set()
+            if f.attr not in methods and f.attr not in ALLOWED_TENSOR_METHODS:
+                self.add("forward-module-call", f"calls self.{f.attr}(...) (a submodule or torch method) in run-time code",
+                         node)
+            return
+        root = _root(f.value)
+        if f.attr in _MUTATORS and isinstance(root, ast.Name) and (root.id == "self" or root.id in self.module_names):
+            self.add("forward-state", f"run-time code mutates {ast.unparse(f)}", node)
+            return
+        if f.attr in _tensor_compute_methods():
+            self.add("forward-torch-op", f"calls the tensor method .{f.attr}() in run-time code", node)
+
+
+def _bound_names(node: ast.AST) -> set[str]:
+    """Names a module or function binds itself (arguments, assignments, loops, imports, defs)."""
+    out: set[str] = set()
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        a = node.args
+        out.update(x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, *([a.vararg] if a.vararg else []),
+                                   *([a.kwarg] if a.kwarg else [])])
+        body = [node.body] if isinstance(node, ast.Lambda) else node.body
+    else:
+        body = node.body  # type: ignore[attr-defined]
+    stack = list(body)
+    while stack:
+        n = stack.pop()
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+            continue  # its own scope
+        if isinstance(n, ast.Lambda):
+            continue
+        if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            out.add(n.id)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            out.update((a.asname or a.name).split(".")[0] for a in n.names)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            out.add(n.name)
+        stack.extend(ast.iter_child_nodes(n))
+    return out
+
+
+def _set_parents(tree: ast.AST) -> None:
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            child.parent = node  # type: ignore[attr-defined]
+
+
+def check_candidate(src: str) -> StaticReport:
+    """Apply every static rule to a fast-format candidate (parses only, never executes).
+
+    Returns:
+        A :class:`StaticReport`; ``report.first()`` is the violation that decides the verdict
+        (``syntax``, ``no-modelnew`` and ``unsupported-format`` give ``compile_error``, the
+        others ``cheat``).
+    Raises:
+        TypeError: ``src`` is not a str.
+    """
+    if not isinstance(src, str):
+        raise TypeError(f"candidate source must be a str, got {type(src).__name__}")
+    try:
+        tree = ast.parse(src)
+    except (SyntaxError, ValueError) as e:
+        line = getattr(e, "lineno", None)
+        msg = getattr(e, "msg", str(e))
+        return StaticReport([Violation("syntax", f"Python syntax error: {msg}", line)])
+    _set_parents(tree)
+    checker = _Checker(tree)
+    checker.check_module()
+    report = checker.report
+    report.violations.extend(check_cuda_source(src))
+    report.violations.sort(key=lambda v: v.line or 0)
+    return report

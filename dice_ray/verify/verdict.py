@@ -1,0 +1,52 @@
+"""The verifier's typed result: one :class:`Verdict` for every candidate, whatever happened."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+VerdictKind = Literal["ok", "compile_error", "incorrect", "cheat", "crash", "timeout", "invalid_input"]
+
+
+class Verdict(BaseModel):
+    """What the verifier decided about one candidate kernel (INTERFACES.md).
+
+    Attributes:
+        candidate_id, task_id: what was verified.
+        verdict: ``ok`` (compiled, rule-abiding and, on a GPU, correct), ``compile_error`` (Python
+            or NVRTC rejected it; ``reason`` has the log), ``incorrect`` (wrong output),
+            ``cheat`` (an anti-cheat rule, named in ``rule``), ``crash`` (exception, fatal
+            signal, sticky CUDA error), ``timeout`` (a stage ran past its limit), or
+            ``invalid_input`` (the task's reference itself fails; ``rule`` names how).
+        compiled: the candidate module ran to the end of its ``load_cuda`` calls (False when a
+            static rule stopped it before compiling).
+        correct: None when not measured (compile-only mode, or stopped earlier).
+        speedup: ``ref_ms / candidate_ms`` (PyTorch eager reference), None when not measured.
+        reward: see :func:`dice_ray.verify.reward.compute_reward`.
+        reason: human-readable detail (NVRTC log, mismatch statistics, traceback tail, timings).
+        rule: the anti-cheat rule id for ``cheat`` (see ``dice_ray.verify.rules.RULES``), or the
+            reference's failure for ``invalid_input``.
+        ref_ms, candidate_ms: median CUDA-event time of one forward (ms), with the L2 flushed.
+        ref_spread, candidate_spread: (p75 - p25) / median of those times (dimensionless).
+        mode: ``gpu`` or ``compile_only``.
+        seconds: wall time of this verification (s), worker start included when it happened.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    candidate_id: str
+    task_id: str
+    verdict: VerdictKind
+    compiled: bool
+    correct: bool | None
+    speedup: float | None
+    reward: float
+    reason: str
+    rule: str | None = None
+    ref_ms: float | None = None
+    candidate_ms: float | None = None
+    ref_spread: float | None = None
+    candidate_spread: float | None = None
+    mode: Literal["gpu", "compile_only"]
+    seconds: float

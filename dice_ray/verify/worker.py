@@ -1,0 +1,81 @@
+"""The sandboxed worker process: ``python -m dice_ray.verify.worker FD_IN FD_OUT SETTINGS_JSON``.
+
+Started by :class:`dice_ray.verify.runner.WorkerProcess` with a stripped environment and a private
+temporary folder as cwd.  It imports torch, initialises CUDA (GPU mode), applies its own limits
+(:mod:`dice_ray.verify.sandbox`), says ``ready``, then serves jobs one at a time until told to
+exit, the pipe closes, or a job leaves the CUDA context broken (then it exits and the parent
+starts a new one).  stdout/stderr go to a log file in the temporary folder, never to the protocol
+pipe, so a candidate that prints cannot forge messages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+
+def main(argv: list[str]) -> int:
+    fd_in, fd_out, settings = int(argv[0]), int(argv[1]), json.loads(argv[2])
+    from dice_ray.verify.protocol import FrameReader, ProtocolError, write_frame
+
+    mode, device = settings["mode"], settings.get("device")
+    try:
+        import torch
+
+        from dice_ray import launch
+        from dice_ray.verify import sandbox
+        from dice_ray.verify.harness import Harness
+
+        if mode == "gpu":
+            torch.cuda.set_device(device)
+            torch.cuda.init()
+            torch.cuda.set_per_process_memory_fraction(settings["gpu_memory_fraction"], device)
+            launch.configure(compile_only=False)
+            launch._context(device)  # retain torch's primary context, current on this thread
+        else:
+            launch.configure(compile_only=True, arch=settings["arch"])
+        harness = Harness(mode, device, settings)
+        selftest = harness.self_test()  # warms NVRTC, torch's meta/dispatch paths, CUDA kernels
+        limits = sandbox.apply_limits(
+            file_size_mib=settings["file_size_mib"],
+            address_space_gib=settings["cpu_address_space_gib"] if mode == "compile_only" else None,
+        )
+        if settings.get("seccomp", True):
+            limits.append(sandbox.install_seccomp())
+    except Exception:  # noqa: BLE001
+        write_frame(fd_out, {"type": "failed", "error": traceback.format_exc()[-4000:]})
+        return 2
+    info = {"pid": os.getpid(), "mode": mode, "device": device, "limits": limits, "torch": torch.__version__,
+            "self_test": selftest}
+    if mode == "gpu":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["arch"] = launch._target_arch()
+    write_frame(fd_out, {"type": "ready", "info": info})
+    reader = FrameReader(fd_in)
+    while True:
+        try:
+            msg = reader.read(None)
+        except ProtocolError:
+            return 0
+        if msg is None or msg.get("op") == "exit":
+            sys.stdout.flush()
+            os._exit(0)  # skip interpreter teardown (seconds with torch loaded)
+        if msg.get("op") != "job":
+            continue
+        sandbox.set_cpu_budget(msg.get("cpu_budget_s", 600.0))
+
+        def stage(name: str) -> None:
+            write_frame(fd_out, {"type": "stage", "stage": name})
+
+        result = harness.run(msg, stage).to_dict()
+        result["type"] = "result"
+        write_frame(fd_out, result)
+        if result.get("fatal"):
+            sys.stdout.flush()
+            os._exit(3)  # a broken CUDA context cannot be trusted; the parent starts a new worker
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,117 @@
+"""Prompts: both phases and template sets, candidates rebuilt exactly from SFT targets, fences
+stripped, compact references keep the code, prompts stay short."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from dice_ray.tasks.loaders import load_tasks
+from dice_ray.tasks.prompts import (
+    FILL_MARKER,
+    assemble_candidate,
+    build_prompt,
+    compact_reference,
+    sft_pairs,
+    strip_fence,
+)
+from dice_ray.tasks.scaffold import ScaffoldError, make_scaffold
+from dice_ray.tasks.task import Task
+
+BUILTIN = load_tasks("builtin").tasks
+
+
+def _strip_docstrings(tree: ast.AST) -> str:
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(
+            getattr(body[0], "value", None), ast.Constant
+        ) and isinstance(body[0].value.value, str):
+            node.body = body[1:]
+    return ast.dump(tree)
+
+
+@pytest.mark.parametrize("template", ["compact", "dice"])
+def test_sft_pairs_rebuild_the_solution(template):
+    for task in BUILTIN:
+        pairs = sft_pairs(task, template)
+        assert len(pairs) == 2
+        (infill_prompt, middle), (e2e_prompt, whole) = pairs
+        assert middle == make_scaffold(task.solution_src, "fast").middle and whole == task.solution_src
+        assert assemble_candidate(task, "infill", middle) == task.solution_src
+        assert assemble_candidate(task, "e2e", whole) == task.solution_src
+        assert middle not in infill_prompt and task.solution_src not in e2e_prompt  # no answer leaks
+        assert "class Model" in infill_prompt and "class Model" in e2e_prompt
+
+
+def test_compact_prompts_fit_the_tiny_policy():
+    for task in BUILTIN:
+        infill = build_prompt(task, "infill")
+        sc = make_scaffold(task.solution_src, "fast")
+        assert sc.prefix + FILL_MARKER + sc.suffix in infill
+        assert infill.count(FILL_MARKER) == 2  # the instruction names it, the scaffold holds it
+        assert len(infill) < 2600 and len(build_prompt(task, "e2e")) < 2200, task.task_id
+        assert "load_cuda" in build_prompt(task, "e2e")
+    dice_infill = build_prompt(BUILTIN[0], "infill", "dice")
+    assert FILL_MARKER not in dice_infill and "The prefix:" in dice_infill and "The suffix:" in dice_infill
+
+
+def test_bad_phase_template_and_missing_solution():
+    task = BUILTIN[0]
+    with pytest.raises(ValueError, match="phase"):
+        build_prompt(task, "rl")
+    with pytest.raises(ValueError, match="template"):
+        build_prompt(task, "e2e", "huge")
+    bare = Task("t/1", "t", 1, task.reference_src)
+    assert sft_pairs(bare) == [] and "Solution:" in build_prompt(bare, "e2e")
+    with pytest.raises(ScaffoldError, match="no solution_src"):
+        build_prompt(bare, "infill")
+    with pytest.raises(TypeError):
+        assemble_candidate(task, "e2e", None)
+
+
+def test_braces_and_slot_names_in_sources_are_kept():
+    task = BUILTIN[0]
+    ref = task.reference_src.replace("return []", 'return [{"k": "{suffix}"}]')
+    odd = Task("t/2", "t", 1, ref, task.solution_src, "fast")
+    for template in ("compact", "dice"):
+        for phase in ("infill", "e2e"):
+            prompt = build_prompt(odd, phase, template)
+            assert '{"k": "{suffix}"}' in prompt and prompt.count("kernels.relu_kernel(") == (phase == "infill")
+
+
+def test_fences():
+    assert strip_fence("```python\nx = 1\n```\nmore text") == "x = 1\n"
+    assert strip_fence("\n```\nx = 1\n") == "x = 1\n"  # unclosed: runs to the end
+    assert strip_fence("x = 1\n```python\ny\n```") == "x = 1\n```python\ny\n```"  # no leading fence
+    task = BUILTIN[0]
+    middle = make_scaffold(task.solution_src, "fast").middle
+    assert assemble_candidate(task, "infill", f"```cpp\n{middle}```") == task.solution_src
+    assert assemble_candidate(task, "e2e", f"```python\n{task.solution_src}```\n") == task.solution_src
+
+
+def test_compact_reference_keeps_the_code(dice_data):
+    import json
+
+    records = json.loads((dice_data / "kernel_infilling_evaluation.json").read_text())
+    records += json.loads((dice_data / "end_to_end_kernel_generation_4000.json").read_text())[:300]
+    shorter = 0
+    for rec in records:
+        src = rec["pytorch_code"]
+        small = compact_reference(src)
+        assert _strip_docstrings(ast.parse(small)) == _strip_docstrings(ast.parse(src))
+        assert "#" not in small or "#" in src.replace("# ", "")  # comments gone (a '#' may sit in a string)
+        assert "\n\n\n" not in small
+        shorter += len(small) < len(src)
+    assert shorter > len(records) // 2
+
+
+def test_dice_infill_tasks_prompt_and_assemble(dice_data):
+    report = load_tasks(f"dice:{dice_data / 'kernel_infilling_evaluation.json'}")
+    for task in report.tasks:
+        pairs = sft_pairs(task)
+        assert len(pairs) == 1  # load_inline solutions train infilling only
+        prompt, middle = pairs[0]
+        assert middle.startswith("source = ") and assemble_candidate(task, "infill", middle) == task.solution_src
+        assert FILL_MARKER in prompt

@@ -1,0 +1,94 @@
+"""Output comparison (scaled tolerance, dtype, non-finite) and the reward."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dice_ray.config import RewardConfig
+from dice_ray.verify.correctness import compare_outputs
+from dice_ray.verify.reward import compute_reward
+from dice_ray.verify.verdict import Verdict
+
+TOL = dict(rtol=1e-2, atol=1e-2)
+
+
+def test_identical_and_noisy_outputs_pass():
+    ref = torch.randn(256, 256)
+    assert compare_outputs(ref.clone(), ref, **TOL).ok
+    assert compare_outputs(ref * (1 + 1e-4), ref, **TOL).ok
+    assert compare_outputs((ref, 3), (ref.clone(), 3), **TOL).ok
+
+
+def test_zeros_for_a_near_zero_reference_fail_where_kernelbench_passes():
+    ref = torch.randn(512, 512) * 1e-3
+    zeros = torch.zeros_like(ref)
+    assert torch.allclose(zeros, ref, atol=1e-2, rtol=1e-2)  # KernelBench's check lets this through
+    result = compare_outputs(zeros, ref, **TOL)
+    assert not result.ok and "differ" in result.reason
+    assert not compare_outputs(ref * 0.5, ref, **TOL).ok
+    assert compare_outputs(ref * (1 + 1e-4), ref, **TOL).ok  # an honest near-zero result still passes
+
+
+def test_all_zero_reference_accepts_zeros_only():
+    ref = torch.zeros(64)
+    assert compare_outputs(torch.zeros(64), ref, **TOL).ok
+    assert not compare_outputs(torch.full((64,), 1e-3), ref, **TOL).ok
+
+
+def test_shape_dtype_structure_mismatches():
+    ref = torch.randn(8, 8)
+    assert "shape" in compare_outputs(ref.view(64), ref, **TOL).reason
+    assert "dtype" in compare_outputs(ref.half(), ref, **TOL).reason  # precision downgrade
+    assert "outputs" in compare_outputs((ref, ref), ref, **TOL).reason
+    assert not compare_outputs(3.0, ref, **TOL).ok
+    assert not compare_outputs(torch.tensor([1, 2]), torch.tensor([1, 3]), **TOL).ok
+    assert compare_outputs(torch.tensor([1, 2]), torch.tensor([1, 2]), **TOL).ok
+
+
+def test_non_finite_values_must_sit_where_the_reference_has_them():
+    ref = torch.randn(16)
+    bad = ref.clone()
+    bad[3] = float("nan")
+    assert "NaN" in compare_outputs(bad, ref, **TOL).reason
+    ref2 = ref.clone()
+    ref2[5] = float("inf")
+    assert compare_outputs(ref2.clone(), ref2, **TOL).ok
+    flipped = ref2.clone()
+    flipped[5] = -float("inf")
+    assert not compare_outputs(flipped, ref2, **TOL).ok
+
+
+def test_half_outputs_use_half_tolerance():
+    ref = torch.randn(1024).bfloat16()
+    noisy = (ref.float() * 1.02).bfloat16()
+    assert compare_outputs(noisy, ref, **TOL, half_rtol=5e-2, half_atol=5e-2).ok
+    assert not compare_outputs(noisy, ref, **TOL, half_rtol=1e-3, half_atol=1e-3).ok
+
+
+def test_reward():
+    cfg = RewardConfig()
+    assert compute_reward(False, None, False, None, cfg) == 0.0
+    assert compute_reward(True, True, True, 4.0, cfg) == 0.0
+    assert compute_reward(True, False, False, None, cfg) == 0.0
+    assert compute_reward(True, None, False, None, cfg) == cfg.compile_only_reward
+    assert compute_reward(True, True, False, None, cfg) == 1.0
+    assert compute_reward(True, True, False, 1.0, cfg) == 1.0
+    assert compute_reward(True, True, False, 2.0, cfg) == pytest.approx(1.5)
+    assert compute_reward(True, True, False, 1000.0, cfg) == pytest.approx(1.0 + 0.5 * 3)
+    assert compute_reward(True, True, False, math.inf, cfg) == pytest.approx(2.5)
+    assert compute_reward(True, True, False, 0.01, cfg) == pytest.approx(0.5)
+    for bad in (0.0, -1.0, math.nan):
+        with pytest.raises(ValueError, match="speedup"):
+            compute_reward(True, True, False, bad, cfg)
+
+
+def test_verdict_round_trip():
+    v = Verdict(candidate_id="c", task_id="t", verdict="ok", compiled=True, correct=True, speedup=1.5, reward=1.3,
+                reason="", ref_ms=0.2, candidate_ms=0.13, mode="gpu", seconds=0.5)
+    assert Verdict.model_validate_json(v.model_dump_json()) == v
+    with pytest.raises(ValueError):
+        Verdict(candidate_id="c", task_id="t", verdict="great", compiled=True, correct=True, speedup=None,
+                reward=0.0, reason="", mode="gpu", seconds=0.0)

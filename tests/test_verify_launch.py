@@ -1,0 +1,110 @@
+"""dice_ray.launch on CPU: real NVRTC compiles (no GPU needed), PTX parameter table, errors."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from dice_ray import launch
+
+RELU = r"""
+extern "C" __global__ void relu_kernel(const float* __restrict__ x, float* __restrict__ y, long n) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] > 0.f ? x[i] : 0.f;
+}
+struct Pair { float a; int b; };
+extern "C" __global__ void mixed(float a, double b, int c, bool d, unsigned char e, Pair p) {}
+"""
+
+no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the compile-only behaviour")
+
+
+@pytest.fixture
+def dry_run():
+    launch.configure(dry_run=True)
+    yield
+    launch.configure(dry_run=False)
+
+
+def test_compile_reads_kernels_and_params_from_ptx():
+    prog = launch.compile_cuda(RELU, arch="sm_90")
+    assert list(prog.kernels) == ["relu_kernel", "mixed"]
+    assert [(p.size, p.kind) for p in prog.kernels["relu_kernel"]] == [(8, "int")] * 3
+    assert [(p.size, p.kind) for p in prog.kernels["mixed"]] == [
+        (4, "float"), (8, "float"), (4, "int"), (1, "int"), (1, "int"), (8, "bytes")
+    ]
+    assert prog.cubin[:4] == b"\x7fELF" and ".target sm_90" in prog.ptx
+
+
+def test_compile_cache_by_content_hash():
+    src = RELU + "\n// cache probe %f\n" % time.time()
+    t0 = time.perf_counter()
+    first = launch.compile_cuda(src, arch="sm_90")
+    t1 = time.perf_counter()
+    second = launch.compile_cuda(src, arch="sm_90")
+    t2 = time.perf_counter()
+    assert second is first
+    assert (t2 - t1) < (t1 - t0) / 10
+    assert launch.compile_cuda(src, arch="sm_80") is not first  # the arch is part of the key
+
+
+def test_syntax_error_carries_nvrtc_log():
+    with pytest.raises(launch.CompileError) as info:
+        launch.compile_cuda('extern "C" __global__ void k(float* x) { x[0] = undefined_name; }', arch="sm_90")
+    assert "undefined_name" in info.value.log and "candidate.cu(1)" in info.value.log
+    # failures are cached too, and raise the same error again
+    with pytest.raises(launch.CompileError):
+        launch.compile_cuda('extern "C" __global__ void k(float* x) { x[0] = undefined_name; }', arch="sm_90")
+
+
+def test_source_without_kernel_is_a_compile_error():
+    with pytest.raises(launch.CompileError, match="no __global__ kernel"):
+        launch.compile_cuda("__device__ float f(float x) { return x; }", arch="sm_90")
+    with pytest.raises(TypeError):
+        launch.compile_cuda(b"bytes")  # type: ignore[arg-type]
+
+
+@no_gpu
+def test_compile_only_module_cannot_launch():
+    mod = launch.load_cuda(RELU)
+    assert not mod.launchable and mod.arch == launch.DEFAULT_ARCH
+    assert mod.kernel_names == ["relu_kernel", "mixed"]
+    with pytest.raises(RuntimeError, match="no GPU: compile-only"):
+        mod.relu_kernel(1, 1, (torch.empty(1), torch.empty(1), 1))
+    with pytest.raises(AttributeError, match=r"no kernel 'relu'.*relu_kernel"):
+        mod.relu  # noqa: B018
+
+
+@no_gpu
+def test_dry_run_checks_arguments(dry_run):
+    mod = launch.load_cuda(RELU)
+    before = launch.launch_count()
+    mod.relu_kernel((4, 1), 256, (torch.empty(4), torch.empty(4), 4))
+    mod.mixed(1, 1, (1.0, 2, 3, True, 255, b"\0" * 8))  # int -> double converts
+    assert launch.launch_count() == before + 2
+    with pytest.raises(TypeError, match=r"kernel relu_kernel takes 3 parameters, got 2"):
+        mod.relu_kernel(1, 1, (torch.empty(1), torch.empty(1)))
+    with pytest.raises(TypeError, match=r"kernel relu_kernel parameter 2 .*float"):
+        mod.relu_kernel(1, 1, (torch.empty(1), torch.empty(1), 1.5))
+    with pytest.raises(TypeError, match=r"kernel mixed parameter 0 .*Tensor"):
+        mod.mixed(1, 1, (torch.empty(1), 2.0, 3, True, 1, b"\0" * 8))
+    with pytest.raises(TypeError, match=r"kernel mixed parameter 2 .*does not fit"):
+        mod.mixed(1, 1, (1.0, 2.0, 1 << 40, True, 1, b"\0" * 8))
+    with pytest.raises(TypeError, match=r"kernel mixed parameter 5 .*8"):
+        mod.mixed(1, 1, (1.0, 2.0, 3, True, 1, b"\0" * 4))
+    with pytest.raises(TypeError, match="unsupported argument type"):
+        mod.relu_kernel(1, 1, (torch.empty(1), torch.empty(1), "4"))
+    with pytest.raises(ValueError, match="grid"):
+        mod.relu_kernel(0, 1, (torch.empty(1), torch.empty(1), 1))
+    with pytest.raises(ValueError, match="block"):
+        mod.relu_kernel(1, (1, 1, 1, 1), (torch.empty(1), torch.empty(1), 1))
+    assert launch.launch_count() == before + 2
+
+
+@no_gpu
+def test_mangled_kernel_found_by_plain_name():
+    mod = launch.load_cuda("__global__ void scale(float* x, float a) { x[threadIdx.x] *= a; }")
+    assert mod.kernel_names[0].startswith("_Z5scale")
+    assert mod.has_kernel("scale") and mod.scale.name == mod.kernel_names[0]

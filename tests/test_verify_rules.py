@@ -1,0 +1,144 @@
+"""Static anti-cheat rules: each rule caught by a small candidate; honest candidates pass."""
+
+from __future__ import annotations
+
+import pytest
+
+from _verify_sources import HONEST, mutate
+from dice_ray.verify.rules import RULES, check_candidate
+
+FWD = "        return y\n"
+
+
+def in_forward(code: str) -> str:
+    """HONEST with ``code`` (indented 8) inserted before ``return y``."""
+    lines = "".join(f"        {ln}\n" for ln in code.splitlines())
+    return mutate(FWD, lines + FWD)
+
+
+def at_top(code: str) -> str:
+    return mutate("import torch\n", f"import torch\n{code}\n")
+
+
+CORPUS = [
+    # (name, candidate source, rule that must be reported)
+    ("try-except fallback", mutate(
+        "        kernels.relu_kernel(grid=(n + 255) // 256, block=256, args=(x, y, n))\n",
+        "        try:\n            kernels.relu_kernel(grid=(n + 255) // 256, block=256, args=(x, y, n))\n"
+        "        except Exception:\n            y = torch.relu(x)\n"), "try-except"),
+    ("torch.matmul in forward", in_forward("y = torch.matmul(y, y)"), "forward-torch-op"),
+    ("F.relu in forward", mutate("import torch.nn as nn\n", "import torch.nn as nn\nimport torch.nn.functional as F\n",
+                                 in_forward("y = F.relu(y)")), "forward-torch-op"),
+    ("tensor method in forward", in_forward("y = y.sum()"), "forward-torch-op"),
+    ("cast in forward", in_forward("y = y.half()"), "forward-torch-op"),
+    ("@ operator", in_forward("y = y @ y"), "forward-torch-op"),
+    ("torch op in helper", mutate("class ModelNew", "def helper(t):\n    return torch.softmax(t, 0)\n\n\nclass ModelNew"),
+     "forward-torch-op"),
+    ("inherit reference Model", mutate("class ModelNew(nn.Module):", "class ModelNew(Model):"), "reference-model"),
+    ("call reference Model", in_forward("y = Model()(x)"), "reference-model"),
+    ("inherit nn.Linear", mutate("class ModelNew(nn.Module):", "class ModelNew(nn.Linear):"), "base-class"),
+    ("submodule call", in_forward("y = self.act(y)"), "forward-module-call"),
+    (".forward call", in_forward("y = super().forward(y)"), "forward-module-call"),
+    ("threading", at_top("import threading"), "forbidden-import"),
+    ("multiprocessing", at_top("import multiprocessing as mp"), "forbidden-import"),
+    ("subprocess", at_top("from subprocess import run"), "forbidden-import"),
+    ("os", at_top("import os"), "forbidden-import"),
+    ("sys", at_top("import sys"), "forbidden-import"),
+    ("ctypes", at_top("import ctypes"), "forbidden-import"),
+    ("socket", at_top("import socket"), "forbidden-import"),
+    ("time", at_top("import time"), "forbidden-import"),
+    ("dice_ray internals", at_top("from dice_ray import launch"), "forbidden-import"),
+    ("launch counter import", at_top("from dice_ray.launch import launch_count"), "forbidden-import"),
+    ("import inside forward", in_forward("import numpy"), "forbidden-import"),
+    ("cuda stream", in_forward("s = torch.cuda.Stream()"), "cuda-stream"),
+    ("stream context", in_forward("with torch.cuda.stream(torch.cuda.Stream()):\n    pass"), "cuda-stream"),
+    ("cuda event", in_forward("e = torch.cuda.Event()"), "cuda-stream"),
+    ("cuda graph", in_forward("g = torch.cuda.CUDAGraph()"), "cuda-stream"),
+    ("patch time.perf_counter", at_top("import time\ntime.perf_counter = lambda: 0.0"), "patching"),
+    ("patch torch", mutate("        super().__init__()\n",
+                           "        super().__init__()\n        torch.cuda.synchronize = lambda *a: None\n"), "patching"),
+    ("tf32 switch", mutate("        super().__init__()\n",
+                           "        super().__init__()\n        torch.backends.cuda.matmul.allow_tf32 = True\n"), "patching"),
+    ("global precision", mutate("        super().__init__()\n",
+                                "        super().__init__()\n        torch.set_float32_matmul_precision('medium')\n"),
+     "patching"),
+    ("patch kernel module", mutate("        super().__init__()\n",
+                                   "        super().__init__()\n        kernels.relu_kernel = None\n"), "patching"),
+    ("open()", in_forward("open('/tmp/x', 'w').write('1')"), "file-access"),
+    ("eval", in_forward("y = eval('x')"), "dynamic-code"),
+    ("exec", in_forward("exec('import os')"), "dynamic-code"),
+    ("__import__", in_forward("__import__('os').system('true')"), "dynamic-code"),
+    ("getattr trick", in_forward("f = getattr(torch, 'relu')"), "dynamic-code"),
+    ("dunder walk", in_forward("b = ().__class__.__bases__[0].__subclasses__()"), "dynamic-code"),
+    ("torch.ops", in_forward("y = torch.ops.aten.relu(x)"), "torch-internals"),
+    ("torch.compile", mutate("        super().__init__()\n",
+                             "        super().__init__()\n        self.f = torch.compile(torch.relu)\n"), "torch-internals"),
+    ("cache on self", in_forward("self.cached = y"), "forward-state"),
+    ("cache via container", mutate("        super().__init__()\n", "        super().__init__()\n        self.c = []\n",
+                                   in_forward("self.c.append(y)")), "forward-state"),
+    ("global statement", in_forward("global CACHE"), "forward-state"),
+    ("mutable default", mutate("def forward(self, x):", "def forward(self, x, _cache={}):"), "forward-state"),
+    ("module-level cache", at_top("CACHE = {}"), "module-state"),
+    ("top-level call", at_top("torch.manual_seed(0)"), "module-state"),
+    ("cuBLAS include", mutate('cuda_source = r"""\n', 'cuda_source = r"""\n#include <cublas_v2.h>\n'), "cuda-library"),
+    ("CUTLASS include", mutate('cuda_source = r"""\n', 'cuda_source = r"""\n#include "cutlass/gemm/device/gemm.h"\n'),
+     "cuda-library"),
+    ("thrust include", mutate('cuda_source = r"""\n', 'cuda_source = r"""\n#include <thrust/sort.h>\n'), "cuda-library"),
+    ("cuDNN include", mutate('cuda_source = r"""\n', 'cuda_source = r"""\n#include <cudnn.h>\n'), "cuda-library"),
+    ("no kernel launched", mutate("        kernels.relu_kernel(grid=(n + 255) // 256, block=256, args=(x, y, n))\n",
+                                  "        y.zero_()\n"), "no-kernel-launch"),
+    ("load_inline", at_top("from torch.utils.cpp_extension import load_inline"), "unsupported-format"),
+    ("no ModelNew", mutate("class ModelNew(", "class Solution("), "no-modelnew"),
+    ("python syntax", mutate("def forward(self, x):", "def forward(self, x)"), "syntax"),
+]
+
+
+@pytest.mark.parametrize("name,src,rule", CORPUS, ids=[c[0] for c in CORPUS])
+def test_cheat_corpus_caught(name, src, rule):
+    report = check_candidate(src)
+    rules = [v.rule for v in report.violations]
+    assert rule in rules, f"{name}: expected {rule}, got {[str(v) for v in report.violations]}"
+    assert not report.ok and report.first() is not None
+    assert report.first().verdict == RULES[report.first().rule].verdict
+
+
+def test_every_static_rule_has_a_corpus_entry():
+    dynamic_only = {"unknown-kernel", "input-mutation", "output-type"}
+    covered = {c[2] for c in CORPUS}
+    assert set(RULES) - dynamic_only <= covered, set(RULES) - dynamic_only - covered
+
+
+def test_honest_candidates_pass():
+    report = check_candidate(HONEST)
+    assert report.ok, [str(v) for v in report.violations]
+    assert report.kernel_refs == {"kernels": {"relu_kernel"}}
+    shadow = mutate("def forward(self, x):\n        x = x.contiguous()",
+                    "def forward(self, input):\n        x = input.contiguous()")  # `input` as an argument
+    assert check_candidate(shadow).ok
+    helper = mutate("class ModelNew", "def cdiv(a, b):\n    return (a + b - 1) // b\n\n\nclass ModelNew")
+    helper = mutate("grid=(n + 255) // 256", "grid=cdiv(n, 256)", helper)
+    assert check_candidate(helper).ok
+
+
+def test_init_may_use_torch_and_kernel_holder_attribute():
+    src = mutate("    def __init__(self):\n        super().__init__()\n",
+                 "    def __init__(self):\n        super().__init__()\n        self.k = kernels\n"
+                 "        self.w = nn.Parameter(torch.randn(4, 4).relu())\n")
+    src = mutate("kernels.relu_kernel(", "self.k.relu_kernel(", src)
+    report = check_candidate(src)
+    assert report.ok, [str(v) for v in report.violations]
+    assert report.kernel_refs == {"self.k": {"relu_kernel"}}
+
+
+def test_compile_error_rules_decide_before_cheats():
+    src = mutate("class ModelNew(", "class Solution(", at_top("import os"))
+    assert check_candidate(src).first().rule == "no-modelnew"
+
+
+def test_builtin_suite_solutions_pass():
+    from dice_ray.tasks.loaders import load_tasks
+
+    tasks = [t for t in load_tasks("builtin").tasks if t.solution_format == "fast"]
+    assert tasks
+    bad = {t.task_id: [str(v) for v in check_candidate(t.solution_src).violations] for t in tasks}
+    assert not {k: v for k, v in bad.items() if v}

@@ -1,0 +1,141 @@
+"""The Verifier in compile-only mode (no GPU needed): verdicts, sandbox, recovery after failures."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from _verify_sources import HONEST, RELU_REF, mutate
+from dice_ray.config import RewardConfig, VerifyConfig
+from dice_ray.tasks.task import Task
+from dice_ray.verify.verdict import Verdict
+from dice_ray.verify.verifier import Verifier
+
+TASK = Task("test/relu", "relu", 1, RELU_REF)
+SECRET = "DICE_RAY_TEST_SECRET"
+LIMITS = dict(mode="compile_only", compile_timeout_s=4.0, run_timeout_s=3.0)
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    with Verifier(VerifyConfig(**LIMITS), RewardConfig(compile_only_reward=0.7)) as v:
+        yield v
+
+
+@pytest.fixture(scope="module")
+def unguarded():
+    """Static rules off: candidates reach the sandbox with os/subprocess/socket at hand."""
+    os.environ[SECRET] = "hunter2"
+    try:
+        with Verifier(VerifyConfig(static_rules=False, **LIMITS), RewardConfig()) as v:
+            yield v
+    finally:
+        os.environ.pop(SECRET, None)
+
+
+def check(v: Verifier, src: str, expected: str, task: Task = TASK) -> Verdict:
+    verdict = v.verify(task, src, f"cand-{expected}")
+    assert isinstance(verdict, Verdict)
+    assert verdict.verdict == expected, verdict.reason
+    assert verdict.mode == "compile_only" and verdict.task_id == task.task_id
+    assert verdict.seconds > 0
+    if expected != "ok":
+        assert verdict.reward == 0.0 and verdict.reason
+    return verdict
+
+
+def test_honest_candidate_ok(verifier):
+    v = check(verifier, HONEST, "ok")
+    assert v.compiled and v.correct is None and v.speedup is None and v.reward == 0.7
+    assert "dry run ok" in v.reason
+
+
+def test_cuda_syntax_error_reports_nvrtc_log(verifier):
+    v = check(verifier, mutate("y[i] = x[i]", "y[i] = = x[i]"), "compile_error")
+    assert "candidate.cu(" in v.reason and "error" in v.reason and not v.compiled
+
+
+def test_python_syntax_error(verifier):
+    check(verifier, mutate("def forward(self, x):", "def forward(self, x)"), "compile_error")
+
+
+def test_static_cheats_are_refused_before_compiling(verifier):
+    v = check(verifier, mutate("        return y\n", "        return torch.matmul(y, y)\n"), "cheat")
+    assert v.rule == "forward-torch-op" and not v.compiled
+    v = check(verifier, mutate("import torch\n", "import torch\nimport os\n"), "cheat")
+    assert v.rule == "forbidden-import"
+
+
+def test_torch_op_hidden_from_static_rules_caught_in_dry_run(verifier):
+    v = check(verifier, mutate("        return y\n", "        return y + 0\n"), "cheat")
+    assert v.rule == "forward-torch-op" and "add" in v.reason
+
+
+def test_unknown_kernel_and_bad_launch(verifier):
+    v = check(verifier, mutate("kernels.relu_kernel(", "kernels.relu_kernal("), "compile_error")
+    assert "unknown-kernel" in v.reason and "relu_kernel" in v.reason
+    v = check(verifier, mutate("args=(x, y, n)", "args=(x, y)"), "crash")
+    assert "relu_kernel takes 3 parameters" in v.reason
+
+
+def test_wrong_output_shape_is_incorrect_in_dry_run(verifier):
+    v = check(verifier, mutate("        return y\n", "        return y.view(-1)\n"), "incorrect")
+    assert v.correct is False and "expected (1024, 1024)" in v.reason
+
+
+def test_exception_at_import_then_honest_ok(verifier):
+    v = check(verifier, mutate("kernels = load_cuda(cuda_source)", "kernels = load_cuda(cuda_source)\nSCALE = 1 / 0"),
+              "crash")
+    assert "ZeroDivisionError" in v.reason
+    check(verifier, HONEST, "ok")
+
+
+def test_endless_loop_times_out_and_worker_is_replaced(verifier):
+    pid = verifier.worker_pid
+    src = mutate("        super().__init__()\n", "        super().__init__()\n        while True:\n            pass\n")
+    v = check(verifier, src, "timeout")
+    assert "run" in v.reason and v.seconds >= 3.0
+    assert verifier.worker_pid != pid
+    check(verifier, HONEST, "ok")
+
+
+def test_broken_reference_is_invalid_input(verifier):
+    bad = Task("test/bad-ref", "bad", 1, RELU_REF.replace("    return []", "    return [undefined_name]"))
+    v = check(verifier, HONEST, "invalid_input", task=bad)
+    assert v.rule == "reference-exec" and "undefined_name" in v.reason
+
+
+def test_os_exit_is_a_crash_then_honest_ok(unguarded):
+    pid = unguarded.worker_pid
+    v = check(unguarded, mutate("import torch\n", "import torch\nimport os\nos._exit(3)\n"), "crash")
+    assert "exited with code 3" in v.reason and not v.compiled
+    assert unguarded.worker_pid != pid
+    check(unguarded, HONEST, "ok")
+
+
+def test_no_new_processes_no_network(unguarded):
+    v = check(unguarded, mutate("import torch\n", "import torch\nimport subprocess\nsubprocess.run(['true'])\n"), "crash")
+    assert "Operation not permitted" in v.reason
+    v = check(unguarded, mutate("import torch\n", "import torch\nimport socket\nsocket.create_connection(('1.1.1.1', 53))\n"),
+              "crash")
+    assert "Operation not permitted" in v.reason
+
+
+def test_environment_stripped_and_private_cwd(unguarded):
+    probe = mutate("import torch\n", (
+        "import torch\nimport os\n"
+        f"assert '{SECRET}' not in os.environ, 'secret leaked'\n"
+        "assert os.path.basename(os.getcwd()).startswith('dice-ray-worker-'), os.getcwd()\n"
+        "assert oct(os.stat('.').st_mode & 0o777) == '0o700'\n"
+    ))
+    check(unguarded, probe, "ok")
+    v = check(unguarded, mutate("import torch\n", "import torch\nopen('big.bin', 'wb').write(bytes(100 << 20))\n"),
+              "crash")
+    assert "File too large" in v.reason
+
+
+def test_sleep_forever_at_import_times_out(unguarded):
+    v = check(unguarded, mutate("import torch\n", "import torch\nimport time\ntime.sleep(3600)\n"), "timeout")
+    assert not v.compiled and "load" in v.reason
+    check(unguarded, HONEST, "ok")
