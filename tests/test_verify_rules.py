@@ -85,6 +85,8 @@ CORPUS = [
      "cuda-library"),
     ("thrust include", mutate('cuda_source = r"""\n', 'cuda_source = r"""\n#include <thrust/sort.h>\n'), "cuda-library"),
     ("cuDNN include", mutate('cuda_source = r"""\n', 'cuda_source = r"""\n#include <cudnn.h>\n'), "cuda-library"),
+    ("include by absolute path", mutate('cuda_source = r"""\n', 'cuda_source = r"""\n#include "/etc/passwd"\n'),
+     "file-access"),
     ("no kernel launched", mutate("        kernels.relu_kernel(grid=(n + 255) // 256, block=256, args=(x, y, n))\n",
                                   "        y.zero_()\n"), "no-kernel-launch"),
     ("load_inline", at_top("from torch.utils.cpp_extension import load_inline"), "unsupported-format"),

@@ -67,6 +67,12 @@ def test_static_cheats_are_refused_before_compiling(verifier):
     assert v.rule == "forbidden-import"
 
 
+def test_library_include_built_at_run_time_is_caught_by_load_cuda_hook(verifier):
+    src = mutate("kernels = load_cuda(cuda_source)", 'kernels = load_cuda("#include <cub" + "las_v2.h>\\n" + cuda_source)')
+    v = check(verifier, src, "cheat")
+    assert v.rule == "cuda-library" and "load_cuda source" in v.reason
+
+
 def test_torch_op_hidden_from_static_rules_caught_in_dry_run(verifier):
     v = check(verifier, mutate("        return y\n", "        return y + 0\n"), "cheat")
     assert v.rule == "forward-torch-op" and "add" in v.reason

@@ -1,1 +1,13 @@
-"""dice_ray.policy"""
+"""dice_ray.policy: the block-diffusion policy (SDAR shape), its sampler, TraceRL log-probs and SFT warm start.
+
+Modules (import from them directly; importing this package does not load torch or transformers):
+
+* ``tokenizer``: byte-level BPE with ``<|pad|>``, ``<|mask|>``, ``<|eos|>``
+  (``python -m dice_ray.policy.tokenizer --retrain``).
+* ``model``: Qwen3ForCausalLM with block-causal attention, the ``x_t ‖ x_0`` mask rule, KV cache.
+* ``policy``: :class:`DiffusionPolicy` (build / save / load / encode / decode / state_dict).
+* ``sampler``: :func:`sample_group` (block diffusion, static / dynamic low-confidence remasking).
+* ``logprobs``: :func:`tracerl_logprobs` (TraceRL per-step log-probs).
+* ``sft``: :func:`warm_start` (masked-diffusion SFT, cached by content hash).
+* ``memorization``: ``python -m dice_ray.policy.memorization``, how well the warm start reproduces its targets.
+"""

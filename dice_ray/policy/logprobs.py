@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from dice_ray.policy.model import KVCache, block_mask, forward_hidden, response_blocks
+from dice_ray.policy.model import KVCache, block_mask, forward_hidden, response_blocks, token_logits
 
 
 def tracerl_logprobs(
@@ -91,6 +91,6 @@ def tracerl_logprobs(
             continue
         noisy = torch.where(unmask_step < s, response_ids, torch.full_like(response_ids, mask_id))
         h = forward_hidden(model, noisy, rpos, noisy_mask, cache, keep=0)
-        logits = model.lm_head(h[score]).float()  # [n, V]
+        logits = token_logits(model, h[score], mask_id)  # [n, V] fp32
         out[score] = torch.log_softmax(logits, dim=-1).gather(-1, response_ids[score][:, None]).squeeze(-1)
     return out

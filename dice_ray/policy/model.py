@@ -223,3 +223,21 @@ def forward_hidden(
         **kwargs,
     )
     return out.last_hidden_state
+
+
+def token_logits(model: Qwen3ForCausalLM, hidden: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """The policy's logits: ``model.lm_head(hidden)`` in fp32 with ``<|mask|>`` excluded (-inf).
+
+    The mask token is an input symbol only; the sampler, the TraceRL log-probs and SFT all use this one
+    distribution, so behaviour and training log-probs share their support.
+
+    Args:
+        hidden: FloatTensor[..., hidden_size].
+
+    Returns:
+        FloatTensor[..., vocab_size] (fp32).
+    """
+    logits = model.lm_head(hidden).float()
+    logits[..., mask_id] = float("-inf")
+    return logits
+

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from dice_ray.config import SamplingConfig
-from dice_ray.policy.model import KVCache, block_mask, forward_hidden
+from dice_ray.policy.model import KVCache, block_mask, forward_hidden, token_logits
 from dice_ray.policy.policy import DiffusionPolicy
 
 
@@ -217,7 +217,7 @@ def sample_ids(
             if prev is not None:
                 k_block = torch.cat([k_block, cur - 1])
                 prev = None
-            logits = model.lm_head(h[:, -bs:]).float()  # [A, bs, V]
+            logits = token_logits(model, h[:, -bs:], mask_id)  # [A, bs, V] fp32
             tok, conf = draw_tokens(logits, cfg.temperature, cfg.top_k, cfg.top_p, generator)
             lp = torch.log_softmax(logits, dim=-1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
             pick = _choose(conf, masked, cfg, k_sched[min(step, len(k_sched) - 1)])

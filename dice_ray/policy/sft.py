@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_model, save_model
 
 from dice_ray.config import SFTConfig
-from dice_ray.policy.model import KVCache, block_mask, forward_hidden
+from dice_ray.policy.model import KVCache, block_mask, forward_hidden, token_logits
 from dice_ray.policy.policy import DiffusionPolicy
 
 SFT_VERSION = "1"  # bump when the training recipe changes: old cache entries stop matching
@@ -164,9 +164,25 @@ def diffusion_loss(
     noisy = torch.cat([torch.where(m, torch.full_like(resp, mask_id), resp) for m in masks], 1)
     h = forward_hidden(model, noisy, pos.repeat(1, C), m_noisy, cache, keep=0)
     sel = torch.cat(masks, 1) & valid.repeat(1, C)
-    logits = model.lm_head(h[sel]).float()
+    logits = token_logits(model, h[sel], mask_id)
     loss = F.cross_entropy(logits, resp.repeat(1, C)[sel])
     return loss, int(sel.sum())
+
+
+def length_batches(costs: list[int], batch_size: int, generator: torch.Generator) -> list[list[int]]:
+    """One epoch of batches of similar cost ("sortish" sampling: less padding, still random).
+
+    Shuffles the indices, sorts each run of ``4 * batch_size`` by cost, cuts it into batches and shuffles
+    the batch order. Every index appears exactly once.
+    """
+    perm = torch.randperm(len(costs), generator=generator).tolist()
+    chunk = 4 * batch_size
+    batches = []
+    for i in range(0, len(perm), chunk):
+        run = sorted(perm[i : i + chunk], key=lambda j: costs[j])
+        batches += [run[k : k + batch_size] for k in range(0, len(run), batch_size)]
+    order = torch.randperm(len(batches), generator=generator).tolist()
+    return [batches[i] for i in order]
 
 
 def _lr_at(step: int, cfg: SFTConfig) -> float:
@@ -213,13 +229,13 @@ def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTCo
                             weight_decay=cfg.weight_decay)
     losses: list[tuple[int, float]] = []
     window: list[float] = []
-    order: list[int] = []
+    batches: list[list[int]] = []
     ema: float | None = None
     try:
         for step in range(cfg.steps):
-            if len(order) < min(cfg.batch_size, len(items)):
-                order += torch.randperm(len(items), generator=gen).tolist()
-            batch, order = order[: cfg.batch_size], order[cfg.batch_size:]
+            if not batches:
+                batches = length_batches([len(p) + 3 * len(t) for p, t in items], cfg.batch_size, gen)
+            batch = batches.pop()
             for g in opt.param_groups:
                 g["lr"] = _lr_at(step, cfg)
             loss, _ = diffusion_loss(policy, [items[i] for i in batch], gen, cfg.complementary_mask)

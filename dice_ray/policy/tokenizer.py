@@ -12,6 +12,9 @@ suite changes) with::
 
     python -m dice_ray.policy.tokenizer --retrain [--vocab-size 4096] [--extra PATH.json ...]
 
+The shipped file was made with ``--extra /work/shared/data/dice`` (DICE's JSON, for coverage of CUDA
+and KernelBench code beyond the suite).
+
 The corpus is every file under ``dice_ray/tasks/builtin/`` plus, when ``dice_ray.tasks`` can load the
 built-in suite, every infill / end-to-end prompt and SFT target; ``--extra`` adds DICE JSON files
 (``pytorch_code``, ``cuda_code``, ``prefix``, ``middle``, ``suffix`` fields).  Built-in texts are
@@ -98,6 +101,9 @@ class DiceTokenizer:
 
     def __init__(self, tok: Tokenizer):
         self._tok = tok
+        # text that spells a special token ("<|mask|>" in a prompt) stays text: only the sampler and
+        # trainer place special ids
+        tok.encode_special_tokens = True
         ids = [tok.token_to_id(t) for t in SPECIAL_TOKENS]
         if any(i is None for i in ids):
             raise ValueError(f"tokenizer lacks a special token: needs all of {SPECIAL_TOKENS}")
@@ -121,7 +127,7 @@ class DiceTokenizer:
         return self._tok.to_str()
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (no special tokens added)."""
+        """Token ids of ``text``; never a special id (text spelling ``<|mask|>`` is encoded as text)."""
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:

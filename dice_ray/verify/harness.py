@@ -42,7 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dice_ray import launch
 from dice_ray.verify.correctness import compare_outputs, flatten_outputs
-from dice_ray.verify.rules import import_allowed
+from dice_ray.verify.rules import check_cuda_source, import_allowed
 
 __all__ = ["ALLOWED_ATEN_OPS", "Harness", "JobResult", "RuleBroken"]
 
@@ -50,6 +50,10 @@ __all__ = ["ALLOWED_ATEN_OPS", "Harness", "JobResult", "RuleBroken"]
 _Event = torch.cuda.Event
 _synchronize = torch.cuda.synchronize
 _perf = time.perf_counter
+_gpu_sleep = getattr(torch.cuda, "_sleep", None)  # spins the GPU for N clock cycles
+#: GPU cycles spun before each timed call (~100 us at 2 GHz), after the L2 flush: the host's launch
+#: overhead (Python, up to roughly this long) then overlaps GPU work instead of being timed
+HEADROOM_CYCLES = 200_000
 _launch_count = launch.launch_count
 
 #: aten ops a candidate's forward may run outside its kernels (allocation, views, fills, copies).
@@ -201,6 +205,13 @@ def exec_source(src: str, filename: str, guarded: bool) -> dict[str, Any]:
     return ns
 
 
+def _check_cuda_source(source: Any) -> None:
+    """load_cuda's hook: the CUDA-side rules on the final source string, however it was built."""
+    if isinstance(source, str):
+        for v in check_cuda_source(source):
+            raise RuleBroken(v.rule, f"load_cuda source: {v.message}")
+
+
 def _clone(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         return x.clone()
@@ -263,6 +274,8 @@ class Harness:
         else:
             self.dev = torch.device("cpu")
         self._torch_state = self._save_torch_state()
+        if settings.get("static_rules", True):
+            launch.configure(source_check=_check_cuda_source)
 
     def self_test(self) -> str:
         """Verify a built-in relu candidate once (warms every path); returns its verdict and reason."""
@@ -386,8 +399,11 @@ class Harness:
                 result.reason = f"{result.reason}\n(sticky CUDA error: worker replaced)".strip()
         self.jobs += 1
         gc.collect(1 if self.jobs % 50 else 2)  # a full collection costs ~0.15 s with torch loaded
-        if self.mode == "gpu":
-            torch.cuda.empty_cache()
+        if self.mode == "gpu" and not result.fatal:
+            try:
+                torch.cuda.empty_cache()
+            except Exception:  # noqa: BLE001
+                result.fatal = True
         return result
 
     def _run(self, job: dict[str, Any], stage: Callable[[str], None]) -> JobResult:
@@ -597,7 +613,9 @@ class Harness:
 
     def _time(self, fn: Callable[[], Any], candidate: bool | None) -> tuple[list[float], Any]:
         """CUDA-event times (ms) of ``fn`` after warm-up, the L2 flushed before each call
-        (KernelBench ``timing.py``); for the candidate every call must launch a kernel."""
+        (KernelBench ``timing.py``) and :data:`HEADROOM_CYCLES` of GPU spin queued before the start
+        event, so device time is measured, not Python launch overhead (up to ~100 us of it, for
+        reference and candidate alike); for the candidate every call must launch a kernel."""
         s = self.settings
 
         def call() -> Any:
@@ -622,6 +640,8 @@ class Harness:
         assert self.flush is not None
         for i in range(n):
             self.flush.zero_()
+            if _gpu_sleep is not None:
+                _gpu_sleep(HEADROOM_CYCLES)
             starts[i].record()
             out = call()
             ends[i].record()

@@ -128,6 +128,7 @@ _CUDA_LIBRARIES = re.compile(
     r"cusparse\w*|cufft\w*|cusolver\w*|nccl\w*|nvshmem\w*)",
     re.I,
 )
+_INCLUDE_PATH = re.compile(r"#\s*include\s*[<\"]\s*(/|~|[^>\"\n]*\.\.)[^>\"\n]*[>\"]?")
 _ALLOWED_DUNDERS = frozenset({"__init__", "__name__"})
 _ALLOWED_DECORATORS = frozenset({"staticmethod", "classmethod", "property", "torch.no_grad", "torch.inference_mode"})
 _STR_METHODS = frozenset({"format", "replace", "strip", "lstrip", "rstrip", "join", "upper", "lower"})
@@ -183,11 +184,16 @@ def import_allowed(module: str, names: tuple[str, ...] = ()) -> bool:
 
 
 def check_cuda_source(text: str) -> list[Violation]:
-    """The CUDA-side rule (``cuda-library``) on any text: library includes that do the work for the kernel."""
+    """The CUDA-side rules on any text: ``cuda-library`` (library headers that do the work for the
+    kernel) and ``file-access`` (``#include`` of an absolute or ``..`` path: NVRTC would read it
+    and its error log would carry the file's content into the verdict)."""
     out = []
     for m in _CUDA_LIBRARIES.finditer(text):
         line = text.count("\n", 0, m.start()) + 1
         out.append(Violation("cuda-library", f"includes the library header {m.group(1)!r}", line))
+    for m in _INCLUDE_PATH.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        out.append(Violation("file-access", f"includes a file by path: {m.group(0).strip()!r}", line))
     return out
 
 

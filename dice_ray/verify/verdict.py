@@ -26,8 +26,13 @@ class Verdict(BaseModel):
         reward: see :func:`dice_ray.verify.reward.compute_reward`.
         reason: human-readable detail (NVRTC log, mismatch statistics, traceback tail, timings).
         rule: the anti-cheat rule id for ``cheat`` (see ``dice_ray.verify.rules.RULES``), or the
-            reference's failure for ``invalid_input``.
-        ref_ms, candidate_ms: median CUDA-event time of one forward (ms), with the L2 flushed.
+            reference's failure for ``invalid_input``: ``reference-exec`` (module or
+            ``get_init_inputs``), ``reference-inputs`` (``get_inputs``), ``reference-build``,
+            ``reference-run``, ``reference-output`` (not tensors), ``reference-nonfinite``,
+            ``reference-nondeterministic`` (two runs differ), ``reference-timeout``,
+            ``reference-crash``.
+        ref_ms, candidate_ms: median CUDA-event (device) time of one forward (ms), L2 flushed
+            before each call (see ``dice_ray.verify.harness.Harness._time``).
         ref_spread, candidate_spread: (p75 - p25) / median of those times (dimensionless).
         mode: ``gpu`` or ``compile_only``.
         seconds: wall time of this verification (s), worker start included when it happened.

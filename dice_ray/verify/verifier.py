@@ -55,18 +55,17 @@ class Verifier:
         self.verify_cfg = verify_cfg
         self.reward_cfg = reward_cfg
         mode = verify_cfg.mode
-        if mode != "compile_only":
+        if mode == "compile_only":
+            device = None
+        else:
             import torch
 
-            has_gpu = torch.cuda.is_available()
-            if mode == "gpu" and not has_gpu:
-                raise RuntimeError("VerifyConfig.mode='gpu' but torch.cuda.is_available() is False")
-            if has_gpu and (device is not None or mode == "gpu" or mode == "auto"):
+            if torch.cuda.is_available():
                 mode, device = "gpu", 0 if device is None else device
+            elif mode == "gpu":
+                raise RuntimeError("VerifyConfig.mode='gpu' but torch.cuda.is_available() is False")
             else:
                 mode, device = "compile_only", None
-        else:
-            device = None
         self.mode: str = mode
         self.device = device
         self._settings = {**verify_cfg.model_dump(), "mode": mode, "device": device}

@@ -69,7 +69,11 @@ def main(argv: list[str]) -> int:
         def stage(name: str) -> None:
             write_frame(fd_out, {"type": "stage", "stage": name})
 
-        result = harness.run(msg, stage).to_dict()
+        try:
+            result = harness.run(msg, stage).to_dict()
+        except Exception:  # noqa: BLE001 - harness.run catches candidate errors; this is the worker's own
+            result = {"verdict": "crash", "compiled": True, "fatal": True,
+                      "reason": f"verifier worker error: {traceback.format_exc()[-1500:]}"}
         result["type"] = "result"
         write_frame(fd_out, result)
         if result.get("fatal"):

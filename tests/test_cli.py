@@ -1,0 +1,47 @@
+"""The `dice-ray` command line: verify's JSON contract and exit codes, config errors before any actor."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RELU = Path(__file__).parents[1] / "dice_ray/tasks/builtin/L1_01_relu"
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "dice_ray.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_verify_json_has_the_contract_fields():
+    proc = _cli("verify", "--task", str(RELU / "reference.py"), "--candidate", str(RELU / "solution.py"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    verdict = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("verdict", "compiled", "correct", "speedup", "reward", "reason"):
+        assert key in verdict
+    assert verdict["verdict"] == "ok" and verdict["compiled"] is True and verdict["reward"] > 0
+
+
+def test_verify_bad_candidate_is_a_verdict_not_an_error(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text((RELU / "solution.py").read_text().replace("__global__", "__global__ int", 1))
+    proc = _cli("verify", "--task", str(RELU / "reference.py"), "--candidate", str(bad), "--json")
+    assert proc.returncode == 0
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["verdict"] == "compile_error"
+
+
+@pytest.mark.parametrize("task", ["/no/such/file.py", "BROKEN"])
+def test_verify_unusable_input_exits_2_with_one_line(tmp_path, task):
+    if task == "BROKEN":
+        task = tmp_path / "t.py"
+        task.write_text("class Model(:\n")
+    proc = _cli("verify", "--task", str(task), "--candidate", str(RELU / "solution.py"))
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "dice-ray: error:" in proc.stderr
+
+
+def test_train_bad_config_fails_before_any_actor():
+    proc = _cli("train", "rl.num_generationz=4")
+    assert proc.returncode == 2
+    assert "num_generationz" in proc.stderr and "ray" not in proc.stdout.lower()
