@@ -50,7 +50,10 @@ class ModelConfig(_Section):
 
     hidden_size: int = Field(128, ge=16)
     intermediate_size: int = Field(384, ge=16)
-    num_hidden_layers: int = Field(4, ge=1)
+    num_hidden_layers: int = Field(
+        2, ge=1, description="2: the SFT warm start reaches its target loss ~2x sooner than with 4 layers (per step "
+        "and in steps) on CPU; SDAR-1.7B has 28."
+    )
     num_attention_heads: int = Field(4, ge=1)
     num_key_value_heads: int = Field(2, ge=1)
     head_dim: int = Field(32, ge=8)
@@ -82,7 +85,7 @@ class SFTConfig(_Section):
     """Masked-diffusion SFT warm start on the suite's reference solutions (cached by content hash)."""
 
     enabled: bool = True
-    steps: int = Field(400, ge=0, description="Optimizer steps.")
+    steps: int = Field(800, ge=0, description="Optimizer steps at most (see target_loss); sets the cosine schedule.")
     batch_size: int = Field(8, ge=1, description="(prompt, target) pairs a step.")
     learning_rate: float = Field(3e-3, gt=0.0, description="AdamW peak lr (linear warm-up, cosine decay).")
     warmup_steps: int = Field(20, ge=0, description="Linear lr warm-up steps.")
@@ -98,7 +101,7 @@ class SFTConfig(_Section):
         None, ge=1, description="torch CPU threads during SFT; None: every core this process may use."
     )
     target_loss: float | None = Field(
-        None,
+        0.08,
         gt=0.0,
         description="Stop early once the loss (EMA over ~20 steps) falls below this (nats a masked token); "
         "None: run all steps. Stopping short of perfect memorization keeps temperature-1 samples diverse, "
@@ -171,8 +174,8 @@ class VerifyConfig(_Section):
 class PhaseConfig(_Section):
     """BiC-RL curriculum: infilling first, end-to-end after, with a linear ramp between (no abrupt switch)."""
 
-    infill_steps: int = Field(2, ge=0, description="Steps with infill fraction 1.0 (DICE: 20).")
-    ramp_steps: int = Field(2, ge=0, description="Steps over which the infill fraction falls linearly to final.")
+    infill_steps: int = Field(3, ge=0, description="Steps with infill fraction 1.0 (DICE: 20).")
+    ramp_steps: int = Field(3, ge=0, description="Steps over which the infill fraction falls linearly to final.")
     final_infill_fraction: float = Field(0.0, ge=0.0, le=1.0)
     scaffold_granularity: Literal["source"] = "source"
 
@@ -180,9 +183,9 @@ class PhaseConfig(_Section):
 class RLConfig(_Section):
     """GRPO-family loss with TraceRL log-probs (Wang et al. 2025, DICE's method); names after TRL's GRPOConfig."""
 
-    steps: int = Field(6, ge=1, description="RL steps in the run.")
-    prompts_per_step: int = Field(4, ge=1)
-    num_generations: int = Field(4, ge=2, description="G: samples a prompt (a group).")
+    steps: int = Field(10, ge=1, description="RL steps in the run (DICE: 20 infilling + 100 end-to-end).")
+    prompts_per_step: int = Field(8, ge=1, description="Prompts (groups) a step (DICE: 64).")
+    num_generations: int = Field(8, ge=2, description="G: samples a prompt, a group (DICE: 16).")
     learning_rate: float = Field(1e-4, gt=0.0, description="AdamW lr (DICE: 1e-6 on 8B).")
     beta: float = Field(0.0, ge=0.0, description="k3 KL coefficient against the reference policy (DICE: 0.01).")
     epsilon: float = Field(0.2, gt=0.0, description="PPO clip range.")

@@ -43,7 +43,8 @@ def test_complementary_masks_cover_every_target_token():
 
 
 def test_warm_start_memorizes_and_caches(tmp_path):
-    cfg = SFTConfig(steps=120, batch_size=2, learning_rate=1e-2, warmup_steps=5, cache_dir=str(tmp_path))
+    cfg = SFTConfig(steps=120, batch_size=2, learning_rate=1e-2, warmup_steps=5, target_loss=None,
+                    cache_dir=str(tmp_path))
     policy = DiffusionPolicy.build(TINY, seed=0)
     report = warm_start(policy, PAIRS, cfg, seed=0)
     assert not report.cache_hit and report.steps == 120 and report.num_pairs == 2

@@ -29,7 +29,7 @@ def _train(args, env, timeout=600):
 def test_train_covers_both_phases_then_resumes(tmp_path):
     env = {**os.environ, "RAY_ADDRESS": "", "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS")
-    out = _train([f"run_dir={tmp_path}", "run_name=r", *SMALL], env)
+    out = _train([f"run_dir={tmp_path}", "run_name=r", f"sft.cache_dir={tmp_path / 'sft'}", *SMALL], env)
     run = tmp_path / "r"
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "curves.png"):
         assert (run / name).is_file(), name
@@ -49,3 +49,6 @@ def test_train_covers_both_phases_then_resumes(tmp_path):
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     assert records[-1]["phase"] == "e2e"
     assert records[-1]["weights_version"] == 4
+    resumed = json.loads((run / "summary.json").read_text())
+    assert resumed["steps"] == 4 and resumed["heldout_start"] == summary["heldout_start"]
+    assert "warm start" in out and "cache_hit': False" in out

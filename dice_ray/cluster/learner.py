@@ -91,7 +91,8 @@ class Learner:
             MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
             WORLD_SIZE=str(world_size), LOCAL_RANK="0",
         )
-        self.policy = DiffusionPolicy.load(cfg.model.path) if cfg.model.path else DiffusionPolicy.build(cfg.model)
+        self.policy = DiffusionPolicy.from_config(cfg.model)
+        self.policy.model.to(self.device)
         self.engine = None
         self.ref_model = None
         self.step_count = 0

@@ -60,7 +60,7 @@ class RolloutWorker:
         if num_threads:
             torch.set_num_threads(num_threads)
         self.device = "cuda" if torch.cuda.is_available() and ray.get_gpu_ids() else "cpu"
-        self.policy = DiffusionPolicy.build(model_cfg)
+        self.policy = DiffusionPolicy.from_config(model_cfg)
         self.policy.model.to(self.device)
         self.sampling_cfg = sampling_cfg
         self.tasks = tasks

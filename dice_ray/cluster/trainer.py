@@ -275,7 +275,7 @@ class Trainer:
         cfg, con = self.cfg, self.console
         t_run = time.perf_counter()
         self.setup()
-        heldout_start = self.heldout_eval("start") if not self.resume else None
+        heldout_start = self._previous_summary().get("heldout_start") if self.resume else self.heldout_eval("start")
         self._print_header()
         metrics_path = self.run_dir / "metrics.jsonl"
         with Progress(
@@ -322,6 +322,10 @@ class Trainer:
                 bar.update(job, advance=1, description="")
         heldout_end = self.heldout_eval("end")
         return self._finish(t_run, heldout_start, heldout_end)
+
+    def _previous_summary(self) -> dict:
+        path = self.run_dir / "summary.json"
+        return json.loads(path.read_text()) if path.exists() else {}
 
     def _finish(self, t_run: float, heldout_start: dict | None, heldout_end: dict | None) -> dict:
         records = read_metrics(self.run_dir)

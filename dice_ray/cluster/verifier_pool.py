@@ -33,6 +33,8 @@ class VerifierActor:
         from dice_ray.verify.verifier import Verifier
 
         gpu_ids = ray.get_gpu_ids()
+        if not gpu_ids:  # no GPU granted by Ray: never touch one that happens to be on the node
+            verify_cfg = verify_cfg.model_copy(update={"mode": "compile_only"})
         self.verifier = Verifier(verify_cfg, reward_cfg, device=0 if gpu_ids else None)
         self.node = ray.util.get_node_ip_address()
         self.gpu = [str(g) for g in gpu_ids]

@@ -46,7 +46,8 @@ def fallback_pairs(limit: int | None = None) -> list[tuple[str, str]]:
         a += len(_OPEN)
         b = s.index('"""', a)
         head = f"# Task: {d.name}\n# Reference PyTorch model:\n{r}\n"
-        pairs.append((head + f"# Write the CUDA source of this solution:\n{s[:a]}<|fill|>{s[b:]}\n# CUDA source:\n", s[a:b]))
+        infill = f"# Write the CUDA source of this solution:\n{s[:a]}<|fill|>{s[b:]}\n# CUDA source:\n"
+        pairs.append((head + infill, s[a:b]))
         pairs.append((head + "# Write a ModelNew with CUDA kernels (dice_ray.launch.load_cuda):\n", s))
     return pairs[:limit] if limit else pairs
 
@@ -94,7 +95,9 @@ def _compiler():
     return compiles
 
 
-def measure(policy: DiffusionPolicy, pairs: list[tuple[str, str]], samples: int, max_new_tokens: int, seed: int = 0) -> dict:
+def measure(
+    policy: DiffusionPolicy, pairs: list[tuple[str, str]], samples: int, max_new_tokens: int, seed: int = 0
+) -> dict:
     """Reproduction figures of greedy and temperature-1 sampling on ``pairs`` (see module doc)."""
     compiles = _compiler()
     out = {}
@@ -154,10 +157,12 @@ def main(argv: list[str] | None = None) -> None:
     sft_cfg = SFTConfig(**upd)
     p_len = [len(policy.encode(p)) for p, _ in pairs]
     t_len = [len(policy.encode(t)) for _, t in pairs]
-    print(f"{len(pairs)} pairs from {source}; prompt tokens {min(p_len)}-{max(p_len)} (mean {sum(p_len)/len(p_len):.0f}), "
-          f"target tokens {min(t_len)}-{max(t_len)} (mean {sum(t_len)/len(t_len):.0f}); {policy.num_parameters()} params")
+    print(f"{len(pairs)} pairs from {source}; prompt tokens {min(p_len)}-{max(p_len)} "
+          f"(mean {sum(p_len) / len(p_len):.0f}), target tokens {min(t_len)}-{max(t_len)} "
+          f"(mean {sum(t_len) / len(t_len):.0f}); {policy.num_parameters()} params")
     report = warm_start(policy, pairs, sft_cfg, seed=args.seed)
-    print(f"SFT: {report.steps} steps, final loss {report.final_loss:.4f}, {report.seconds:.1f} s, cache_hit={report.cache_hit}")
+    print(f"SFT: {report.steps} steps, final loss {report.final_loss:.4f}, {report.seconds:.1f} s, "
+          f"cache_hit={report.cache_hit}")
     print("losses:", [(s, round(v, 4)) for s, v in report.losses])
     t = time.perf_counter()
     figures = measure(policy, pairs, args.samples, args.max_new_tokens, seed=args.seed)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_model, save_file
 
 from dice_ray.config import ModelConfig
 from dice_ray.policy.model import build_model
@@ -63,7 +63,7 @@ class DiffusionPolicy:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         (path / _CONFIG_FILE).write_text(self.model_cfg.model_dump_json(indent=2))
-        save_model(self.model, str(path / _WEIGHTS_FILE))
+        save_file(_contiguous_cpu_state(self.model), str(path / _WEIGHTS_FILE), metadata={"format": "pt"})
         self.tokenizer.save(path / _TOKENIZER_FILE)
 
     @classmethod
@@ -111,3 +111,21 @@ class DiffusionPolicy:
     def num_parameters(self) -> int:
         """Number of distinct parameters (tied embeddings counted once)."""
         return sum(p.numel() for p in self.model.parameters())
+
+
+def _contiguous_cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's tensors as standalone CPU copies, tied tensors (same storage and view) kept once.
+
+    DeepSpeed ZeRO flattens parameters into one buffer, so they are views that
+    ``safetensors.torch.save_model`` refuses to save; :func:`safetensors.torch.load_model` restores the
+    ties on load.
+    """
+    out: dict[str, torch.Tensor] = {}
+    seen: set[tuple] = set()
+    for name, t in model.state_dict().items():
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = t.detach().to("cpu", copy=True).contiguous()
+    return out

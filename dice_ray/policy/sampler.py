@@ -135,47 +135,19 @@ def _choose(conf: torch.Tensor, masked: torch.Tensor, cfg: SamplingConfig, k_sta
     if cfg.remasking == "static":
         k = torch.clamp(masked.sum(-1), max=k_static)  # [A]
         order = conf.argsort(dim=-1, descending=True)
-        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(conf.shape[-1]).expand_as(order))
+        ranks = torch.arange(conf.shape[-1], device=conf.device).expand_as(order)
+        rank = torch.empty_like(order).scatter_(-1, order, ranks)
         return (rank < k[:, None]) & masked
     pick = (conf >= cfg.threshold) & masked
     best = torch.zeros_like(pick).scatter_(-1, conf.argmax(-1, keepdim=True), True) & masked
     return pick | best
 
 
-@torch.inference_mode()
-def sample_ids(
-    policy: DiffusionPolicy,
-    prompt_ids: list[int],
-    num_samples: int,
-    cfg: SamplingConfig,
-    generator: torch.Generator,
-) -> tuple[list[list[int]], list[list[int]], list[list[float]], SampleStats]:
-    """Block-diffusion decoding of ``num_samples`` responses to one prompt (token level).
-
-    Returns:
-        (response_ids, unmask_step, behaviour_logprobs, stats): per sample, lists of equal length, a
-        multiple of ``block_size``.
-
-    Raises:
-        ValueError: empty prompt, ``num_samples < 1``, or prompt + max_new_tokens beyond the model's
-            ``max_position_embeddings``.
-    """
-    model, bs, mask_id = policy.model, policy.block_size, policy.mask_id
-    P, G = len(prompt_ids), num_samples
-    if P == 0:
-        raise ValueError("prompt_ids: must not be empty")
-    if G < 1:
-        raise ValueError(f"num_samples={G}: must be >= 1")
-    n_blocks = cfg.max_new_tokens // bs
-    if P + n_blocks * bs > policy.model_cfg.max_position_embeddings:
-        raise ValueError(
-            f"prompt ({P} tokens) + max_new_tokens ({n_blocks * bs}) exceeds max_position_embeddings="
-            f"{policy.model_cfg.max_position_embeddings}"
-        )
-    was_training = model.training
-    model.eval()
+def _decode_blocks(policy: DiffusionPolicy, prompt_ids: list[int], G: int, n_blocks: int, cfg: SamplingConfig,
+                   generator: torch.Generator):
+    """The decoding loop of :func:`sample_ids`: per sample, lists of per-block token / step / log-prob tensors."""
+    model, bs, mask_id, P = policy.model, policy.block_size, policy.mask_id, len(prompt_ids)
     device = policy.device
-    t0 = time.perf_counter()
     k_sched = transfer_schedule(bs, cfg.steps_per_block)
 
     cache = KVCache()
@@ -210,7 +182,8 @@ def sample_ids(
                 ids, keep = torch.cat([prev, x], dim=1), bs
             else:
                 q_block, q_copy, ids, keep = cur, torch.ones(bs, dtype=torch.long, device=device), x, 0
-            mask = block_mask(q_block, q_copy, torch.cat([k_block, q_block]), torch.cat([torch.zeros_like(k_block), q_copy]))
+            k_copy = torch.cat([torch.zeros_like(k_block), q_copy])
+            mask = block_mask(q_block, q_copy, torch.cat([k_block, q_block]), k_copy)
             pos = P + (q_block - 1) * bs + torch.arange(q_block.numel(), device=device) % bs
             h = forward_hidden(model, ids, pos, mask, cache, keep=keep)
             forwards += 1
@@ -237,11 +210,49 @@ def sample_ids(
             cache.select(alive.nonzero().squeeze(-1))
         prev = x
 
+    return out_tok, out_step, out_lp, forwards
+
+
+@torch.inference_mode()
+def sample_ids(
+    policy: DiffusionPolicy,
+    prompt_ids: list[int],
+    num_samples: int,
+    cfg: SamplingConfig,
+    generator: torch.Generator,
+) -> tuple[list[list[int]], list[list[int]], list[list[float]], SampleStats]:
+    """Block-diffusion decoding of ``num_samples`` responses to one prompt (token level).
+
+    Returns:
+        (response_ids, unmask_step, behaviour_logprobs, stats): per sample, lists of equal length, a
+        multiple of ``block_size``.
+
+    Raises:
+        ValueError: empty prompt, ``num_samples < 1``, or prompt + max_new_tokens beyond the model's
+            ``max_position_embeddings``.
+    """
+    model, bs = policy.model, policy.block_size
+    P, G = len(prompt_ids), num_samples
+    if P == 0:
+        raise ValueError("prompt_ids: must not be empty")
+    if G < 1:
+        raise ValueError(f"num_samples={G}: must be >= 1")
+    n_blocks = cfg.max_new_tokens // bs
+    if P + n_blocks * bs > policy.model_cfg.max_position_embeddings:
+        raise ValueError(
+            f"prompt ({P} tokens) + max_new_tokens ({n_blocks * bs}) exceeds max_position_embeddings="
+            f"{policy.model_cfg.max_position_embeddings}"
+        )
+    was_training = model.training
+    model.eval()
+    t0 = time.perf_counter()
+    try:
+        out_tok, out_step, out_lp, forwards = _decode_blocks(policy, prompt_ids, G, n_blocks, cfg, generator)
+    finally:
+        model.train(was_training)
     responses = [torch.cat(t).tolist() for t in out_tok]
     steps = [torch.cat(t).tolist() for t in out_step]
     lps = [torch.cat(t).tolist() for t in out_lp]
-    if was_training:
-        model.train()
     seconds = time.perf_counter() - t0
     new = sum(map(len, responses))
     stats = SampleStats(G, P, new, forwards, seconds, new / max(seconds, 1e-9))

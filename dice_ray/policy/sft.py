@@ -81,7 +81,9 @@ def tokenize_pairs(policy: DiffusionPolicy, pairs: list[tuple[str, str]]) -> lis
         if not p:
             raise ValueError(f"pairs[{i}]: the prompt is empty")
         if len(p) + len(t) > limit:
-            raise ValueError(f"pairs[{i}]: {len(p)} prompt + {len(t)} target tokens exceed max_position_embeddings={limit}")
+            raise ValueError(
+                f"pairs[{i}]: {len(p)} prompt + {len(t)} target tokens exceed max_position_embeddings={limit}"
+            )
         out.append((p, t))
     return out
 

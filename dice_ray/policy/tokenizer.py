@@ -115,7 +115,9 @@ class DiceTokenizer:
         """Load a ``tokenizer.json``. Raises FileNotFoundError when ``path`` does not exist."""
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"tokenizer file {path} does not exist (run python -m dice_ray.policy.tokenizer --retrain)")
+            raise FileNotFoundError(
+                f"tokenizer file {path} does not exist (run python -m dice_ray.policy.tokenizer --retrain)"
+            )
         return cls(Tokenizer.from_file(str(path)))
 
     def save(self, path: str | Path) -> None:

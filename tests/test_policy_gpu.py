@@ -1,0 +1,52 @@
+"""The policy on a CUDA GPU: sampler and TraceRL agree, SFT steps run (skipped without a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dice_ray.config import ModelConfig, SamplingConfig, SFTConfig
+from dice_ray.policy.logprobs import tracerl_logprobs
+from dice_ray.policy.policy import DiffusionPolicy
+from dice_ray.policy.sampler import sample_group
+from dice_ray.policy.sft import warm_start
+
+PROMPT = 'Reference:\nimport torch\nclass Model(nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n'
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("remasking", ["static", "dynamic"])
+def test_gpu_sampler_agrees_with_tracerl(dtype, remasking):
+    policy = DiffusionPolicy.build(ModelConfig(dtype=dtype), seed=0).to("cuda")
+    with torch.no_grad():
+        policy.model.model.norm.weight.mul_(40.0)  # peaked, so dynamic remasking unmasks in parallel
+    cfg = SamplingConfig(max_new_tokens=64, remasking=remasking, threshold=0.5)
+    group = sample_group(policy, PROMPT, 4, cfg, seed=0)
+    R = max(len(r.response_ids) for r in group)
+    resp = torch.zeros(4, R, dtype=torch.long)
+    step = torch.zeros(4, R, dtype=torch.long)
+    mask = torch.zeros(4, R, dtype=torch.bool)
+    blp = torch.zeros(4, R)
+    for i, r in enumerate(group):
+        n = len(r.response_ids)
+        resp[i, :n], step[i, :n], mask[i, :n] = torch.tensor(r.response_ids), torch.tensor(r.unmask_step), True
+        blp[i, :n] = torch.tensor(r.behaviour_logprobs)
+    lp = tracerl_logprobs(policy.model, torch.tensor(group[0].prompt_ids), resp, step, mask, 4, policy.mask_id)
+    assert lp.device.type == "cuda"
+    err = (lp.detach().cpu() - blp)[mask].abs()
+    if dtype == "float32":
+        assert err.max() < 1e-3, err.max()
+    else:  # bf16 logits: the two passes round differently
+        assert err.mean() < 0.05, err.mean()
+
+
+@pytest.mark.gpu
+def test_gpu_warm_start_runs(tmp_path):
+    policy = DiffusionPolicy.build(ModelConfig(), seed=0).to("cuda")
+    pairs = [("Reference: relu\n", 'extern "C" __global__ void relu(float* y) { y[0] = 0.f; }\n')]
+    cfg = SFTConfig(steps=60, batch_size=1, log_every=10, target_loss=None, cache_dir=str(tmp_path))
+    report = warm_start(policy, pairs, cfg, seed=0)
+    assert report.steps == 60 and report.final_loss < 0.5 * report.losses[0][1]
+    again = DiffusionPolicy.build(ModelConfig(), seed=0).to("cuda")
+    assert warm_start(again, pairs, cfg, seed=0).cache_hit
