@@ -18,6 +18,14 @@ def _fail(msg: str) -> int:
     return USAGE_ERROR
 
 
+def _config_error(exc) -> str:
+    """One line naming the first bad key of a pydantic ValidationError and the rule it breaks."""
+    first = exc.errors()[0]
+    loc = ".".join(str(x) for x in first["loc"])
+    msg = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+    return f"config: {loc}: {msg}"
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
@@ -30,21 +38,23 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         train(args.config, args.overrides, args.resume)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(x) for x in first["loc"])
-        return _fail(f"config: {loc}: {first['msg']}")
+        return _fail(_config_error(exc))
     except (FileNotFoundError, ValueError) as exc:
         return _fail(str(exc))
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from dice_ray.config import load_config
     from dice_ray.verify.command import InputFileError, verify_files
 
     try:
         cfg = load_config(args.config, args.overrides)
         verdict = verify_files(args.task, args.candidate, cfg)
+    except ValidationError as exc:
+        return _fail(_config_error(exc))
     except InputFileError as exc:
         return _fail(str(exc))
     except (FileNotFoundError, ValueError) as exc:

@@ -264,6 +264,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """
     tree: dict[str, Any] = {}
     if path is not None:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"config {path}: no such file")
         text = Path(path).read_text()
         loaded = yaml.safe_load(text) or {}
         if not isinstance(loaded, dict):

@@ -45,3 +45,9 @@ def test_train_bad_config_fails_before_any_actor():
     proc = _cli("train", "rl.num_generationz=4")
     assert proc.returncode == 2
     assert "num_generationz" in proc.stderr and "ray" not in proc.stdout.lower()
+
+
+@pytest.mark.parametrize("args, says", [(["rl.bogus=1"], "rl.bogus: unknown key"), (["--config", "/no/such.yaml"], "no such file")])
+def test_config_errors_are_one_line(args, says):
+    proc = _cli("train", *args)
+    assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

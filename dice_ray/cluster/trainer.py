@@ -36,9 +36,9 @@ from dice_ray.tasks.loaders import load_tasks
 from dice_ray.tasks.task import Task
 
 COLUMNS = [
-    ("step", 4, "{:d}"), ("phase", 6, "{}"), ("infill", 6, "{:.2f}"), ("reward", 6, "{:.3f}"), ("±std", 6, "{:.3f}"),
+    ("step", 4, "{:d}"), ("phase", 6, "{}"), ("inf.frac", 8, "{:.2f}"), ("reward", 6, "{:.3f}"), ("±std", 6, "{:.3f}"),
     ("compile", 7, "{:.0%}"), ("correct", 7, "{:.0%}"), ("cheat", 6, "{:.0%}"), ("speedup", 7, "{:.2f}x"),
-    ("dropped", 7, "{:d}"), ("loss", 8, "{:+.4f}"), ("sec", 6, "{:.1f}"), ("mode", 12, "{}"),
+    ("dropped", 7, "{:d}"), ("loss", 9, "{:+.2e}"), ("sec", 6, "{:.1f}"), ("mode", 12, "{}"),
 ]
 
 
@@ -173,15 +173,25 @@ class Trainer:
         if self.resume:
             self._restore()
         else:
-            if cfg.sft.enabled and not cfg.model.path:
-                from dice_ray.tasks.prompts import sft_pairs
-
-                pairs = [p for t in self.train_tasks if t.solution_src for p in sft_pairs(t, cfg.tasks.prompt_template)]
-                with con.status(f"warm start: masked-diffusion SFT on {len(pairs)} pairs (cached after the first run)"):
-                    sft = ray.get(self.learner.warm_start.remote(pairs))
-                con.print(f"[bold]warm start[/] {sft}")
+            self._warm_start()
             con.print(f"[bold]learner[/] {ray.get(self.learner.init_engine.remote())}")
         self._sync_weights()
+
+    def _warm_start(self) -> None:
+        """Masked-diffusion SFT of the learner's policy on the training tasks' reference solutions."""
+        from dice_ray.tasks.prompts import sft_pairs
+
+        cfg, con = self.cfg, self.console
+        if not cfg.sft.enabled or cfg.model.path:
+            return
+        pairs = [p for t in self.train_tasks if t.solution_src for p in sft_pairs(t, cfg.tasks.prompt_template)]
+        if not pairs:
+            con.print("[bold]warm start[/] skipped: no training task has a reference solution to learn from")
+            return
+        with con.status(f"warm start: masked-diffusion SFT on {len(pairs)} pairs (cached after the first run)"):
+            report = ray.get(self.learner.warm_start.remote(pairs))
+        losses = report.pop("losses", [])
+        con.print(f"[bold]warm start[/] {report} (loss {losses[0][1]:.2f} -> {losses[-1][1]:.3f})" if losses else f"[bold]warm start[/] {report}")
 
     def _restore(self) -> None:
         state_path = latest_checkpoint(self.ckpt_dir)
@@ -204,7 +214,11 @@ class Trainer:
         n = len(self.rollout_workers)
         shards = [requests[i::n] for i in range(n)]
         refs = [w.generate.remote(s, self.cfg.rl.num_generations) for w, s in zip(self.rollout_workers, shards) if s]
-        return [g for part in ray.get(refs) for g in part]
+        groups = [g for part in ray.get(refs) for g in part]
+        stale = [g.request.request_id for g in groups if g.weights_version != self.weights_version]
+        if stale:
+            raise RuntimeError(f"rollouts {stale} sampled with stale weights (want version {self.weights_version})")
+        return groups
 
     def verify(self, groups: list[GroupRollout]) -> list:
         items = [
@@ -359,7 +373,7 @@ class Trainer:
 
     def _print_row(self, rec: dict) -> None:
         values = {
-            "step": rec["step"], "phase": rec["phase"], "infill": rec["infill_fraction"], "reward": rec["reward_mean"],
+            "step": rec["step"], "phase": rec["phase"], "inf.frac": rec["infill_fraction"], "reward": rec["reward_mean"],
             "±std": rec["reward_std"], "compile": rec["compile_rate"], "correct": rec["correct_rate"],
             "cheat": rec["cheat_rate"], "speedup": rec["speedup_geomean"], "dropped": rec["groups_dropped"],
             "loss": rec["loss"], "sec": rec["step_seconds"],
