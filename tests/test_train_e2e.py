@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -27,8 +26,7 @@ def _train(args, env, timeout=600):
 
 
 def test_train_covers_both_phases_then_resumes(tmp_path):
-    env = {**os.environ, "RAY_ADDRESS": "", "PYTHONUNBUFFERED": "1"}
-    env.pop("RAY_ADDRESS")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PYTHONUNBUFFERED": "1"}
     out = _train([f"run_dir={tmp_path}", "run_name=r", f"sft.cache_dir={tmp_path / 'sft'}", *SMALL], env)
     run = tmp_path / "r"
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "curves.png"):

@@ -256,6 +256,53 @@ class Trainer:
         for old in tags[: -self.cfg.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
 
+    def train_step(self, show) -> dict:
+        """One RL step: prompts -> rollouts -> verdicts -> learner step -> weight sync -> checkpoint.
+
+        Args:
+            show: called with a short status line as each stage starts.
+
+        Returns:
+            the step's record (figures of :func:`step_record` plus stage timings and learner stats).
+        """
+        t0 = time.perf_counter()
+        step, frac, phase, requests = ray.get(self.scheduler.next_batch.remote())
+        show(f"step {step} {phase}: rollout")
+        groups = self.rollout(requests)
+        t_roll = time.perf_counter()
+        show(f"step {step} {phase}: verify {sum(len(g.candidates) for g in groups)}")
+        verdicts = self.verify(groups)
+        t_ver = time.perf_counter()
+        show(f"step {step} {phase}: learn")
+        learned, dropped = self.learn(groups, verdicts)
+        t_learn = time.perf_counter()
+        self.weights_version = step + 1
+        sync_s = self._sync_weights()
+        rec = step_record(step, phase, frac, groups, verdicts, dropped)
+        pool = ray.get(self.pool.status.remote())
+        learned = learned or {}
+        rec.update(
+            loss=learned.get("loss"), clip_fraction=learned.get("clip_fraction"), kl=learned.get("kl"),
+            learner_step_seconds=learned.get("seconds", 0.0),
+            rollout_seconds=t_roll - t0, verify_seconds=t_ver - t_roll, learn_seconds=t_learn - t_ver, sync_seconds=sync_s,
+            rollout_tokens_per_s=sum(g.tokens for g in groups) / max(t_roll - t0, 1e-9),
+            verifier_throughput=len(verdicts) / max(t_ver - t_roll, 1e-9),
+            verifier_queue_depth=pool["queue_depth"], verifier_pool_size=pool["size"],
+            weights_version=self.weights_version,
+        )
+        if (step + 1) % self.cfg.checkpoint_every == 0 or step + 1 == self.cfg.rl.steps:
+            self.checkpoint(step + 1)
+        rec["step_seconds"] = time.perf_counter() - t0
+        return rec
+
+    def record(self, rec: dict) -> None:
+        """Append the step to metrics.jsonl, export it to Ray metrics and the scheduler, print its row."""
+        with (self.run_dir / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+        self.metrics.publish(rec)
+        self.scheduler.report.remote(rec)
+        self._print_row(rec)
+
     # ---- held-out report -----------------------------------------------------------------------------
     def heldout_eval(self, when: str) -> dict | None:
         """Compile (and, on GPUs, correct) rates of samples on held-out tasks, per phase."""
@@ -291,48 +338,14 @@ class Trainer:
         self.setup()
         heldout_start = self._previous_summary().get("heldout_start") if self.resume else self.heldout_eval("start")
         self._print_header()
-        metrics_path = self.run_dir / "metrics.jsonl"
         with Progress(
             TextColumn("[bold]RL"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
             console=con, transient=False,
         ) as bar:
             job = bar.add_task("", total=cfg.rl.steps, completed=self.start_step)
             for _ in range(self.start_step, cfg.rl.steps):
-                t0 = time.perf_counter()
-                step, frac, phase_name, requests = ray.get(self.scheduler.next_batch.remote())
-                bar.update(job, description=f"step {step} {phase_name}: rollout")
-                groups = self.rollout(requests)
-                t_roll = time.perf_counter()
-                bar.update(job, description=f"step {step} {phase_name}: verify {sum(len(g.candidates) for g in groups)}")
-                verdicts = self.verify(groups)
-                t_ver = time.perf_counter()
-                bar.update(job, description=f"step {step} {phase_name}: learn")
-                learned, dropped = self.learn(groups, verdicts)
-                t_learn = time.perf_counter()
-                self.weights_version = step + 1
-                sync_s = self._sync_weights()
-                rec = step_record(step, phase_name, frac, groups, verdicts, dropped)
-                tokens = sum(g.tokens for g in groups)
-                pool = ray.get(self.pool.status.remote())
-                rec.update(
-                    loss=learned["loss"] if learned else None,
-                    clip_fraction=learned["clip_fraction"] if learned else None,
-                    kl=learned["kl"] if learned else None,
-                    learner_step_seconds=learned["seconds"] if learned else 0.0,
-                    rollout_seconds=t_roll - t0, verify_seconds=t_ver - t_roll, learn_seconds=t_learn - t_ver,
-                    sync_seconds=sync_s, rollout_tokens_per_s=tokens / max(t_roll - t0, 1e-9),
-                    verifier_throughput=len(verdicts) / max(t_ver - t_roll, 1e-9),
-                    verifier_queue_depth=pool["queue_depth"], verifier_pool_size=pool["size"],
-                    weights_version=self.weights_version,
-                )
-                if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.rl.steps:
-                    self.checkpoint(step + 1)
-                rec["step_seconds"] = time.perf_counter() - t0
-                with metrics_path.open("a") as f:
-                    f.write(json.dumps(rec) + "\n")
-                self.metrics.publish(rec)
-                self.scheduler.report.remote(rec)
-                self._print_row(rec)
+                rec = self.train_step(lambda msg: bar.update(job, description=msg))
+                self.record(rec)
                 bar.update(job, advance=1, description="")
         heldout_end = self.heldout_eval("end")
         return self._finish(t_run, heldout_start, heldout_end)
