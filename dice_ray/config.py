@@ -161,6 +161,9 @@ class VerifyConfig(_Section):
         True, description="compile_only: also run ModelNew.forward on meta tensors with kernel launches checked, not run."
     )
     max_jobs_per_worker: int = Field(500, ge=1, description="Respawn the sandbox worker after this many candidates.")
+    spare_worker: bool = Field(
+        True, description="After a worker is first replaced, keep a warm spare so later crashes cost a swap, not a cold start."
+    )
     cpu_address_space_gib: float = Field(
         16.0, ge=0.0, description="RLIMIT_AS of a compile-only worker (GiB; 0: none). Not set on GPU: CUDA reserves huge ranges."
     )

@@ -145,3 +145,14 @@ def test_sleep_forever_at_import_times_out(unguarded):
     v = check(unguarded, mutate("import torch\n", "import torch\nimport time\ntime.sleep(3600)\n"), "timeout")
     assert not v.compiled and "load" in v.reason
     check(unguarded, HONEST, "ok")
+
+
+def test_after_a_crash_a_warm_spare_takes_over(unguarded):
+    crash = mutate("import torch\n", "import torch\nimport os\nos._exit(4)\n")
+    check(unguarded, crash, "crash")
+    spare = unguarded._spare
+    assert spare is not None and spare.alive()
+    check(unguarded, HONEST, "ok")  # the spare boots meanwhile
+    check(unguarded, crash, "crash")
+    assert unguarded.worker_pid == spare.pid  # swapped in, not cold-started
+    check(unguarded, HONEST, "ok")
