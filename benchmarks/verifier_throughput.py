@@ -1,26 +1,35 @@
 """Verifier throughput on the built-in suite: candidates/s end to end through one Verifier, by kind.
 
 Builds candidates from every built-in task: the honest solution, an incorrect variant (each kernel
-skips its first thread), a non-compiling variant and (a few) crashing variants (a null-pointer
-store), and verifies them in one sandboxed Verifier on one GPU (compile-only without a GPU). Also
-prints the repeatability of one measured speedup (coefficient of variation over 5 repeats).
+skips its first thread), a non-compiling variant, crashing variants (a null-pointer store) and
+cheating variants (a try/except fallback to PyTorch), and verifies them all through one Verifier
+(its sandbox workers share one GPU; compile-only without a GPU). Also prints the repeatability of
+one measured speedup (coefficient of variation over 5 repeats).
 
-    python benchmarks/verifier_throughput.py [--crash-every 10] [--repeats 5] [--json OUT]
+It also verifies a few of DICE's ``load_inline`` records (``--dice-data``) cold and from the build
+cache, and prints the fast path's advantage per candidate.
+
+    python benchmarks/verifier_throughput.py [--workers 0] [--crash-every 4] [--cheat-every 3] [--repeats 5]
+        [--inline 3] [--dice-data DIR] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import time
 from collections import Counter
+from pathlib import Path
 
 from dice_ray.config import RewardConfig, VerifyConfig
 from dice_ray.tasks.loaders import load_tasks
 from dice_ray.verify.verifier import Verifier
 
+#: DICE infilling records that verify ok on an H200 (tests/test_verify_inline_gpu.py)
+INLINE_RECORDS = (617, 3890, 136, 6180)
 KERNEL_OPEN = re.compile(r'(extern\s+"C"\s+__global__[^{]*\{)')
 
 
@@ -31,13 +40,58 @@ def variants(src: str) -> dict[str, str]:
         "incorrect": KERNEL_OPEN.sub(r"\1 if (blockIdx.x == 0 && threadIdx.x == 0) return;", src),
         "compile_error": KERNEL_OPEN.sub(r"\1 int dice_ray_bench = ;", src, count=1),
         "crash": KERNEL_OPEN.sub(r"\1 *(volatile int*)0 = 1;", src, count=1),
+        "cheat": src.replace("    def forward(self, ", "    def _forward(self, ", 1).replace(
+            "class ModelNew(nn.Module):\n",
+            "class ModelNew(nn.Module):\n    def forward(self, *args):\n        try:\n            return self._forward(*args)\n"
+            "        except RuntimeError:\n            return args[0]\n\n", 1),
     }
+
+
+def inline_path(args: argparse.Namespace, fast_rate: float) -> dict:
+    """Per-candidate cost of the ``load_inline`` path on DICE infilling records: verified cold (an
+    empty build cache; the first also builds the shared precompiled header), then again (cache hit).
+    Prints the ratio of the fast path's throughput to it."""
+    import tempfile
+
+    from dice_ray.tasks.task import Task
+
+    path = Path(args.dice_data) / "kernel_infilling_evaluation.json"
+    if not path.exists():
+        print(f"load_inline path: skipped ({path} not found)")
+        return {}
+    records = {r["id"]: r for r in json.loads(path.read_text())}
+    chosen = [records[i] for i in INLINE_RECORDS if i in records][: args.inline]
+    with tempfile.TemporaryDirectory() as cache:
+        cfg = VerifyConfig(workers=1, inline_cache_dir=cache, compile_timeout_s=300.0)
+        with Verifier(cfg, RewardConfig()) as v:
+            cold, hit = [], []
+            for r in chosen:
+                task = Task(f"dice/{r['id']}", str(r["id"]), 1, r["pytorch_code"])
+                first = v.verify(task, r["cuda_code"], f"inline-{r['id']}")
+                again = v.verify(task, r["cuda_code"], f"inline-{r['id']}-again")
+                cold.append(first.seconds)
+                hit.append(again.seconds)
+                print(f"  load_inline {task.task_id}: {first.verdict}, cold {first.seconds:.1f} s "
+                      f"(load {first.stage_seconds.get('load', 0):.1f} s), cache hit {again.seconds:.2f} s")
+    later = statistics.median(cold[1:]) if len(cold) > 1 else cold[0]
+    builder_stats = getattr(v, "_inline_builder", None)
+    if builder_stats is not None:
+        print("  build stats:", {k: round(x, 2) if isinstance(x, float) else x for k, x in builder_stats.stats().items()})
+    print(f"load_inline path: first candidate {cold[0]:.1f} s (builds the shared precompiled header), "
+          f"median of the rest {later:.1f} s, cache hit {statistics.median(hit):.2f} s; fast path "
+          f"{fast_rate:.1f} candidates/s = {later * fast_rate:.0f}x the per-candidate load_inline rate")
+    return {"cold_s": cold, "hit_s": hit, "ratio": later * fast_rate}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--crash-every", type=int, default=10, help="one crashing candidate every N tasks")
+    ap.add_argument("--workers", type=int, default=0, help="sandbox workers of the Verifier (0: auto)")
+    ap.add_argument("--crash-every", type=int, default=4, help="one crashing candidate every N tasks")
+    ap.add_argument("--cheat-every", type=int, default=3, help="one cheating candidate every N tasks")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--inline", type=int, default=3, help="DICE load_inline records for the per-candidate cost (0: off)")
+    ap.add_argument("--dice-data", default=os.environ.get("DICE_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "data" / "dice")))
+    ap.add_argument("--cov-tasks", default="relu,softmax,matmul", help="tasks whose speedup is repeated (names)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
 
@@ -45,47 +99,72 @@ def main() -> None:
     jobs = []
     for i, t in enumerate(tasks):
         v = variants(t.solution_src)
-        kinds = ["correct", "incorrect", "compile_error"] + (["crash"] if i % args.crash_every == 0 else [])
+        kinds = ["correct", "incorrect", "compile_error"] + (["crash"] if i % args.crash_every == 0 else []) + (
+            ["cheat"] if i % args.cheat_every == 0 else [])
         jobs += [(t, kind, v[kind]) for kind in kinds]
-    verifier = Verifier(VerifyConfig(), RewardConfig())
-    print(f"mode={verifier.mode} tasks={len(tasks)} candidates={len(jobs)}")
+    verifier = Verifier(VerifyConfig(workers=args.workers), RewardConfig())
+    print(f"mode={verifier.mode} workers={verifier.workers} tasks={len(tasks)} candidates={len(jobs)}")
+    verifier.verify_many([(tasks[0], tasks[0].solution_src, "warm")] * verifier.workers)  # workers booted
     t0 = time.perf_counter()
+    verdicts = verifier.verify_many([(task, src, f"{task.task_id}:{kind}") for task, kind, src in jobs])
     got = Counter()
     wrong = []
     per_kind: dict[str, list[float]] = {}
-    for n, (task, kind, src) in enumerate(jobs):
-        verdict = verifier.verify(task, src, f"{task.task_id}:{kind}")
+    expect = {"correct": "ok", "incorrect": "incorrect", "compile_error": "compile_error", "crash": "crash", "cheat": "cheat"}
+    for (task, kind, _), verdict in zip(jobs, verdicts):
         got[(kind, verdict.verdict)] += 1
         per_kind.setdefault(kind, []).append(verdict.seconds)
-        expected = {"correct": "ok", "incorrect": "incorrect", "compile_error": "compile_error", "crash": "crash"}[kind]
+        expected = expect[kind]
         if verifier.mode == "compile_only" and kind in ("incorrect", "crash"):
             expected = "ok"  # compile-only mode cannot run kernels
         if verdict.verdict != expected:
             wrong.append((task.task_id, kind, verdict.verdict, verdict.reason[:160]))
     total = time.perf_counter() - t0
     rate = len(jobs) / total
-    print(f"end to end: {len(jobs)} candidates in {total:.1f} s = {rate:.2f} candidates/s")
+    print(f"end to end: {len(jobs)} candidates in {total:.1f} s = {rate:.2f} candidates/s "
+          f"({verifier.restarts} worker replacements)")
     for kind, secs in per_kind.items():
-        print(f"  {kind:14s} n={len(secs):3d} median {statistics.median(secs)*1000:8.1f} ms")
+        print(f"  {kind:14s} n={len(secs):3d} median latency {statistics.median(secs)*1000:8.1f} ms")
     print("verdicts:", dict(got))
     print(f"unexpected verdicts: {len(wrong)}")
     for w in wrong[:20]:
         print("   ", w)
 
-    speedups = []
+    stages: dict[str, list[float]] = {}
+    for (_, kind, _), verdict in zip(jobs, verdicts):
+        if kind == "correct":
+            for name, sec in verdict.stage_seconds.items():
+                stages.setdefault(name, []).append(sec)
+    st = verifier.stats()
+    forked = st["boot_s_forked"]
+    print(f"workers: {st['workers']}, replaced {st['restarts']}; boot median cold "
+          f"{statistics.median(st['boot_s_cold']) if st['boot_s_cold'] else float('nan'):.2f} s, forked "
+          f"{statistics.median(forked) if forked else float('nan'):.2f} s; jobs waited {st['ready_wait_s']:.1f} s for workers to boot")
+    if st["forked_boot_phases_s"]:
+        keys = st["forked_boot_phases_s"][0].keys()
+        print("forked worker boot, median s from spawn to end of: " + ", ".join(
+            f"{k} {statistics.median(p.get(k, 0.0) for p in st['forked_boot_phases_s']):.2f}" for k in keys))
+    print("honest candidates, median seconds a stage: "
+          + ", ".join(f"{k} {statistics.median(v) * 1000:.1f} ms" for k, v in stages.items()))
+
+    repeat: dict[str, list[float]] = {}
     if verifier.mode == "gpu":
-        task = next(t for t in tasks if t.name.endswith("relu"))
-        for _ in range(args.repeats):
-            speedups.append(verifier.verify(task, task.solution_src, "repeat").speedup)
-        mean = statistics.fmean(speedups)
-        cov = statistics.pstdev(speedups) / mean if mean else float("nan")
-        print(f"repeatability ({task.task_id}, {args.repeats} repeats): speedups {['%.3f' % s for s in speedups]} CoV {cov:.2%}")
+        for name in args.cov_tasks.split(","):
+            task = next(t for t in tasks if t.name.endswith(name))
+            runs = [verifier.verify(task, task.solution_src, "repeat") for _ in range(args.repeats)]
+            speedups = repeat[task.task_id] = [v.speedup for v in runs]
+            mean = statistics.fmean(speedups)
+            cov = statistics.pstdev(speedups) / mean if mean else float("nan")
+            print(f"repeatability ({task.task_id}, reference {statistics.median(v.ref_ms for v in runs):.4f} ms, "
+                  f"{args.repeats} repeats): speedups {['%.3f' % x for x in speedups]} CoV {cov:.2%}")
     verifier.close()
+    inline_costs = inline_path(args, rate) if verifier.mode == "gpu" and args.inline else {}
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"mode": verifier.mode, "candidates": len(jobs), "seconds": total, "candidates_per_s": rate,
                        "verdicts": {f"{k}->{v}": n for (k, v), n in got.items()}, "unexpected": wrong,
-                       "repeat_speedups": speedups}, f, indent=1)
+                       "repeat_speedups": repeat, "inline": inline_costs, "stage_medians_s": {k: statistics.median(v) for k, v in stages.items()}},
+                      f, indent=1)
 
 
 if __name__ == "__main__":

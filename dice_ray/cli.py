@@ -73,6 +73,8 @@ def _connect(address: str | None):
 
     from dice_ray.cluster.scheduler import NAMESPACE
 
+    if ray.is_initialized():  # called in-process by a driver that is already connected (tests)
+        return ray
     address = address or os.environ.get("RAY_ADDRESS") or "auto"
     ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
     return ray
@@ -103,20 +105,36 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_verifiers(args: argparse.Namespace) -> int:
+    """``verifiers scale N`` / ``verifiers status`` on the running job's pool; prints its status as JSON.
+
+    ``scale`` returns at once: new actors start and surplus ones drain (their in-flight candidates
+    finish) in the background; ``status`` shows the progress (``actors[].state``).
+    """
     from dice_ray.cluster.verifier_pool import POOL_NAME
 
+    if args.action == "scale" and (args.n is None or args.n < 1):
+        got = "nothing" if args.n is None else args.n
+        return _fail(f"verifiers scale N: N must be an integer >= 1, got {got}")
+    if args.action == "status" and args.n is not None:
+        return _fail("verifiers status takes no N")
     try:
         ray = _connect(args.address)
         pool = _named(ray, POOL_NAME)
     except (LookupError, ConnectionError) as exc:
         return _fail(str(exc))
-    if args.action == "scale":
-        if args.n is None or args.n < 1:
-            return _fail("verifiers scale N: N must be an integer >= 1")
-        status = ray.get(pool.scale.remote(args.n))
-    else:
-        status = ray.get(pool.status.remote())
-    print(json.dumps(status, indent=1))
+    try:
+        if args.action == "scale":
+            status = ray.get(pool.scale.remote(args.n), timeout=120)
+        else:
+            status = ray.get(pool.status.remote(), timeout=120)
+    except ray.exceptions.RayTaskError as exc:  # the pool refused (its ValueError)
+        return _fail(f"verifiers {args.action}: {str(exc.cause) if exc.cause else exc}".splitlines()[0])
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+        return _fail(f"verifiers {args.action}: the verifier pool did not answer ({type(exc).__name__})")
+    if args.action == "scale" and status.get("autoscale"):
+        print(f"dice-ray: note: autoscaling is on; it resumes after {status['autoscale']['cooldown_s']:.0f} s "
+              f"within [{status['autoscale']['min']}, {status['autoscale']['max']}]", file=sys.stderr)
+    print(json.dumps(status, indent=1, default=str))
     return 0
 
 
@@ -146,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     vs = sub.add_parser("verifiers", help="scale or inspect the verifier pool of a running job")
     vs.add_argument("action", choices=["scale", "status"])
-    vs.add_argument("n", nargs="?", type=int, help="new pool size (scale)")
+    vs.add_argument("n", nargs="?", type=int, help="new pool size (scale; an integer >= 1)")
     vs.add_argument("--address", help="Ray address (default: RAY_ADDRESS or auto)")
     vs.set_defaults(fn=cmd_verifiers)
     return p

@@ -161,8 +161,17 @@ class VerifyConfig(_Section):
         True, description="compile_only: also run ModelNew.forward on meta tensors with kernel launches checked, not run."
     )
     max_jobs_per_worker: int = Field(500, ge=1, description="Respawn the sandbox worker after this many candidates.")
-    spare_worker: bool = Field(
-        True, description="After a worker is first replaced, keep a warm spare so later crashes cost a swap, not a cold start."
+    workers: int = Field(
+        0, ge=0, le=64,
+        description="Sandbox worker processes of one verifier (0: auto, 6 on a GPU, 1 compile-only): candidates load, "
+        "compile and check in parallel; timing takes the GPU one worker at a time.",
+    )
+    spare_workers: int = Field(
+        2, ge=0, le=16,
+        description="Warm spare workers kept after the first replacement, so a crash costs a swap, not a cold start.",
+    )
+    fork_server: bool = Field(
+        True, description="Fork replacement workers from a process with torch imported (~1 s) instead of a cold start (~8 s)."
     )
     cpu_address_space_gib: float = Field(
         16.0, ge=0.0, description="RLIMIT_AS of a compile-only worker (GiB; 0: none). Not set on GPU: CUDA reserves huge ranges."
@@ -172,6 +181,76 @@ class VerifyConfig(_Section):
         0.9, gt=0.0, le=1.0, description="torch.cuda.set_per_process_memory_fraction in the GPU worker."
     )
     seccomp: bool = Field(True, description="Forbid fork/exec in the worker with a seccomp filter (x86-64 Linux).")
+    # -- timing (dice_ray.verify.harness) --
+    input_pool_mib: float = Field(
+        1024.0, gt=0.0,
+        description="GPU memory (MiB) for the rotating pool of timing inputs; a pool slot reused is refilled with "
+        "fresh values first, so every timed call sees new data at a new or refreshed address.",
+    )
+    output_checks: int = Field(
+        5, ge=1, description="Outputs over 64 MiB: timed calls (drawn at random, plus the last) whose outputs are checked; "
+        "smaller outputs are checked on every timed call."
+    )
+    audit_speedup: float = Field(
+        10.0, gt=1.0, description="Speedups above this are re-timed with the host wall clock (the audit)."
+    )
+    audit_factor: float = Field(
+        3.0, gt=1.0,
+        description="The audit fails (cheat, rule timing-audit) when the CUDA-event speedup exceeds the wall-clock "
+        "speedup by more than this factor.",
+    )
+    compile_baseline: bool = Field(
+        False,
+        description="Also time torch.compile(reference) alongside (reported as speedup_compiled, not rewarded). "
+        "Inductor runs compilers as subprocesses, so this needs seccomp=false.",
+    )
+    # -- correctness (dice_ray.verify.harness, dice_ray.verify.correctness) --
+    scaled_trial: float = Field(
+        4.0, gt=0.0,
+        description="The last correctness trial multiplies floating inputs by this (another scale; 1: off).",
+    )
+    shape_trial: bool = Field(
+        True, description="One more trial with a size constant of get_inputs doubled (catches hard-coded shapes)."
+    )
+    precision_rtol: float = Field(
+        1e-4, ge=0.0,
+        description="fp32 outputs: relative RMS error against a float64 run of the reference may not exceed "
+        "max(this, 10 x the fp32 reference's own); catches precision downgrades (0: off).",
+    )
+    # -- load_inline format (dice_ray.verify.inline) --
+    inline_cache_dir: str | None = Field(
+        None, description="Build cache of load_inline candidates (None: $DICE_RAY_INLINE_CACHE or "
+        "~/.cache/dice-ray/inline); shared by the verifiers of one machine."
+    )
+    inline_max_builds: int = Field(
+        0, ge=0, le=64, description="load_inline specs compiled at once (each runs g++ and nvcc side by side); "
+        "0: half the CPU cores."
+    )
+    inline_build_timeout_s: float = Field(
+        300.0, gt=0.0, description="Wall-clock limit of one compiler process of a load_inline build (s)."
+    )
+    inline_build_cpu_s: float = Field(600.0, gt=0.0, description="RLIMIT_CPU of one compiler process (s).")
+    inline_build_memory_gib: float = Field(
+        8.0, gt=0.0, description="RLIMIT_AS of one compiler process (GiB; nvcc on torch's headers peaks near 3)."
+    )
+    inline_build_file_mib: float = Field(512.0, gt=0.0, description="RLIMIT_FSIZE of one compiler process (MiB).")
+    inline_lite_headers: bool = Field(
+        True, description="Compile the CUDA file with a light torch header first (~5x faster; the full headers "
+        "when it lacks a name)."
+    )
+    inline_pch: bool = Field(
+        True, description="Precompile torch/extension.h once per toolchain for the bindings file (~0.75 GB on disk)."
+    )
+    inline_host_opt: Literal["-O0", "-O1", "-O2", "-O3"] = Field(
+        "-O1", description="Optimisation of load_inline host code (device code is always -O3)."
+    )
+
+    @model_validator(mode="after")
+    def _check_baseline(self) -> "VerifyConfig":
+        if self.compile_baseline and self.seccomp:
+            raise ValueError("verify.compile_baseline=true needs verify.seccomp=false: torch.compile's inductor runs "
+                             "the compiler as a subprocess, which the worker's seccomp filter forbids")
+        return self
 
 
 class PhaseConfig(_Section):
@@ -215,6 +294,41 @@ class ClusterConfig(_Section):
     learner_gpus: float = Field(0.0, ge=0.0, description="GPUs for the learner actor (0: CPU, gloo; a fraction shares one).")
     rollout_gpus: float = Field(0.0, ge=0.0)
     verifier_gpus: float = Field(1.0, ge=0.0, description="GPUs per verifier actor when GPUs exist.")
+    # -- verifier pool autoscaling (dice_ray.cluster.verifier_pool) --
+    verifier_autoscale: bool = Field(
+        False, description="Resize the verifier pool by queue depth between min_verifiers and max_verifiers."
+    )
+    min_verifiers: int = Field(1, ge=1, description="Autoscaling floor (verifier actors).")
+    max_verifiers: int | None = Field(
+        None, ge=1,
+        description="Autoscaling ceiling (verifier actors); None: as many as the cluster's GPUs hold for GPU "
+        "verifiers, else the starting size.",
+    )
+    verifier_target_queue: float = Field(
+        4.0, gt=0.0,
+        description="Autoscaling target: candidates waiting per serving verifier actor; a deeper queue grows the pool.",
+    )
+    verifier_scale_cooldown_s: float = Field(
+        30.0, ge=0.0,
+        description="Seconds between two autoscaling changes; shrinking also needs the pool to have been "
+        "larger than needed for this long (draining actors finish their in-flight candidates).",
+    )
+
+    @model_validator(mode="after")
+    def _check_verifier_bounds(self) -> ClusterConfig:
+        if self.max_verifiers is not None and self.max_verifiers < self.min_verifiers:
+            raise ValueError(
+                f"cluster.max_verifiers={self.max_verifiers} must be >= cluster.min_verifiers={self.min_verifiers}"
+            )
+        n = self.num_verifiers
+        if self.verifier_autoscale and n is not None:
+            hi = self.max_verifiers if self.max_verifiers is not None else n
+            if not self.min_verifiers <= n <= hi:
+                raise ValueError(
+                    f"cluster.num_verifiers={n} must lie within [cluster.min_verifiers={self.min_verifiers}, "
+                    f"cluster.max_verifiers={self.max_verifiers}] when cluster.verifier_autoscale is on"
+                )
+        return self
 
 
 class DiceConfig(_Section):

@@ -51,3 +51,24 @@ def test_train_bad_config_fails_before_any_actor():
 def test_config_errors_are_one_line(args, says):
     proc = _cli("train", *args)
     assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("n", ["0", "-3", None])
+def test_verifiers_scale_needs_a_positive_size(n):
+    # checked before connecting to Ray: exit 2 and one line even with no cluster running
+    proc = _cli("verifiers", "scale", *([n] if n is not None else []), "--address", "127.0.0.1:1")
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "N must be an integer >= 1" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["cluster.min_verifiers=3", "cluster.max_verifiers=2"], "cluster.max_verifiers=2 must be >= cluster.min_verifiers=3"),
+        (["cluster.verifier_autoscale=true", "cluster.num_verifiers=5", "cluster.max_verifiers=4"], "cluster.num_verifiers=5"),
+        (["cluster.verifier_target_queue=0"], "cluster.verifier_target_queue"),
+    ],
+)
+def test_verifier_autoscaling_bounds_are_checked(overrides, says):
+    proc = _cli("train", *overrides)
+    assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -34,3 +34,11 @@ def test_bad_key_or_value_names_it(override, named):
 def test_malformed_override():
     with pytest.raises(ValueError, match="dotted.key=value"):
         load_config(None, ["rl.steps"])
+
+
+def test_compile_baseline_needs_seccomp_off():
+    from dice_ray.config import VerifyConfig
+
+    with pytest.raises(ValueError, match="seccomp=false"):
+        VerifyConfig(compile_baseline=True)
+    assert VerifyConfig(compile_baseline=True, seccomp=False).compile_baseline

@@ -92,3 +92,19 @@ def test_verdict_round_trip():
     with pytest.raises(ValueError):
         Verdict(candidate_id="c", task_id="t", verdict="great", compiled=True, correct=True, speedup=None,
                 reward=0.0, reason="", mode="gpu", seconds=0.0)
+
+
+def test_count_mismatches_agrees_with_compare_outputs():
+    from dice_ray.verify.correctness import count_mismatches
+
+    torch.manual_seed(0)
+    r = torch.randn(64, 32)
+    cases = [
+        (r.clone(), r), (r + 1e-4, r), (r + 0.5, r), (torch.zeros_like(r), r * 1e-4), (r * 1e-4, r * 1e-4),
+        (torch.where(r > 0, float("nan"), r), r), (r.half(), r.half()), ((r + 0.03).half(), r.half()),
+        (r.long(), r.long()), ((r.long(), r + 1e-5), (r.long(), r)), (r[:10], r), (r.double(), r),
+    ]
+    for out, ref in cases:
+        ok = compare_outputs(out, ref, rtol=1e-2, atol=1e-2).ok
+        n = count_mismatches(out, ref, rtol=1e-2, atol=1e-2)
+        assert (not isinstance(n, str) and int(n) == 0) == ok, (out, ref, n)

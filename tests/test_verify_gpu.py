@@ -20,7 +20,16 @@ BODY = "if (i < n) y[i] = x[i] > 0.f ? x[i] : 0.f;"
 
 @pytest.fixture(scope="module")
 def gpu():
-    cfg = VerifyConfig(mode="gpu", compile_timeout_s=60.0, run_timeout_s=8.0, timing_trials=10)
+    cfg = VerifyConfig(mode="gpu", workers=1, compile_timeout_s=60.0, run_timeout_s=8.0, timing_trials=10)
+    with Verifier(cfg, RewardConfig(), device=0) as v:
+        yield v
+
+
+@pytest.fixture(scope="module")
+def unguarded_gpu():
+    """Static rules off and a 1 MiB timing pool (input slots reused): the run-time defences alone."""
+    cfg = VerifyConfig(mode="gpu", workers=1, static_rules=False, compile_timeout_s=60.0, run_timeout_s=8.0,
+                       timing_trials=10, input_pool_mib=1.0, output_checks=8)
     with Verifier(cfg, RewardConfig(), device=0) as v:
         yield v
 
@@ -102,7 +111,7 @@ def test_launching_only_during_correctness_is_a_cheat(gpu):
         "        self.register_buffer('out', torch.zeros(1024, 1024))\n"), src)
     src = mutate("        y = torch.empty_like(x)\n", "        y = self.out\n", src)
     src = mutate("        kernels.relu_kernel(grid=(n + 255) // 256, block=256, args=(x, y, n))\n", (
-        "        if self.calls.item() < 3:\n"
+        "        if self.calls.item() < 4:\n"
         "            kernels.relu_kernel(grid=(n + 255) // 256, block=256, args=(x, y, self.calls, n))\n"), src)
     v = check(gpu, src, "cheat")
     assert v.rule == "no-kernel-launch" and "timed" in v.reason
@@ -133,3 +142,99 @@ def test_failing_reference_is_invalid_input(gpu):
     bad = Task("test/bad", "bad", 1, RELU_REF.replace("return torch.relu(x)", "return torch.relu(x) @ torch.ones(3, 3)"))
     v = check(gpu, HONEST, "invalid_input", task=bad)
     assert v.rule == "reference-run"
+
+
+SIZED_REF = RELU_REF.replace("def get_inputs():\n    return [torch.randn(1024, 1024)]",
+                             "batch_size = 256\ndim = 1024\n\ndef get_inputs():\n    return [torch.randn(batch_size, dim)]")
+SIZED = Task("test/relu-sized", "relu", 1, SIZED_REF)
+
+
+def test_hard_coded_size_fails_the_shape_trial(gpu):
+    assert "batch_size = 256" in SIZED_REF
+    v = check(gpu, HONEST, "ok", task=SIZED)
+    assert "shape trial (batch_size 256 -> 512) correct" in v.reason and "scaled trial" in v.reason
+    v = check(gpu, mutate("args=(x, y, n)", "args=(x, y, 256 * 1024)").replace("grid=(n + 255) // 256", "grid=1024"),
+              "incorrect", task=SIZED)
+    assert v.reason.startswith("shape trial")
+
+
+def test_bf16_precision_downgrade_is_a_cheat(gpu):
+    trunc = "if (i < n) { float v = __int_as_float(__float_as_int(x[i]) & 0xFFFF0000); y[i] = v > 0.f ? v : 0.f; }"
+    v = check(gpu, mutate(BODY, trunc), "cheat")  # within allclose(1e-2), far from fp32
+    assert v.rule == "precision-downgrade"
+
+
+def test_honest_fp32_passes_the_precision_check(gpu):
+    v = check(gpu, HONEST, "ok")
+    assert "fp32 error vs float64" in v.reason
+
+
+def _stateful(state_init: str, body: str) -> str:
+    """HONEST whose forward keeps state (allowed only with static rules off) and always launches."""
+    src = mutate("        super().__init__()\n", "        super().__init__()\n" + state_init)
+    return mutate("        y = torch.empty_like(x)\n        n = x.numel()\n"
+                  "        kernels.relu_kernel(grid=(n + 255) // 256, block=256, args=(x, y, n))\n        return y\n",
+                  body, src)
+
+
+def test_caching_by_pointer_gives_wrong_timed_outputs(unguarded_gpu):
+    src = _stateful("        self.cache = {}\n", (
+        "        n = x.numel()\n        key = (x.data_ptr(), tuple(x.shape))\n"
+        "        if key not in self.cache:\n            y = torch.empty_like(x)\n"
+        "            kernels.relu_kernel(grid=(n + 255) // 256, block=256, args=(x, y, n))\n"
+        "            self.cache[key] = y\n"
+        "        else:\n            kernels.relu_kernel(grid=1, block=1, args=(x, torch.empty_like(x), 0))\n"
+        "        return self.cache[key]\n"))
+    v = check(unguarded_gpu, src, "incorrect")
+    assert "timed call" in v.reason
+
+
+def test_batch_and_skip_gives_wrong_timed_outputs(unguarded_gpu):
+    src = _stateful("        self.calls = 0\n        self.last = None\n", (
+        "        n = x.numel()\n        self.calls += 1\n"
+        "        if self.calls <= 6 or self.calls % 2:\n            y = torch.empty_like(x)\n"
+        "            kernels.relu_kernel(grid=(n + 255) // 256, block=256, args=(x, y, n))\n            self.last = y\n"
+        "        else:\n            kernels.relu_kernel(grid=1, block=1, args=(x, torch.empty_like(x), 0))\n"
+        "        return self.last\n"))
+    v = check(unguarded_gpu, src, "incorrect")
+    assert "timed call" in v.reason
+
+
+def test_patched_timer_fails_the_wall_clock_audit(unguarded_gpu):
+    patch = (
+        "import sys\n_t = sys.modules['dice_ray.verify.timing']\n_orig = _t.time_calls\n"
+        "def _fast(*a, **k):\n    times = _orig(*a, **k)\n"
+        "    times['candidate'] = [t / 100 for t in times['candidate']]\n    return times\n"
+        "_t.time_calls = _fast\n"
+    )
+    v = check(unguarded_gpu, mutate("import torch\n", "import torch\n" + patch), "cheat")
+    assert v.rule == "timing-audit" and "wall clock" in v.reason
+
+
+LOOP_REF = RELU_REF.replace("return torch.relu(x)", "for _ in range(100):\n            x = x * 1.0001\n        return x")
+
+
+def test_a_real_large_speedup_passes_the_audit(gpu):
+    fused = "if (i < n) { float v = x[i]; for (int k = 0; k < 100; ++k) v *= 1.0001f; y[i] = v; }"
+    v = check(gpu, mutate(BODY, fused), "ok", task=Task("test/loop", "loop", 1, LOOP_REF))
+    assert v.speedup > 10 and "audit: wall-clock speedup" in v.reason
+
+
+def test_concurrent_workers_agree_with_serial(gpu):
+    """Four workers at once (timing exclusive on the GPU) give the verdicts one worker gives."""
+    batch = [HONEST, mutate(BODY, "if (i < n) y[i] = x[i];"), mutate(BODY, "if (i < n) y[i] = = x[i];"),
+             mutate(BODY, "if (i < n) y[i + (1L << 40)] = 1.f;")] * 3
+    serial = [gpu.verify(RELU, src, f"s{i}") for i, src in enumerate(batch)]
+    cfg = VerifyConfig(mode="gpu", workers=4, compile_timeout_s=60.0, run_timeout_s=8.0, timing_trials=10)
+    with Verifier(cfg, RewardConfig(), device=0) as many:
+        together = many.verify_many([(RELU, src, f"p{i}") for i, src in enumerate(batch)])
+    assert [(v.verdict, v.correct) for v in together] == [(v.verdict, v.correct) for v in serial]
+    ok = [(a.speedup, b.speedup) for a, b in zip(serial, together) if a.verdict == "ok"]
+    assert all(abs(a / b - 1) < 0.25 for a, b in ok), ok
+
+
+def test_torch_compile_baseline_is_reported():
+    cfg = VerifyConfig(mode="gpu", workers=1, seccomp=False, compile_baseline=True, run_timeout_s=60.0, timing_trials=10)
+    with Verifier(cfg, RewardConfig(), device=0) as v:
+        verdict = check(v, HONEST, "ok")
+    assert verdict.compiled_ref_ms > 0 and verdict.speedup_compiled > 0 and "torch.compile" in verdict.reason

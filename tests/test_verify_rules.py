@@ -90,6 +90,12 @@ CORPUS = [
     ("no kernel launched", mutate("        kernels.relu_kernel(grid=(n + 255) // 256, block=256, args=(x, y, n))\n",
                                   "        y.zero_()\n"), "no-kernel-launch"),
     ("load_inline", at_top("from torch.utils.cpp_extension import load_inline"), "unsupported-format"),
+    ("load_inline host C++ computes with ATen", (
+        "import torch\nfrom torch.utils.cpp_extension import load_inline\n"
+        "src = '__global__ void k(float* y) {}\\n"
+        "torch::Tensor f(torch::Tensor x) { auto y = at::matmul(x, x); k<<<1, 1>>>(y.data_ptr<float>()); return y; }'\n"
+        "ext = load_inline(name='e', cpp_sources='torch::Tensor f(torch::Tensor x);', cuda_sources=src, functions=['f'])\n"
+        "class ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return ext.f(x)\n"), "cpp-torch-op"),
     ("no ModelNew", mutate("class ModelNew(", "class Solution("), "no-modelnew"),
     ("python syntax", mutate("def forward(self, x):", "def forward(self, x)"), "syntax"),
 ]
@@ -105,7 +111,7 @@ def test_cheat_corpus_caught(name, src, rule):
 
 
 def test_every_static_rule_has_a_corpus_entry():
-    dynamic_only = {"unknown-kernel", "input-mutation", "output-type"}
+    dynamic_only = {"unknown-kernel", "input-mutation", "output-type", "precision-downgrade", "timing-audit"}
     covered = {c[2] for c in CORPUS}
     assert set(RULES) - dynamic_only <= covered, set(RULES) - dynamic_only - covered
 

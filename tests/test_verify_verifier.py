@@ -150,9 +150,11 @@ def test_sleep_forever_at_import_times_out(unguarded):
 def test_after_a_crash_a_warm_spare_takes_over(unguarded):
     crash = mutate("import torch\n", "import torch\nimport os\nos._exit(4)\n")
     check(unguarded, crash, "crash")
-    spare = unguarded._spare
-    assert spare is not None and spare.alive()
+    spare = unguarded._spares[0]
+    assert spare.alive(), (spare.proc.returncode, spare.log_tail(), [(w.pid, w.alive()) for w in unguarded._spares])
     check(unguarded, HONEST, "ok")  # the spare boots meanwhile
     check(unguarded, crash, "crash")
     assert unguarded.worker_pid == spare.pid  # swapped in, not cold-started
+    assert type(spare.proc).__name__ == "_Forked"  # forked from the zygote, torch already imported
     check(unguarded, HONEST, "ok")
+    test_environment_stripped_and_private_cwd(unguarded)  # the forked worker is as sandboxed

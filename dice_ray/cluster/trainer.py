@@ -34,6 +34,7 @@ from dice_ray.report import plot_curves, read_metrics
 from dice_ray.rl.advantages import group_advantages
 from dice_ray.tasks.loaders import load_tasks
 from dice_ray.tasks.task import Task
+from dice_ray.verify.verifier import AUTO_GPU_WORKERS
 
 COLUMNS = [
     ("step", 4, "{:d}"), ("phase", 6, "{}"), ("inf.frac", 8, "{:.2f}"), ("reward", 6, "{:.3f}"), ("±std", 6, "{:.3f}"),
@@ -148,9 +149,11 @@ class Trainer:
         )
         n_verifiers = cfg.cluster.num_verifiers or (gpus if gpus else 2)
         gpus_per_verifier = cfg.cluster.verifier_gpus if gpus and cfg.verify.mode != "compile_only" else 0.0
-        call_timeout = cfg.verify.compile_timeout_s + 4 * cfg.verify.run_timeout_s + 60
+        # a call's own stage limits, plus waiting for the GPU gate behind the actor's other workers
+        workers = cfg.verify.workers or (AUTO_GPU_WORKERS if gpus_per_verifier else 1)
+        call_timeout = cfg.verify.compile_timeout_s + (3 + workers) * cfg.verify.run_timeout_s + 60
         self.pool = VerifierPool.options(name=POOL_NAME, namespace=NAMESPACE).remote(
-            cfg.verify, cfg.reward, n_verifiers, gpus_per_verifier, call_timeout
+            cfg.verify, cfg.reward, n_verifiers, gpus_per_verifier, call_timeout, cfg.cluster
         )
         threads = 0 if gpus else max(1, (os.cpu_count() or 2) // 2)
         self.rollout_workers = [

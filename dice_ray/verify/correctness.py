@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Comparison", "compare_outputs", "flatten_outputs", "tolerance"]
+__all__ = ["Comparison", "compare_outputs", "count_mismatches", "flatten_outputs", "tolerance"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -120,3 +120,49 @@ def compare_outputs(
             return Comparison(False, f"output {i}: cannot compare a {type(o).__name__} with the reference's "
                               f"{type(r).__name__}")
     return Comparison(True, "")
+
+
+def count_mismatches(
+    out: Any, ref: Any, *, rtol: float, atol: float, half_rtol: float = 5e-2, half_atol: float = 5e-2
+) -> torch.Tensor | str:
+    """:func:`compare_outputs` without a host sync, for checking many timed calls cheaply.
+
+    Structure, shapes, dtypes and devices are checked on the host (a reason string when they
+    differ); the values on the device, with the same rule as :func:`compare_outputs` (non-finite
+    positions, ``|out - ref| <= atol_eff + rtol * |ref|``).
+
+    Returns:
+        A reason (str), or a 0-dim int64 tensor on the outputs' device: the number of elements that
+        fail (0: the outputs match).  Reading it synchronizes; stack many and read once.
+    """
+    outs, refs = flatten_outputs(out), flatten_outputs(ref)
+    if len(outs) != len(refs):
+        return f"forward returned {len(outs)} outputs, the reference {len(refs)}"
+    total: torch.Tensor | None = None
+    for i, (o, r) in enumerate(zip(outs, refs)):
+        if not isinstance(r, torch.Tensor):
+            c = compare_outputs(o, r, rtol=rtol, atol=atol, half_rtol=half_rtol, half_atol=half_atol)
+            if not c.ok:
+                return c.reason
+            continue
+        if not isinstance(o, torch.Tensor):
+            return f"output {i}: got {type(o).__name__}, expected a Tensor"
+        if tuple(o.shape) != tuple(r.shape) or o.dtype != r.dtype or o.device != r.device:
+            return f"output {i}: {tuple(o.shape)} {o.dtype} on {o.device}, expected {tuple(r.shape)} {r.dtype} on {r.device}"
+        if not (r.is_floating_point() or r.is_complex()):
+            bad = (o != r).sum()
+        elif r.numel() == 0:
+            continue
+        else:
+            rt, at = tolerance(r.dtype, rtol, atol, half_rtol, half_atol)
+            work = torch.float64 if r.dtype == torch.float64 else torch.float32
+            rw, ow = r.detach().to(work), o.detach().to(work)
+            r_fin, o_fin = torch.isfinite(rw), torch.isfinite(ow)
+            same_nonfinite = (~r_fin) & (~o_fin) & ((rw == ow) | (torch.isnan(rw) & torch.isnan(ow)))
+            misplaced = (r_fin != o_fin) | ((~r_fin) & ~same_nonfinite)
+            rf = torch.where(r_fin, rw, 0.0)
+            of = torch.where(r_fin, ow, 0.0)
+            atol_eff = torch.clamp(torch.clamp(rf.square().mean().sqrt() * rt, max=at), min=at * 1e-4)
+            bad = (misplaced | ((of - rf).abs() > atol_eff + rt * rf.abs())).sum()
+        total = bad if total is None else total + bad
+    return total if total is not None else torch.zeros((), dtype=torch.int64)

@@ -6,18 +6,23 @@ input trials, allclose) and ``timing.py`` (CUDA events, L2 flush, warm-up), as s
 with the run-time anti-cheat rules added:
 
 * every candidate call (correctness, warm-up, timed) must launch >= 1 kernel of the candidate
-  (``dice_ray.launch.launch_count``): ``no-kernel-launch``;
+  (``dice_ray.launch.launch_count`` plus, for the load_inline format, the launch counters compiled
+  into its extensions, :func:`dice_ray.verify.inline.launch_count`): ``no-kernel-launch``;
 * a :class:`~torch.utils._python_dispatch.TorchDispatchMode` sees every aten op of the candidate's
   forward in the correctness trials (and the compile-only dry run); ops outside
   :data:`ALLOWED_ATEN_OPS` (allocation, views, fills, copies) are ``forward-torch-op``;
 * inputs are cloned separately for candidate and reference and compared with a pristine copy
   after the candidate ran: ``input-mutation``;
 * outputs must be plain ``torch.Tensor`` objects: ``output-type``;
-* before each correctness call the caching allocator's free blocks are filled with 0xFF bytes
-  (NaN in every float type), so a candidate that returns ``torch.empty`` memory holding a freed
-  reference output, or leaves elements unwritten, reads NaN and fails;
-* the candidate runs before the reference in each trial; a last comparison after timing catches
-  candidates that change behaviour after the first calls.
+* in each trial the reference runs first and its outputs stay alive while the candidate runs; before
+  the candidate the caching allocator's free blocks are filled with 0xFF bytes (NaN in every float
+  type), so a candidate that returns ``torch.empty`` memory, or leaves elements unwritten, reads NaN;
+* trials: ``correctness_trials`` seeds, then the inputs at another scale (``scaled_trial``), then a
+  size constant of ``get_inputs`` doubled (:func:`shape_constant`): hard-coded shapes fail;
+* fp32 outputs are compared with a float64 run of the reference: ``precision-downgrade``;
+* timing (:mod:`dice_ray.verify.timing`): fresh inputs every call, the timed calls' outputs
+  compared with the reference's (caching, batch-and-skip and behaving differently once timed give
+  ``incorrect``), and speedups above ``audit_speedup`` re-timed by the host clock: ``timing-audit``.
 
 Failures are typed (:class:`JobResult`), not recognised by matching exception text, except the
 CUDA-error probe that decides whether the worker must be replaced (``fatal``).
@@ -25,12 +30,13 @@ CUDA-error probe that decides whether the worker must be replaced (``fatal``).
 
 from __future__ import annotations
 
+import ast
 import builtins
 import copy
 import dis
 import gc
 import linecache
-import math
+import random
 import sys
 import time
 import traceback
@@ -41,20 +47,26 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dice_ray import launch
-from dice_ray.verify.correctness import compare_outputs, flatten_outputs
+from dice_ray.verify import inline, timing
+from dice_ray.verify.correctness import compare_outputs, count_mismatches, flatten_outputs
 from dice_ray.verify.rules import check_cuda_source, import_allowed
 
 __all__ = ["ALLOWED_ATEN_OPS", "Harness", "JobResult", "RuleBroken"]
 
 # Bound at import, before any candidate runs (patching these later cannot fool the harness).
-_Event = torch.cuda.Event
 _synchronize = torch.cuda.synchronize
+_equal = torch.equal
 _perf = time.perf_counter
-_gpu_sleep = getattr(torch.cuda, "_sleep", None)  # spins the GPU for N clock cycles
-#: GPU cycles spun before each timed call (~100 us at 2 GHz), after the L2 flush: the host's launch
-#: overhead (Python, up to roughly this long) then overlaps GPU work instead of being timed
-HEADROOM_CYCLES = 200_000
-_launch_count = launch.launch_count
+_fast_launches = launch.launch_count
+_inline_launches = inline.launch_count
+
+
+def _launch_count() -> int:
+    """Launches of the candidate's own kernels so far: load_cuda kernels (fast format) plus the
+    host launch counters of its load_inline extensions (:func:`dice_ray.verify.inline.launch_count`;
+    no CUDA call, so it may be read inside a timed window)."""
+    return _fast_launches() + _inline_launches()
+
 
 #: aten ops a candidate's forward may run outside its kernels (allocation, views, fills, copies).
 ALLOWED_ATEN_OPS: frozenset[str] = frozenset(
@@ -67,7 +79,8 @@ ALLOWED_ATEN_OPS: frozenset[str] = frozenset(
         "sym_storage_offset", "is_contiguous", "unflatten", "flatten", "contiguous", "resolve_conj", "resolve_neg",
     }
 )
-_STAGE_BUDGET_FRACTION = 0.3
+_STAGE_BUDGET_FRACTION = 0.3  # timing of one side may use this share of run_timeout_s
+_CHECK_ALL_BYTES = 64 * 2**20  # outputs up to this size are checked on every timed call, larger ones sampled
 _SELF_TEST_REFERENCE = """
 import torch
 import torch.nn as nn
@@ -95,7 +108,6 @@ class ModelNew(nn.Module):
         kernels.relu_kernel((x.numel() + 255) // 256, 256, (x, y, x.numel()))
         return y
 '''
-  # timing of one side may use this share of run_timeout_s
 
 
 class RuleBroken(Exception):
@@ -130,6 +142,8 @@ class JobResult:
     candidate_ms: float | None = None
     ref_spread: float | None = None
     candidate_spread: float | None = None
+    compiled_ref_ms: float | None = None
+    speedup_compiled: float | None = None
     fatal: bool = False  # the worker must be replaced (sticky CUDA error)
 
     def to_dict(self) -> dict[str, Any]:
@@ -222,7 +236,7 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor):
         if a.shape != b.shape or a.dtype != b.dtype:
             return False
-        if torch.equal(a, b):
+        if _equal(a, b):
             return True
         if a.is_floating_point():
             return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
@@ -237,18 +251,6 @@ def _check_output_types(out: Any) -> None:
     for i, o in enumerate(flatten_outputs(out)):
         if isinstance(o, torch.Tensor) and type(o) not in (torch.Tensor, torch.nn.Parameter):
             raise RuleBroken("output-type", f"output {i} is a {type(o).__module__}.{type(o).__name__}, not a torch.Tensor")
-
-
-def _stats(times: list[float]) -> tuple[float, float]:
-    s = sorted(times)
-    med = s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
-
-    def q(p: float) -> float:
-        k = (len(s) - 1) * p
-        lo, hi = math.floor(k), math.ceil(k)
-        return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-    return med, (q(0.75) - q(0.25)) / med if med > 0 else 0.0
 
 
 class Harness:
@@ -383,7 +385,7 @@ class Harness:
             result = JobResult("cheat", compiled=True, reason=e.message, rule=e.rule)
         except ReferenceError_ as e:
             result = JobResult("invalid_input", compiled=True, reason=e.message, rule=e.rule)
-        except Exception as e:  # noqa: BLE001
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - sys.exit() in a candidate is its crash, not the worker's
             result = JobResult("crash", compiled=True, reason=_error_text(e))
         finally:
             launch.configure(dry_run=False)
@@ -412,7 +414,11 @@ class Harness:
         # 1. load: execute the candidate module (this is where NVRTC compiles)
         stage("load")
         try:
-            cand = exec_source(job["candidate_src"], "<candidate>", guarded)
+            if job.get("inline"):  # the load_inline format: prebuilt extensions (dice_ray.verify.inline)
+                cand = inline.exec_inline(job["candidate_src"], job["inline"], guarded)
+            else:
+                inline.reset()  # an earlier candidate's extensions no longer count as launches
+                cand = exec_source(job["candidate_src"], "<candidate>", guarded)
         except RuleBroken as e:
             return JobResult("cheat", reason=e.message, rule=e.rule)
         except launch.CompileError as e:
@@ -440,7 +446,7 @@ class Harness:
         if self.mode == "compile_only":
             stage("run")
             return self._compile_only(cand, ref, init_inputs, refs)
-        return self._gpu(cand, ref, init_inputs, refs, stage)
+        return self._gpu(cand, ref, init_inputs, refs, stage, job["reference_src"])
 
     @staticmethod
     def _unknown_kernels(refs: dict[str, set[str]], ns: dict[str, Any], model: Any) -> str:
@@ -522,7 +528,7 @@ class Harness:
 
     # -- GPU ------------------------------------------------------------------------------------
     def _gpu(self, cand: dict, ref: dict, init_inputs: list, refs: dict[str, set[str]],
-             stage: Callable[[str], None]) -> JobResult:
+             stage: Callable[[str], None], reference_src: str) -> JobResult:
         s = self.settings
         dev = self.dev
         try:
@@ -532,26 +538,8 @@ class Harness:
         except Exception as e:  # noqa: BLE001
             raise ReferenceError_("reference-build", f"Model(*get_init_inputs()) failed: {_error_text(e)}") from None
         seeds = [s["seed"] + 1 + i for i in range(s["correctness_trials"])]
-        # reference sanity on the first trial's inputs: runs, deterministic, finite
         inputs0 = self._inputs(ref, seeds[0], dev)
-        outs = []
-        for _ in range(2):
-            args = [_clone(x) for x in inputs0]
-            try:
-                with torch.no_grad():
-                    outs.append(ref_model(*args))
-                _synchronize(self.device)
-            except Exception as e:  # noqa: BLE001
-                raise ReferenceError_("reference-run", f"Model.forward failed: {_error_text(e)}") from None
-        ref_mutates = not all(_same(a, b) for a, b in zip(args, inputs0))
-        leaves = flatten_outputs(outs[0])
-        if not leaves or not all(isinstance(o, (torch.Tensor, int, float, bool)) for o in leaves):
-            raise ReferenceError_("reference-output", f"Model.forward returned {type(outs[0]).__name__}, not Tensor(s)")
-        if any(isinstance(o, torch.Tensor) and o.is_floating_point() and not bool(torch.isfinite(o).all()) for o in leaves):
-            raise ReferenceError_("reference-nonfinite", "the reference output has NaN/inf values")
-        if not self._compare(outs[1], outs[0]).ok:
-            raise ReferenceError_("reference-nondeterministic", "two reference runs on the same inputs differ")
-        del outs, args, leaves
+        ref_mutates = self._check_reference(ref_model, inputs0)
 
         stage("run")
         torch.manual_seed(s["seed"])
@@ -565,85 +553,313 @@ class Harness:
         bad = self._unknown_kernels(refs, cand, model)
         if bad:
             return JobResult("compile_error", compiled=True, reason=bad, rule="unknown-kernel")
+        notes: list[str] = []
+        for label, make in self._trials(ref, seeds, inputs0, reference_src, notes):
+            failed = self._trial(model, ref_model, make, label, ref_mutates, precision=label.startswith("trial 0"),
+                                 notes=notes)
+            if failed is not None:
+                return failed
+        notes.insert(0, f"{len(seeds)} seeded trials correct")
+        _synchronize(self.device)
 
-        # correctness trials: candidate first (on poisoned free memory), then reference
-        for i, seed in enumerate(seeds):
-            inputs = inputs0 if i == 0 else self._inputs(ref, seed, dev)
-            pristine = [_clone(x) for x in inputs]
-            cand_in = [_clone(x) for x in inputs]
-            ref_in = [_clone(x) for x in inputs]
-            del inputs
-            self._poison_free_memory()
+        stage("timing")
+        t = self._measure(ref, ref_model, model, ref_mutates)
+        if isinstance(t, JobResult):
+            return t
+        notes.append(t.pop("note"))
+        return JobResult("ok", compiled=True, correct=True, reason="; ".join(notes), **t)
+
+    def _check_reference(self, ref_model: Any, inputs0: list[Any]) -> bool:
+        """Run the reference twice on trial 0's inputs: it must run, return tensors, be finite and
+        deterministic.  Returns whether it modifies its own inputs (then mutation is not checked).
+
+        Raises:
+            ReferenceError_: ``reference-run``, ``reference-output``, ``reference-nonfinite``,
+                ``reference-nondeterministic``.
+        """
+        outs = []
+        for _ in range(2):
+            args = [_clone(x) for x in inputs0]
             try:
-                out = self._call_candidate(model, cand_in, record=True)
+                with torch.no_grad():
+                    outs.append(ref_model(*args))
                 _synchronize(self.device)
-            except RuleBroken:
-                raise
             except Exception as e:  # noqa: BLE001
-                return JobResult("crash", compiled=True, reason=f"trial {i}: forward raised {_error_text(e)}")
-            if not ref_mutates and not all(_same(a, b) for a, b in zip(cand_in, pristine)):
-                raise RuleBroken("input-mutation", f"trial {i}: the candidate modified its inputs")
-            with torch.no_grad():
-                expected = ref_model(*ref_in)
-            cmp = self._compare(out, expected)
-            if not cmp.ok:
-                return JobResult("incorrect", compiled=True, correct=False, reason=f"trial {i} (seed {seed}): {cmp.reason}")
-            del out, expected, cand_in, ref_in, pristine
+                raise ReferenceError_("reference-run", f"Model.forward failed: {_error_text(e)}") from None
+        leaves = flatten_outputs(outs[0])
+        if not leaves or not all(isinstance(o, (torch.Tensor, int, float, bool)) for o in leaves):
+            raise ReferenceError_("reference-output", f"Model.forward returned {type(outs[0]).__name__}, not Tensor(s)")
+        if not _finite(outs[0]):
+            raise ReferenceError_("reference-nonfinite", "the reference output has NaN/inf values")
+        if not self._compare(outs[1], outs[0]).ok:
+            raise ReferenceError_("reference-nondeterministic", "two reference runs on the same inputs differ")
+        return not all(_same(a, b) for a, b in zip(args, inputs0))
 
-        # timing: reference eager and candidate, same inputs, same worker, L2 flushed before each call
-        inputs = self._inputs(ref, s["seed"] + 1000, dev)
-        ref_in = [_clone(x) for x in inputs]
+    def _trials(self, ref: dict, seeds: list[int], inputs0: list[Any], reference_src: str,
+                notes: list[str]) -> list[tuple[str, Callable[[], list[Any] | None]]]:
+        """The correctness trials as ``(label, make_inputs)``: one a seed, then the same inputs at
+        another scale (``scaled_trial``), then a size constant doubled (``shape_trial``).
+        ``make_inputs`` returns None when the trial cannot apply (noted, skipped)."""
+        s, dev = self.settings, self.dev
+        trials: list[tuple[str, Callable[[], list[Any] | None]]] = [
+            (f"trial {i} (seed {seed})", (lambda: inputs0) if i == 0 else (lambda seed=seed: self._inputs(ref, seed, dev)))
+            for i, seed in enumerate(seeds)
+        ]
+        factor = float(s.get("scaled_trial", 1.0))
+        if factor != 1.0:
+            seed = seeds[-1] + 1
+
+            def scaled() -> list[Any]:
+                return [x * factor if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                        for x in self._inputs(ref, seed, dev)]
+
+            trials.append((f"scaled trial (seed {seed}, floating inputs x{factor:g})", scaled))
+        if s.get("shape_trial", True):
+            found = shape_constant(reference_src)
+            if found is None:
+                notes.append("shape trial skipped (no size constant read only by get_inputs)")
+            else:
+                name, value = found
+                seed = seeds[-1] + 2
+
+                def doubled() -> list[Any] | None:
+                    ref[name] = 2 * value
+                    try:
+                        return self._inputs(ref, seed, dev)
+                    except ReferenceError_ as e:
+                        notes.append(f"shape trial skipped ({name}={2 * value}: {e.message[:120]})")
+                        return None
+                    finally:
+                        ref[name] = value
+
+                trials.append((f"shape trial ({name} {value} -> {2 * value})", doubled))
+        return trials
+
+    def _trial(self, model: Any, ref_model: Any, make: Callable[[], list[Any] | None], label: str,
+               ref_mutates: bool, precision: bool, notes: list[str]) -> JobResult | None:
+        """One correctness trial: the reference first (its outputs stay alive), then the candidate on
+        NaN-poisoned free memory with cloned inputs; returns a failing verdict or None.
+
+        Seeded trials must run the reference; a scaled or shape trial the reference cannot run (it
+        raises or gives NaN/inf) is skipped with a note.
+        """
+        seeded = label.startswith("trial")
+        self._restore_torch_state()  # the candidate may have flipped TF32 & co.: the reference runs as set up
+        inputs = make()
+        if inputs is None:
+            return None
+        try:
+            with torch.no_grad():
+                expected = ref_model(*[_clone(x) for x in inputs])
+            _synchronize(self.device)
+        except Exception as e:  # noqa: BLE001
+            if seeded:
+                raise ReferenceError_("reference-run", f"{label}: Model.forward failed: {_error_text(e)}") from None
+            notes.append(f"{label.split(' (')[0]} skipped (the reference raised {type(e).__name__})")
+            return None
+        if not seeded and not _finite(expected):
+            notes.append(f"{label.split(' (')[0]} skipped (the reference gives NaN/inf there)")
+            return None
+        pristine = [_clone(x) for x in inputs]
         cand_in = [_clone(x) for x in inputs]
         del inputs
-        ref_times, ref_out = self._time(lambda: ref_model(*ref_in), None)
-        cand_times, cand_out = self._time(lambda: model(*cand_in), True)
-        cmp = self._compare(cand_out, ref_out)
-        if not cmp.ok:
+        self._poison_free_memory()
+        try:
+            out = self._call_candidate(model, cand_in, record=True)
+            _synchronize(self.device)
+        except RuleBroken:
+            raise
+        except Exception as e:  # noqa: BLE001
+            if seeded:
+                return JobResult("crash", compiled=True, reason=f"{label}: forward raised {_error_text(e)}")
             return JobResult("incorrect", compiled=True, correct=False,
-                             reason=f"after timing (the last timed call): {cmp.reason}")
-        ref_ms, ref_spread = _stats(ref_times)
-        cand_ms, cand_spread = _stats(cand_times)
-        speedup = ref_ms / max(cand_ms, 1e-6)
-        return JobResult(
-            "ok", compiled=True, correct=True, speedup=speedup, ref_ms=ref_ms, candidate_ms=cand_ms,
-            ref_spread=ref_spread, candidate_spread=cand_spread,
-            reason=(f"{len(seeds)} trials correct; candidate {cand_ms:.4f} ms (IQR {cand_spread:.0%}), "
-                    f"reference {ref_ms:.4f} ms (IQR {ref_spread:.0%}), speedup {speedup:.3f}x"),
-        )
+                             reason=f"{label}: forward raised {_error_text(e)}")
+        if not ref_mutates and not all(_same(a, b) for a, b in zip(cand_in, pristine)):
+            raise RuleBroken("input-mutation", f"{label}: the candidate modified its inputs")
+        cmp = self._compare(out, expected)
+        if not cmp.ok:
+            return JobResult("incorrect", compiled=True, correct=False, reason=f"{label}: {cmp.reason}")
+        if precision:
+            note = self._check_precision(ref_model, pristine, expected, out)
+            if note:
+                notes.append(note)
+        if not seeded:
+            notes.append(f"{label} correct")
+        return None
 
-    def _time(self, fn: Callable[[], Any], candidate: bool | None) -> tuple[list[float], Any]:
-        """CUDA-event times (ms) of ``fn`` after warm-up, the L2 flushed before each call
-        (KernelBench ``timing.py``) and :data:`HEADROOM_CYCLES` of GPU spin queued before the start
-        event, so device time is measured, not Python launch overhead (up to ~100 us of it, for
-        reference and candidate alike); for the candidate every call must launch a kernel."""
-        s = self.settings
+    def _check_precision(self, ref_model: Any, inputs: list[Any], expected: Any, out: Any) -> str:
+        """Compare fp32 outputs with a float64 run of the reference (``precision_rtol``).
 
-        def call() -> Any:
-            before = _launch_count()
+        The candidate's relative RMS error may not exceed ``max(precision_rtol, 10 x the fp32
+        reference's own)``: computing an fp32 task in fp16/bf16/TF32 passes allclose at 1e-2 but
+        fails here.  Returns a note; the check is skipped (noted) when the reference has no fp32
+        outputs or does not run in float64.
+
+        Raises:
+            RuleBroken: ``precision-downgrade``.
+        """
+        bound = float(self.settings.get("precision_rtol", 0.0))
+        refs = flatten_outputs(expected)
+        if bound <= 0 or not any(isinstance(r, torch.Tensor) and r.dtype == torch.float32 for r in refs):
+            return ""
+        try:
             with torch.no_grad():
-                out = fn()
-            if candidate and _launch_count() == before:
-                raise RuleBroken("no-kernel-launch", "a timed call of ModelNew.forward launched no kernel")
-            return out
+                model64 = copy.deepcopy(ref_model).double()
+                gt = flatten_outputs(model64(*[x.double() if isinstance(x, torch.Tensor) and x.is_floating_point()
+                                               else _clone(x) for x in inputs]))
+            del model64
+        except Exception as e:  # noqa: BLE001
+            return f"precision check skipped (the reference does not run in float64: {type(e).__name__})"
+        worst = 0.0
+        for i, (o, r, g) in enumerate(zip(flatten_outputs(out), refs, gt)):
+            if not (isinstance(r, torch.Tensor) and r.dtype == torch.float32 and isinstance(g, torch.Tensor)):
+                continue
+            fin = torch.isfinite(g) & torch.isfinite(r)
+            g64 = torch.where(fin, g.double(), 0.0)
+            scale = float(g64.square().mean().sqrt())
+            if scale == 0.0:
+                continue
+            e_ref = float((torch.where(fin, r.double(), 0.0) - g64).square().mean().sqrt()) / scale
+            e_cand = float((torch.where(fin, o.double(), 0.0) - g64).square().mean().sqrt()) / scale
+            limit = max(bound, 10.0 * e_ref)
+            if e_cand > limit:
+                raise RuleBroken("precision-downgrade",
+                                 f"output {i}: relative RMS error {e_cand:.2e} against a float64 run of the reference; "
+                                 f"the fp32 reference's own is {e_ref:.2e}, the bound max({bound:g}, 10x that) = {limit:.2e}")
+            worst = max(worst, e_cand)
+        return f"fp32 error vs float64 {worst:.1e}"
 
-        t0 = _perf()
-        out = call()
-        _synchronize(self.device)
-        per_call = _perf() - t0
-        for _ in range(s["warmup"]):
-            out = call()
-        _synchronize(self.device)
-        budget = s["run_timeout_s"] * _STAGE_BUDGET_FRACTION
-        n = max(3, min(s["timing_trials"], int(budget / max(per_call, 1e-6))))
-        starts = [_Event(enable_timing=True) for _ in range(n)]
-        ends = [_Event(enable_timing=True) for _ in range(n)]
+    def _measure(self, ref: dict, ref_model: Any, model: Any, ref_mutates: bool) -> dict[str, Any] | JobResult:
+        """Time reference and candidate on one :class:`~dice_ray.verify.timing.InputSchedule`,
+        check the timed calls' outputs, audit large speedups; returns the JobResult fields or a
+        failing JobResult.
+
+        Raises:
+            RuleBroken: ``no-kernel-launch`` (a call launched no candidate kernel), ``timing-audit``.
+        """
+        s, dev = self.settings, self.dev
         assert self.flush is not None
-        for i in range(n):
-            self.flush.zero_()
-            if _gpu_sleep is not None:
-                _gpu_sleep(HEADROOM_CYCLES)
-            starts[i].record()
-            out = call()
-            ends[i].record()
-        _synchronize(self.device)
-        return [a.elapsed_time(b) for a, b in zip(starts, ends)], out
+        base = s["seed"] + 1000
+        pool_bytes = int(s.get("input_pool_mib", 1024) * 2**20)
+        warmup = max(1, s["warmup"])
+        make = lambda seed: self._inputs(ref, seed, dev)  # noqa: E731
+        probe = timing.InputSchedule(make, base - 1, 1, pool_bytes)
+        t0 = _perf()
+        timing.time_calls(ref_model, ref_model, probe, 1, 0, self.flush, self.device, ref_mutates=ref_mutates)
+        per_call = (_perf() - t0) / 2
+        del probe
+        budget = s["run_timeout_s"] * _STAGE_BUDGET_FRACTION
+        trials = max(3, min(s["timing_trials"], int(budget / max(per_call, 1e-6))))
+        calls = warmup + trials
+        schedule = timing.InputSchedule(make, base, calls, pool_bytes)
+        with torch.no_grad():
+            out_bytes = timing.input_bytes(flatten_outputs(ref_model(*[_clone(x) for x in schedule(0)])))
+        if out_bytes <= _CHECK_ALL_BYTES:
+            checked = set(range(calls))
+        else:
+            n = min(calls - 1, int(s.get("output_checks", 5)))
+            checked = {calls - 1, *random.Random(s["seed"]).sample(range(calls - 1), n)}
+        counts = [_launch_count()]
+        bad: dict[int, torch.Tensor] = {}
+
+        def check(j: int, ref_out: Any, out: Any) -> None:
+            if _launch_count() == counts[0]:
+                raise RuleBroken("no-kernel-launch", f"timed call {j} of ModelNew.forward launched no kernel")
+            counts[0] = _launch_count()
+            if j in checked:
+                _check_output_types(out)
+                n_bad = count_mismatches(out, ref_out, rtol=s["rtol"], atol=s["atol"], half_rtol=s["half_rtol"],
+                                         half_atol=s["half_atol"])
+                if isinstance(n_bad, str):
+                    raise _Mismatch(f"timed call {j} (inputs of seed {base + j}): {n_bad}")
+                bad[j] = n_bad
+
+        try:
+            times = timing.time_calls(ref_model, model, schedule, calls, warmup, self.flush, self.device, check,
+                                      ref_mutates, self._compiled(ref_model, schedule(0)))
+        except _Mismatch as e:
+            return JobResult("incorrect", compiled=True, correct=False, reason=str(e))
+        if bad:
+            counts_host = torch.stack([bad[j].to(self.dev) for j in sorted(bad)]).tolist()
+            wrong = [(j, n) for j, n in zip(sorted(bad), counts_host) if n]
+            if wrong:
+                j, n = wrong[0]
+                return JobResult("incorrect", compiled=True, correct=False,
+                                 reason=f"timed call {j} (inputs of seed {base + j}): {n} elements differ from the "
+                                 f"reference's; {len(wrong)} of {len(bad)} checked timed calls wrong")
+        overhead_ms, _ = timing.spread_stats(times["empty"])
+        net = {k: timing.spread_stats([max(t - overhead_ms, 1e-4) for t in v]) for k, v in times.items() if k != "empty"}
+        (ref_ms, ref_spread), (cand_ms, cand_spread) = net["reference"], net["candidate"]
+        speedup = ref_ms / max(cand_ms, 1e-6)
+        note = (f"candidate {cand_ms:.4f} ms (IQR {cand_spread:.0%}), reference {ref_ms:.4f} ms (IQR {ref_spread:.0%}), "
+                f"speedup {speedup:.3f}x over {trials} timed calls on {schedule.slots} input slots "
+                f"(window overhead {overhead_ms * 1e3:.1f} us subtracted), "
+                f"{len(checked)} outputs checked")
+        if speedup > s.get("audit_speedup", 10.0):
+            n = min(trials, 10)
+            ref_wall, _ = timing.spread_stats(timing.wall_times(lambda *a: ref_model(*a), schedule, n, self.flush, self.device))
+            cand_wall, _ = timing.spread_stats(timing.wall_times(lambda *a: model(*a), schedule, n, self.flush, self.device))
+            wall_speedup = ref_wall / max(cand_wall, 1e-9)
+            factor = s.get("audit_factor", 3.0)
+            if speedup > factor * wall_speedup:
+                raise RuleBroken("timing-audit", f"CUDA events give {speedup:.1f}x but the host wall clock {wall_speedup:.1f}x "
+                                 f"(reference {ref_wall:.3f} ms, candidate {cand_wall:.3f} ms): more than {factor:g}x apart")
+            note += f"; audit: wall-clock speedup {wall_speedup:.1f}x"
+        fields = {"speedup": speedup, "ref_ms": ref_ms, "candidate_ms": cand_ms, "ref_spread": ref_spread,
+                  "candidate_spread": cand_spread, "note": note}
+        if "baseline" in net:
+            compiled_ms = net["baseline"][0]
+            fields.update(compiled_ref_ms=compiled_ms, speedup_compiled=compiled_ms / max(cand_ms, 1e-6))
+            fields["note"] += f"; torch.compile reference {compiled_ms:.4f} ms"
+        return fields
+
+    def _compiled(self, ref_model: Any, example: list[Any]) -> Callable[..., Any] | None:
+        """``torch.compile(reference)`` when ``compile_baseline`` is on, compiled and warmed here
+        (outside any timed window); None when off or when it fails to compile."""
+        if not self.settings.get("compile_baseline"):
+            return None
+        try:
+            compiled = torch.compile(ref_model)
+            with torch.no_grad():
+                compiled(*[_clone(x) for x in example])
+            _synchronize(self.device)
+            return compiled
+        except Exception:  # noqa: BLE001 - the baseline is a report, never a verdict
+            return None
+
+
+class _Mismatch(Exception):
+    """A timed call's output differs from the reference's (verdict ``incorrect``)."""
+
+
+def _finite(out: Any) -> bool:
+    return all(bool(torch.isfinite(o).all()) for o in flatten_outputs(out)
+               if isinstance(o, torch.Tensor) and o.is_floating_point())
+
+
+def shape_constant(reference_src: str) -> tuple[str, int] | None:
+    """The size constant the shape trial doubles: the first module-level ``NAME = <int >= 1>`` of the
+    reference that ``get_inputs`` reads and nothing else in the module does (so ``Model`` and
+    ``get_init_inputs``, hence the weights, are unchanged).  None when there is none.
+    """
+    try:
+        tree = ast.parse(reference_src)
+    except SyntaxError:
+        return None
+    consts: list[tuple[str, int]] = []
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Constant) and type(node.value.value) is int and node.value.value >= 1):
+            consts.append((node.targets[0].id, node.value.value))
+    inside: set[str] = set()
+    outside: set[str] = set()
+    for node in tree.body:
+        names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        if isinstance(node, ast.FunctionDef) and node.name == "get_inputs":
+            inside |= names
+        else:
+            outside |= names
+    for name, value in consts:
+        if name in inside and name not in outside:
+            return name, value
+    return None

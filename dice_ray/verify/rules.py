@@ -20,6 +20,17 @@ Decisions (documented so prompts can state them):
 * No state across calls: run-time code may not assign ``self.<x>``, use ``global``/``nonlocal``,
   mutate module-level containers or use mutable default arguments; module top level holds only
   imports, defs, classes and constant (or ``load_cuda(...)``) assignments.
+* No way out through attributes, ``__init__`` included: an import-rooted path that reaches a module
+  outside the allow-list (``torch.os``, ``typing.sys``: ``forbidden-import``) or a torch internal,
+  torch's file I/O (``torch.load``/``save``/``from_file``: ``file-access``), a module used as a value
+  (``t = torch``) or frame attributes (``gen.gi_frame.f_back``: ``dynamic-code``).
+
+The load_inline format (KernelBench / DICE: ``ext = load_inline(...)`` at top level, ``ModelNew``
+calling ``ext.<function>``) is detected (:attr:`StaticReport.format`) and gets the same Python
+rules, with ``torch.utils.cpp_extension``'s ``load_inline`` allowed and ``ext.<function>`` calls
+counting as kernel launches; its C++/CUDA sources get the rules of
+:mod:`dice_ray.verify.inline_rules` (``cpp-torch-op`` and the CUDA-side rules, on a tree-sitter
+parse).
 
 Each rule has an id (``RULES``); a :class:`Violation` names the rule, the line and what was seen.
 """
@@ -61,7 +72,8 @@ RULES: dict[str, Rule] = {
         Rule("syntax", "compile_error", "the candidate must parse as Python"),
         Rule("no-modelnew", "compile_error", "the candidate must define a top-level class ModelNew with forward()"),
         Rule("unsupported-format", "compile_error",
-             "torch.utils.cpp_extension / load_inline are not the fast format: compile with dice_ray.launch.load_cuda"),
+             "torch.utils.cpp_extension is accepted only as `name = load_inline(...)` at module top level with "
+             "constant arguments (the load_inline format, dice_ray.verify.inline)"),
         Rule("unknown-kernel", "compile_error", "every kernels.<name> the source uses must exist in the compiled module"),
         Rule("try-except", "cheat", "no try/except: a fallback to PyTorch on kernel failure is the classic cheat"),
         Rule("reference-model", "cheat", "no use of the reference class Model (inheriting, calling, naming it)"),
@@ -80,6 +92,12 @@ RULES: dict[str, Rule] = {
         Rule("no-kernel-launch", "cheat", "forward must launch at least one of the candidate's kernels on every call"),
         Rule("input-mutation", "cheat", "the candidate must not modify its inputs"),
         Rule("output-type", "cheat", "outputs must be plain torch.Tensor objects (no subclasses or lazy objects)"),
+        Rule("cpp-torch-op", "cheat",
+             "load_inline host C++ may call only allocation/view/metadata ATen APIs (torch::empty, x.size(), "
+             "x.data_ptr()...): torch::matmul, at::relu, x.sum() are a fallback to PyTorch"),
+        Rule("precision-downgrade", "cheat",
+             "fp32 outputs must be as accurate as fp32 math: error against a float64 run of the reference is bounded"),
+        Rule("timing-audit", "cheat", "a speedup above the audit bound must hold up when re-timed with the host wall clock"),
     ]
 }
 
@@ -158,11 +176,14 @@ class StaticReport:
     Attributes:
         violations: every broken rule, in source order (empty: the candidate may run).
         kernel_refs: ``variable -> kernel names`` used as ``variable.<name>`` (``kernels.relu_kernel``),
-            for the compile-only existence check; ``self.<attr>`` holders appear as ``"self.<attr>"``.
+            for the compile-only existence check; ``self.<attr>`` holders appear as ``"self.<attr>"``
+            (empty for the load_inline format: its names are checked against ``functions`` here).
+        format: ``"fast"`` (load_cuda) or ``"inline"`` (torch's load_inline, :mod:`dice_ray.verify.inline`).
     """
 
     violations: list[Violation] = field(default_factory=list)
     kernel_refs: dict[str, set[str]] = field(default_factory=dict)
+    format: Literal["fast", "inline"] = "fast"
 
     @property
     def ok(self) -> bool:
@@ -174,8 +195,13 @@ class StaticReport:
         return (errors or self.violations or [None])[0]
 
 
-def import_allowed(module: str, names: tuple[str, ...] = ()) -> bool:
-    """Whether ``import module`` / ``from module import names`` is on the allow-list."""
+def import_allowed(module: str, names: tuple[str, ...] = (), inline: bool = False) -> bool:
+    """Whether ``import module`` / ``from module import names`` is on the allow-list; with
+    ``inline`` (the load_inline format) also ``torch.utils.cpp_extension`` for ``load_inline``."""
+    if inline and module == "torch.utils.cpp_extension":
+        return set(names) <= {"load_inline"}
+    if inline and module == "torch.utils" and names:
+        return names == ("cpp_extension",)
     if module not in ALLOWED_IMPORTS:
         return False
     if module == "dice_ray.launch" and names:
@@ -209,6 +235,64 @@ def _tensor_compute_methods() -> frozenset[str]:
     return _TENSOR_ATTRS
 
 
+# -- ways out through attributes (corpus: tests/corpus/cheats/forge_verdict.py, frame_escape.py, ...) --
+#: attributes that lead from a generator, coroutine, traceback or frame to frames and their globals
+#: (``gen.gi_frame.f_back.f_globals`` reaches the verifier's harness), refused like dunders
+_INTROSPECTION_ATTRS = frozenset({
+    "gi_frame", "gi_code", "gi_yieldfrom", "cr_frame", "cr_code", "cr_await", "ag_frame", "ag_code", "ag_await",
+    "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "f_trace", "tb_frame", "tb_next",
+})
+#: torch path components that read or write files (``__init__`` may otherwise call torch freely)
+_TORCH_FILE_IO = frozenset({"load", "save", "from_file", "serialization", "package", "onnx", "profiler"})
+#: attribute names that read or write files on any object (``tensor.numpy().tofile(path)``)
+_FILE_IO_ATTRS = frozenset({"tofile", "fromfile", "from_file", "dump"})
+
+
+def _module_escape(dotted: str) -> tuple[str, str] | None:
+    """``(rule, module)`` when the attribute path ``dotted`` (rooted at an allowed import, e.g.
+    ``torch.os.write`` or ``typing.sys.modules``) passes through a module the candidate may not
+    import: one outside :data:`ALLOWED_IMPORTS` (``forbidden-import``: torch re-exports ``os``,
+    ``sys``, ``ctypes``...) or a torch internal (``torch-internals``).  Walks the real modules'
+    ``__dict__`` and classes' static attributes, so nothing is imported lazily; None when clean or
+    unknown.
+    """
+    import importlib
+    import inspect
+    import sys
+    import types
+
+    parts = dotted.split(".")
+    obj: object = None
+    rest: list[str] = []
+    for k in range(len(parts), 0, -1):
+        name = ".".join(parts[:k])
+        obj = sys.modules.get(name)
+        if obj is None and name in ALLOWED_IMPORTS:
+            obj = importlib.import_module(name)
+        if obj is not None:
+            rest = parts[k:]
+            break
+    for part in rest:
+        if isinstance(obj, types.ModuleType):
+            nxt = vars(obj).get(part, sys.modules.get(f"{obj.__name__}.{part}"))
+        elif isinstance(obj, type):
+            nxt = inspect.getattr_static(obj, part, None)
+        else:
+            return None
+        if nxt is None:
+            return None
+        if isinstance(nxt, types.ModuleType):
+            name = getattr(nxt, "__name__", "?")
+            if name.startswith("torch.") and (
+                any(p.startswith("_") for p in name.split(".")) or any(name == r or name.startswith(r + ".")
+                                                                      for r in _INTERNAL_ROOTS)):
+                return "torch-internals", name
+            if name not in ALLOWED_IMPORTS and not name.startswith("torch."):
+                return "forbidden-import", name
+        obj = nxt
+    return None
+
+
 def _root(node: ast.AST) -> ast.AST:
     while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
         node = node.func if isinstance(node, ast.Call) else node.value
@@ -216,9 +300,10 @@ def _root(node: ast.AST) -> ast.AST:
 
 
 class _Checker(ast.NodeVisitor):
-    def __init__(self, tree: ast.Module):
+    def __init__(self, tree: ast.Module, inline: bool = False):
         self.tree = tree
-        self.report = StaticReport()
+        self.inline = inline  # the load_inline format: load_inline(...) holds kernels like load_cuda(...)
+        self.report = StaticReport(format="inline" if inline else "fast")
         self.aliases: dict[str, str] = {}
         self.kernel_vars: set[str] = set()
         self.kernel_attrs: set[str] = set()
@@ -243,7 +328,10 @@ class _Checker(ast.NodeVisitor):
         return None
 
     def is_load_cuda(self, node: ast.AST) -> bool:
-        return isinstance(node, ast.Call) and self.dotted(node.func) == "dice_ray.launch.load_cuda"
+        """A call that returns kernels: load_cuda, or torch's load_inline in the load_inline format."""
+        loaders = ("dice_ray.launch.load_cuda", "torch.utils.cpp_extension.load_inline") if self.inline else (
+            "dice_ray.launch.load_cuda",)
+        return isinstance(node, ast.Call) and self.dotted(node.func) in loaders
 
     def kernel_holder(self, node: ast.AST) -> str | None:
         """'kernels' for Name kernels, 'self.k' for self.k holding a KernelModule."""
@@ -253,6 +341,32 @@ class _Checker(ast.NodeVisitor):
                 and node.attr in self.kernel_attrs):
             return f"self.{node.attr}"
         return None
+
+    def is_module_alias(self, name: str) -> bool:
+        """Whether the import alias ``name`` names a module (``torch``, ``nn``), not a function or class."""
+        import sys
+        import types
+
+        target = self.aliases.get(name, "")
+        return target in ALLOWED_IMPORTS or isinstance(sys.modules.get(target), types.ModuleType)
+
+    def check_escape(self, node: ast.Attribute) -> None:
+        """On the outermost attribute of an import-rooted path: modules reached through attributes
+        (``torch.os``), torch file I/O (``torch.load``) and private torch attributes, anywhere
+        (``__init__`` included)."""
+        if isinstance(getattr(node, "parent", None), ast.Attribute):
+            return
+        d = self.dotted(node)
+        if d is None:
+            return
+        hit = _module_escape(d)
+        parts = d.split(".")
+        if hit is not None:
+            self.add(hit[0], f"{d} reaches the module {hit[1]}", node)
+        elif parts[0] == "torch" and any(p in _TORCH_FILE_IO for p in parts[1:]):
+            self.add("file-access", f"uses {d} (file I/O)", node)
+        elif parts[0] == "torch" and any(p.startswith("_") and not p.startswith("__") for p in parts[1:]):
+            self.add("torch-internals", f"uses {d} (a private torch attribute)", node)
 
     # -- pre-pass: imports, module names, kernel holders, classes ----------------------------------
     def prepass(self) -> None:
@@ -359,6 +473,8 @@ class _Checker(ast.NodeVisitor):
         self.check_import(node.module or "", names, node)
 
     def check_import(self, module: str, names: tuple[str, ...], node: ast.AST) -> None:
+        if self.inline and import_allowed(module, names, inline=True):
+            return
         if module.startswith("torch.utils.cpp_extension") or (module == "torch.utils" and "cpp_extension" in names):
             self.add("unsupported-format", f"imports {module} (load_inline): use dice_ray.launch.load_cuda", node)
         elif not import_allowed(module, names):
@@ -427,10 +543,18 @@ class _Checker(ast.NodeVisitor):
             self.add(_FORBIDDEN_BUILTINS[node.id], f"uses {node.id}", node)
         elif node.id.startswith("__") and node.id not in _ALLOWED_DUNDERS:
             self.add("dynamic-code", f"uses the dunder name {node.id}", node)
+        elif node.id in self.aliases and self.is_module_alias(node.id) and not (
+                isinstance(getattr(node, "parent", None), ast.Attribute) and node.parent.value is node):
+            self.add("dynamic-code", f"uses the module {node.id} as a value (its attributes escape the rules)", node)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if node.attr.startswith("__") and node.attr not in _ALLOWED_DUNDERS:
             self.add("dynamic-code", f"accesses the dunder attribute .{node.attr}", node)
+        elif node.attr in _INTROSPECTION_ATTRS:
+            self.add("dynamic-code", f"accesses .{node.attr} (frames and globals)", node)
+        elif node.attr in _FILE_IO_ATTRS:
+            self.add("file-access", f"uses .{node.attr} (file I/O)", node)
+        self.check_escape(node)
         holder = self.kernel_holder(node.value)
         if holder is not None:
             self.report.kernel_refs.setdefault(holder, set()).add(node.attr)
@@ -441,6 +565,8 @@ class _Checker(ast.NodeVisitor):
             parts = d.split(".")
             if any(p in _STREAM_NAMES for p in parts[1:]) and parts[1] in ("cuda", *_STREAM_NAMES):
                 self.add("cuda-stream", f"uses {d}", node)
+            elif self.inline and d == "torch.utils.cpp_extension.load_inline":
+                pass
             elif d.startswith("torch._") or any(d == r or d.startswith(r + ".") for r in _INTERNAL_ROOTS):
                 self.add("torch-internals", f"uses {d}", node)
         self.generic_visit(node)
@@ -489,7 +615,8 @@ class _Checker(ast.NodeVisitor):
             self.add("patching", f"calls {d} (changes global torch state shared with the reference)", node)
         if isinstance(f, ast.Name) and f.id == "type" and len(node.args) == 3:
             self.add("dynamic-code", "type() with 3 arguments creates a class dynamically", node)
-        if d in ("torch.utils.cpp_extension.load_inline", "torch.utils.cpp_extension.load"):
+        if d in ("torch.utils.cpp_extension.load_inline", "torch.utils.cpp_extension.load") and not (
+                self.inline and d.endswith("load_inline")):
             self.add("unsupported-format", f"calls {d}", node)
         if self.runtime_depth:
             self.check_runtime_call(node, d)
@@ -557,7 +684,7 @@ def _set_parents(tree: ast.AST) -> None:
 
 
 def check_candidate(src: str) -> StaticReport:
-    """Apply every static rule to a fast-format candidate (parses only, never executes).
+    """Apply every static rule to a candidate of either format (parses only, never executes).
 
     Returns:
         A :class:`StaticReport`; ``report.first()`` is the violation that decides the verdict
@@ -575,9 +702,16 @@ def check_candidate(src: str) -> StaticReport:
         msg = getattr(e, "msg", str(e))
         return StaticReport([Violation("syntax", f"Python syntax error: {msg}", line)])
     _set_parents(tree)
-    checker = _Checker(tree)
+    from dice_ray.verify.inline import is_inline
+
+    checker = _Checker(tree, inline=is_inline(tree))
     checker.check_module()
     report = checker.report
     report.violations.extend(check_cuda_source(src))
+    if report.format == "inline":
+        from dice_ray.verify.inline_rules import check_inline
+
+        report.violations.extend(check_inline(src, tree, report.kernel_refs))
+        report.kernel_refs = {}  # checked against the extension's functions above
     report.violations.sort(key=lambda v: v.line or 0)
     return report

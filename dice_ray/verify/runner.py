@@ -17,15 +17,57 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dice_ray.verify.protocol import FrameReader, ProtocolError, write_frame
 from dice_ray.verify.sandbox import clean_env
+from dice_ray.verify.zygote import Zygote, ZygoteError
 
-__all__ = ["JobOutcome", "WorkerError", "WorkerProcess"]
+__all__ = ["STAGE_ACCESS", "GpuGate", "JobOutcome", "WorkerError", "WorkerProcess"]
+
+
+#: GPU access each stage needs: loading compiles on the CPU, checks share the GPU, timing owns it
+STAGE_ACCESS: dict[str, str | None] = {"load": None, "reference": "shared", "run": "shared", "timing": "exclusive"}
+
+
+class GpuGate:
+    """Shared/exclusive access of one verifier's workers to their GPU (a writer-preferring RW lock).
+
+    Several workers load, compile and check candidates at once (``shared``), but a worker times
+    alone (``exclusive``): no other worker's kernels run while its CUDA events are open, so the
+    speedup does not depend on how busy the verifier is.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._writers_waiting = 0
+
+    def acquire(self, mode: str) -> None:
+        """Block until ``mode`` (``"shared"`` or ``"exclusive"``) access is granted."""
+        with self._cond:
+            if mode == "exclusive":
+                self._writers_waiting += 1
+                self._cond.wait_for(lambda: not self._writer and self._readers == 0)
+                self._writers_waiting -= 1
+                self._writer = True
+            else:
+                self._cond.wait_for(lambda: not self._writer and self._writers_waiting == 0)
+                self._readers += 1
+
+    def release(self, mode: str) -> None:
+        """Give back access taken with :meth:`acquire` in the same ``mode``."""
+        with self._cond:
+            if mode == "exclusive":
+                self._writer = False
+            else:
+                self._readers -= 1
+            self._cond.notify_all()
 
 
 class WorkerError(RuntimeError):
@@ -36,12 +78,49 @@ class WorkerError(RuntimeError):
 class JobOutcome:
     """How a job ended: ``kind`` is ``"result"`` (``result`` holds the worker's JobResult dict),
     ``"timeout"`` or ``"died"``; ``stage`` is the last stage the worker announced; ``detail``
-    says how it died or which limit it passed, with the worker log's tail."""
+    says how it died or which limit it passed, with the worker log's tail; ``stage_s`` the wall
+    seconds of each stage, and of waiting for the GPU gate (``gate_wait``)."""
 
     kind: str
     stage: str
     result: dict[str, Any] | None = None
     detail: str = ""
+    stage_s: dict[str, float] = field(default_factory=dict)
+
+
+class _Forked:
+    """A worker forked by the :class:`~dice_ray.verify.zygote.Zygote`: the ``Popen`` calls the runner
+    uses (``pid``, ``poll``, ``wait``, ``kill``), through ``waitpid`` on a re-parented child."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: gone, how is unknown
+                self.returncode = -signal.SIGKILL
+            else:
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0.0)
+            time.sleep(0.005)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 class WorkerProcess:
@@ -49,27 +128,36 @@ class WorkerProcess:
 
     Args:
         settings: passed to the worker (mode, device, arch, limits, tolerances...).
+        zygote: fork the worker from this fork server (about a second) instead of starting a new
+            interpreter (about 8 s with torch); None, or a zygote that fails, gives a cold start.
     Raises:
         OSError: the process could not be spawned.
     """
 
-    def __init__(self, settings: dict[str, Any]):
+    def __init__(self, settings: dict[str, Any], zygote: Zygote | None = None):
         self.settings = settings
         self.workdir = tempfile.mkdtemp(prefix="dice-ray-worker-")
         self.log_path = Path(self.workdir) / "worker.log"
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "dice_ray.verify.worker", str(req_r), str(res_w), json.dumps(settings)],
-                pass_fds=(req_r, res_w),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.workdir,
-                env=clean_env(self.workdir),
-                start_new_session=True,
-            )
+        self.proc: subprocess.Popen | _Forked | None = None
+        if zygote is not None:
+            try:
+                self.proc = _Forked(zygote.spawn(self.workdir, settings, (req_r, res_w)))
+            except ZygoteError:
+                self.proc = None
+        if self.proc is None:
+            with open(self.log_path, "wb") as log:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "dice_ray.verify.worker", str(req_r), str(res_w), json.dumps(settings)],
+                    pass_fds=(req_r, res_w),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.workdir,
+                    env=clean_env(self.workdir),
+                    start_new_session=True,
+                )
         os.close(req_r)
         os.close(res_w)
         self._w = req_w
@@ -77,6 +165,11 @@ class WorkerProcess:
         self.info: dict[str, Any] | None = None
         self.jobs = 0
         self.started = time.monotonic()
+        self.boot_s: float | None = None  # spawn to ready (s)
+        self.ready_wait_s = 0.0  # time jobs waited for it to become ready (s)
+        self._boot_error: str | None = None
+        self._booting = threading.Thread(target=self._boot, daemon=True, name=f"boot-{self.pid}")
+        self._booting.start()
 
     @property
     def pid(self) -> int:
@@ -108,60 +201,107 @@ class WorkerProcess:
         tail = self.log_tail()
         return f"{how}; log tail:\n{tail}" if tail else how
 
+    def _boot(self) -> None:
+        """Wait for ``ready`` in a thread (so :attr:`boot_s` is the real start time, spawn to
+        ready); a failure or a start past ``start_timeout_s`` is kept for :meth:`wait_ready`.
+
+        The start is not gated: holding the GPU gate through a start (seconds of CUDA set-up and
+        self-test) stalls every other worker's timing; a start's kernels are a few tiny ones.
+        """
+        try:
+            msg = self._reader.read(self.settings.get("start_timeout_s", 180.0))
+        except ProtocolError:
+            self.kill()
+            self._boot_error = f"verifier worker died while starting: {self._death()}"
+            return
+        if msg is None:
+            self.kill()
+            self._boot_error = f"verifier worker not ready in time; log tail:\n{self.log_tail()}"
+        elif msg.get("type") != "ready":
+            self.kill()
+            self._boot_error = f"verifier worker failed to start:\n{msg.get('error', msg)}"
+        else:
+            self.info = msg["info"]
+            self.boot_s = time.monotonic() - self.started
+
     def wait_ready(self, timeout_s: float) -> dict[str, Any]:
-        """Block until the worker says ``ready`` (imports, CUDA init and limits done).
+        """Block until the worker says ``ready`` (imports, CUDA init, self-test and limits done).
 
         Raises:
             WorkerError: it failed, died or took longer than ``timeout_s`` (s).
         """
-        if self.info is not None:
-            return self.info
-        try:
-            msg = self._reader.read(timeout_s)
-        except ProtocolError:
-            self.kill()
-            raise WorkerError(f"verifier worker died while starting: {self._death()}") from None
-        if msg is None:
+        self._booting.join(timeout_s)
+        if self._booting.is_alive():
             self.kill()
             raise WorkerError(f"verifier worker not ready after {timeout_s:.0f} s; log tail:\n{self.log_tail()}")
-        if msg.get("type") != "ready":
-            self.kill()
-            raise WorkerError(f"verifier worker failed to start:\n{msg.get('error', msg)}")
-        self.info = msg["info"]
+        if self._boot_error is not None:
+            raise WorkerError(self._boot_error)
+        assert self.info is not None
         return self.info
 
-    def run(self, job: dict[str, Any], limits: dict[str, float], first_stage: str = "load") -> JobOutcome:
-        """Send a job and wait for its result, applying ``limits[stage]`` (s) from each stage
-        announcement on.  On timeout or death the worker is killed (``alive()`` is then False).
+    def run(self, job: dict[str, Any], limits: dict[str, float], gate: GpuGate | None = None) -> JobOutcome:
+        """Send a job and wait for its result.  At each stage the worker announces, the gate access
+        of :data:`STAGE_ACCESS` is taken (waiting does not count), the worker is told to go, and
+        ``limits[stage]`` (s) applies from then on.  On timeout or death the worker is killed
+        (``alive()`` is then False); the gate is always given back.
 
         Raises:
             WorkerError: the worker was not ready.
         """
+        waited = time.monotonic()
         self.wait_ready(self.settings.get("start_timeout_s", 180.0))
-        stage = first_stage
+        self.ready_wait_s += time.monotonic() - waited
+        stage, held = "load", None
         self.jobs += 1
+        spent: dict[str, float] = {}
+        mark = time.monotonic()
+
+        def outcome(kind: str, **kw: Any) -> JobOutcome:
+            spent[stage] = spent.get(stage, 0.0) + time.monotonic() - mark
+            return JobOutcome(kind, stage, stage_s={k: round(v, 4) for k, v in spent.items()}, **kw)
+
         try:
-            write_frame(self._w, {"op": "job", **job})
-        except OSError:
-            return JobOutcome("died", stage, detail=self._death())
-        deadline = time.monotonic() + limits[stage]
-        while True:
             try:
-                msg = self._reader.read(max(0.0, deadline - time.monotonic()))
-            except ProtocolError as e:
-                detail = self._death() if "closed" in str(e) else f"bad message from the worker: {e}"
-                self.kill()
-                return JobOutcome("died", stage, detail=detail)
-            if msg is None:
-                self.kill()
-                return JobOutcome("timeout", stage, detail=f"stage {stage!r} ran past its {limits[stage]:.0f} s limit")
-            if msg.get("type") == "stage":
-                stage = str(msg.get("stage"))
-                deadline = time.monotonic() + limits.get(stage, max(limits.values()))
-            elif msg.get("type") == "result":
-                if msg.get("fatal"):
+                write_frame(self._w, {"op": "job", **job})
+            except OSError:
+                return outcome("died", detail=self._death())
+            deadline = time.monotonic() + max(limits.values())
+            while True:
+                try:
+                    msg = self._reader.read(max(0.0, deadline - time.monotonic()))
+                except ProtocolError as e:
+                    detail = self._death() if "closed" in str(e) else f"bad message from the worker: {e}"
                     self.kill()
-                return JobOutcome("result", stage, result=msg)
+                    return outcome("died", detail=detail)
+                if msg is None:
+                    self.kill()
+                    return outcome("timeout", detail=f"stage {stage!r} ran past its {limits.get(stage, 0):.0f} s limit")
+                if msg.get("type") == "stage":
+                    now = time.monotonic()
+                    spent[stage] = spent.get(stage, 0.0) + now - mark
+                    stage = str(msg.get("stage"))
+                    want = STAGE_ACCESS.get(stage, "exclusive")
+                    if gate is not None and want != held:
+                        if held is not None:
+                            gate.release(held)
+                            held = None
+                        if want is not None:
+                            gate.acquire(want)
+                            held = want
+                    mark = time.monotonic()
+                    spent["gate_wait"] = spent.get("gate_wait", 0.0) + mark - now
+                    try:
+                        write_frame(self._w, {"op": "go"})
+                    except OSError:
+                        return outcome("died", detail=self._death())
+                    deadline = time.monotonic() + limits.get(stage, max(limits.values()))
+                elif msg.get("type") == "result":
+                    if msg.get("fatal"):
+                        self.kill()
+                    return outcome("result", result=msg)
+        finally:
+            if gate is not None and held is not None:
+                gate.release(held)
 
     def kill(self) -> None:
         """Kill the worker's process group (SIGKILL) and wait for it."""

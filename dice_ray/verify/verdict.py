@@ -34,8 +34,12 @@ class Verdict(BaseModel):
         ref_ms, candidate_ms: median CUDA-event (device) time of one forward (ms), L2 flushed
             before each call (see ``dice_ray.verify.harness.Harness._time``).
         ref_spread, candidate_spread: (p75 - p25) / median of those times (dimensionless).
+        compiled_ref_ms, speedup_compiled: the same for ``torch.compile(reference)`` when
+            ``verify.compile_baseline`` is on (reported, not rewarded).
         mode: ``gpu`` or ``compile_only``.
         seconds: wall time of this verification (s), worker start included when it happened.
+        stage_seconds: wall seconds of each worker stage (``load``, ``reference``, ``run``,
+            ``timing``) and of waiting for the GPU gate (``gate_wait``); empty when no worker ran.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -53,5 +57,8 @@ class Verdict(BaseModel):
     candidate_ms: float | None = None
     ref_spread: float | None = None
     candidate_spread: float | None = None
+    compiled_ref_ms: float | None = None
+    speedup_compiled: float | None = None
     mode: Literal["gpu", "compile_only"]
     seconds: float
+    stage_seconds: dict[str, float] = {}

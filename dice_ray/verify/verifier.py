@@ -2,7 +2,10 @@
 
 Pipeline for one candidate (every call returns exactly one :class:`Verdict`):
 
-1. static anti-cheat rules on the source (:mod:`dice_ray.verify.rules`), in this process;
+1. static anti-cheat rules on the source (:mod:`dice_ray.verify.rules`), in this process; a
+   candidate in the load_inline format (KernelBench / DICE) is then built here by the compile pool
+   (:meth:`Verifier._prepare_inline`, :mod:`dice_ray.verify.inline_build`: content-hash cache,
+   parallel limited compilers) and the worker only imports the prebuilt extension;
 2. in the persistent sandboxed worker (:mod:`dice_ray.verify.runner`, one per Verifier):
    ``load`` (execute the candidate module: NVRTC compiles, limit ``compile_timeout_s``),
    ``reference`` (execute the reference, build it and run it twice on trial 0: it must run, be
@@ -19,19 +22,24 @@ CPU, checks the kernels named in the source exist, and dry-runs ``forward`` on m
 from __future__ import annotations
 
 import math
+import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dice_ray.config import RewardConfig, VerifyConfig
 from dice_ray.verify.reward import compute_reward
 from dice_ray.verify.rules import check_candidate
-from dice_ray.verify.runner import JobOutcome, WorkerError, WorkerProcess
+from dice_ray.verify.runner import GpuGate, JobOutcome, WorkerError, WorkerProcess
 from dice_ray.verify.verdict import Verdict
+from dice_ray.verify.zygote import Zygote, ZygoteError
 
 __all__ = ["Verifier"]
 
 _MAX_REASON = 8000
+#: sandbox workers of a GPU verifier when ``VerifyConfig.workers`` is 0 (auto)
+AUTO_GPU_WORKERS = 6
 
 
 class Verifier:
@@ -68,49 +76,105 @@ class Verifier:
                 mode, device = "compile_only", None
         self.mode: str = mode
         self.device = device
-        self._settings = {**verify_cfg.model_dump(), "mode": mode, "device": device}
+        self.workers = verify_cfg.workers or (AUTO_GPU_WORKERS if mode == "gpu" else 1)
+        self._settings = {
+            **verify_cfg.model_dump(), "mode": mode, "device": device,
+            # the workers share one GPU: each may take its share of the cap
+            "gpu_memory_fraction": verify_cfg.gpu_memory_fraction / self.workers,
+        }
         self._limits = {
             "load": verify_cfg.compile_timeout_s,
             "reference": verify_cfg.run_timeout_s,
             "run": verify_cfg.run_timeout_s,
+            "timing": verify_cfg.run_timeout_s,
         }
-        self._lock = threading.Lock()
-        self._worker: WorkerProcess | None = WorkerProcess(self._settings)
-        self._spare: WorkerProcess | None = None
+        self._gate = GpuGate() if mode == "gpu" else None
+        self._lock = threading.Lock()  # guards _spares, _busy, restarts, closed
+        self._idle: queue.Queue[WorkerProcess] = queue.Queue()
+        self._busy: set[WorkerProcess] = set()
+        self._spares: list[WorkerProcess] = []
+        self._closed = False
+        self._zygote: Zygote | None = None
+        if verify_cfg.fork_server:
+            try:
+                self._zygote = Zygote()
+            except (ZygoteError, OSError):
+                self._zygote = None
+        for _ in range(self.workers):
+            self._idle.put(WorkerProcess(self._settings))  # cold: the zygote is still importing torch
+        if mode == "gpu":  # kernels that crash are routine on a GPU: have spares warm from the start
+            self._spares = [WorkerProcess(self._settings, self._zygote) for _ in range(verify_cfg.spare_workers)]
         self.restarts = 0
+        self._retired: list[tuple[float | None, float, bool]] = []
+        self._boot_phases: list[dict[str, float]] = []
 
     # -- worker lifecycle ----------------------------------------------------------------------
     @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the current workers (one changes after a crash or timeout)."""
+        with self._lock:
+            return sorted([w.pid for w in list(self._idle.queue)] + [w.pid for w in self._busy])
+
+    @property
     def worker_pid(self) -> int | None:
-        """The current worker's process id (changes after a crash or timeout)."""
-        return self._worker.pid if self._worker is not None else None
+        """The worker's process id when there is one worker (tests and debugging)."""
+        pids = self.worker_pids
+        return pids[0] if pids else None
 
-    def _replace_worker(self) -> None:
-        """Swap in the warm spare worker (or a new one) and, with ``spare_worker``, start the next spare.
+    def _replacement(self, old: WorkerProcess) -> WorkerProcess:
+        """Close ``old`` and return a warm spare (or a new worker); start spares up to ``spare_workers``.
 
-        The spare is started at the first replacement, not at start-up, so a Verifier that never
-        sees a crash runs one process; after one, a crash costs a swap instead of a cold start
-        (torch import and CUDA init, ~8 s on an H200 machine).
+        In compile-only mode spares start at the first replacement, so a Verifier that never sees a
+        crash runs ``workers`` processes (on a GPU they start with the Verifier); a crash costs a swap instead of a cold start
+        (torch import and CUDA init, ~8 s on an H200 machine).  Replacements are forked from the
+        :class:`~dice_ray.verify.zygote.Zygote` (torch already imported) when ``fork_server`` is on.
+        Starting a process does not block: a new worker boots while the others serve.
         """
-        if self._worker is not None:
-            self._worker.close()
-        if self._spare is not None and self._spare.alive():
-            self._worker, self._spare = self._spare, None
-        else:
-            if self._spare is not None:
-                self._spare.close()
-            self._worker, self._spare = WorkerProcess(self._settings), None
-        if self.verify_cfg.spare_worker:
-            self._spare = WorkerProcess(self._settings)
-        self.restarts += 1
+        old.close()
+        with self._lock:
+            self.restarts += 1
+            self._retired.append((old.boot_s, old.ready_wait_s, type(old.proc).__name__ == "_Forked"))
+            if old.info and type(old.proc).__name__ == "_Forked":
+                self._boot_phases.append(old.info.get("boot_phases_s", {}))
+            alive = [w for w in self._spares if w.alive()]
+            for w in self._spares:
+                if not w.alive():
+                    w.close()
+            new = alive.pop(0) if alive else WorkerProcess(self._settings, self._zygote)
+            while len(alive) < self.verify_cfg.spare_workers:
+                alive.append(WorkerProcess(self._settings, self._zygote))
+            self._spares = alive
+        return new
+
+    def stats(self) -> dict[str, Any]:
+        """Worker book-keeping: ``workers``, ``restarts``, ``boot_s`` (spawn to ready of every worker
+        so far, s; forked and cold separately) and ``ready_wait_s`` (job time spent waiting for a
+        worker to become ready, s)."""
+        with self._lock:
+            current = list(self._idle.queue) + list(self._busy)
+            rows = self._retired + [(w.boot_s, w.ready_wait_s, type(w.proc).__name__ == "_Forked") for w in current]
+        return {
+            "workers": self.workers,
+            "restarts": self.restarts,
+            "boot_s_forked": [round(b, 2) for b, _, f in rows if b is not None and f],
+            "boot_s_cold": [round(b, 2) for b, _, f in rows if b is not None and not f],
+            "ready_wait_s": round(sum(w for _, w, _ in rows), 2),
+            "forked_boot_phases_s": list(self._boot_phases),
+        }
 
     def close(self) -> None:
-        """Stop the worker and remove its temporary folder. The Verifier cannot verify afterwards."""
+        """Stop every worker and remove their temporary folders. The Verifier cannot verify afterwards."""
         with self._lock:
-            for worker in (self._worker, self._spare):
-                if worker is not None:
-                    worker.close()
-            self._worker = self._spare = None
+            self._closed = True
+            workers = list(self._idle.queue) + list(self._busy) + self._spares
+            self._spares = []
+        for worker in workers:
+            worker.close()
+        if self._zygote is not None:
+            self._zygote.close()
+        builder = getattr(self, "_inline_builder", None)
+        if builder is not None:
+            builder.close()
 
     def __enter__(self) -> "Verifier":
         return self
@@ -120,11 +184,12 @@ class Verifier:
 
     # -- verification --------------------------------------------------------------------------
     def verify(self, task: Any, candidate_src: str, candidate_id: str) -> Verdict:
-        """Verify one candidate against ``task.reference_src``.
+        """Verify one candidate against ``task.reference_src``; safe to call from several threads
+        (each call takes one of the ``workers`` sandbox workers, waiting for a free one).
 
         Args:
             task: a :class:`dice_ray.tasks.task.Task` (only ``task_id`` and ``reference_src`` are read).
-            candidate_src: the fast-format candidate module (INTERFACES.md).
+            candidate_src: the candidate module (fast format or ``load_inline``; README "Candidate format").
             candidate_id: echoed in the verdict.
 
         Returns:
@@ -133,14 +198,24 @@ class Verifier:
             RuntimeError: the Verifier was closed.
         """
         t0 = time.monotonic()
-        with self._lock:
-            if self._worker is None:
-                raise RuntimeError("Verifier is closed")
-            try:
-                fields = self._verify(task, candidate_src)
-            except Exception as e:  # noqa: BLE001 - an internal failure still yields one verdict
-                fields = {"verdict": "crash", "reason": f"internal verifier error: {type(e).__name__}: {e}"}
+        if self._closed:
+            raise RuntimeError("Verifier is closed")
+        try:
+            fields = self._verify(task, candidate_src)
+        except Exception as e:  # noqa: BLE001 - an internal failure still yields one verdict
+            fields = {"verdict": "crash", "reason": f"internal verifier error: {type(e).__name__}: {e}"}
         return self._verdict(task, candidate_id, fields, time.monotonic() - t0)
+
+    def verify_many(self, items: list[tuple[Any, str, str]]) -> list[Verdict]:
+        """Verify ``[(task, candidate_src, candidate_id), ...]`` over the workers; verdicts in order.
+
+        Raises:
+            RuntimeError: the Verifier was closed.
+        """
+        if not items:
+            return []
+        with ThreadPoolExecutor(max_workers=min(self.workers, len(items)), thread_name_prefix="verify") as ex:
+            return list(ex.map(lambda it: self.verify(*it), items))
 
     def _verify(self, task: Any, candidate_src: str) -> dict[str, Any]:
         if not isinstance(candidate_src, str):
@@ -152,26 +227,101 @@ class Verifier:
                 others = [str(v) for v in report.violations if v is not first][:5]
                 reason = str(first) + (f"\nalso: {'; '.join(others)}" if others else "")
                 return {"verdict": first.verdict, "reason": reason, "rule": first.rule if first.verdict == "cheat" else None}
-        if self._worker is None or not self._worker.alive() or self._worker.jobs >= self.verify_cfg.max_jobs_per_worker:
-            self._replace_worker()
-        assert self._worker is not None
+        inline = self._prepare_inline(candidate_src)  # None: fast format; verdict fields, or the prebuilt modules
+        if inline is not None and "verdict" in inline:
+            return inline
         job = {
             "task_id": task.task_id,
             "reference_src": task.reference_src,
             "candidate_src": candidate_src,
             "kernel_refs": {k: sorted(v) for k, v in (report.kernel_refs if report else {}).items()},
-            "cpu_budget_s": self.verify_cfg.compile_timeout_s + 3 * self.verify_cfg.run_timeout_s + 30,
+            "cpu_budget_s": self.verify_cfg.compile_timeout_s + 4 * self.verify_cfg.run_timeout_s + 30,
         }
+        if inline is not None:
+            job["inline"] = inline
+        worker = self._idle.get()
+        with self._lock:
+            self._busy.add(worker)
         try:
-            outcome = self._worker.run(job, self._limits)
-        except WorkerError as e:
-            self._replace_worker()
-            return {"verdict": "crash", "reason": f"sandbox worker failed: {e}"}
-        if not self._worker.alive():
-            self._replace_worker()
-        return self._from_outcome(outcome)
+            if not worker.alive() or worker.jobs >= self.verify_cfg.max_jobs_per_worker:
+                worker = self._swap(worker)
+            try:
+                outcome = worker.run(job, self._limits, self._gate)
+            except WorkerError as e:
+                worker = self._swap(worker)
+                return {"verdict": "crash", "reason": f"sandbox worker failed: {e}"}
+            if not worker.alive():
+                worker = self._swap(worker)
+            return self._from_outcome(outcome)
+        finally:
+            with self._lock:
+                self._busy.discard(worker)
+                closed = self._closed
+            if closed:
+                worker.close()
+            else:
+                self._idle.put(worker)
+
+    def _prepare_inline(self, candidate_src: str) -> dict[str, Any] | None:
+        """Build a load_inline candidate's extensions before it goes to a worker.
+
+        The builder (:class:`~dice_ray.verify.inline_build.InlineBuilder`, ``inline_*`` fields of
+        :class:`~dice_ray.config.VerifyConfig`) is created at the first such candidate (thread-safe)
+        and shared by this Verifier's threads: identical specs compile once, different ones in
+        parallel; on a GPU the ``.so`` is linked for this device's arch, in compile-only mode only
+        the objects are built.
+
+        Returns:
+            None for a fast-format candidate; verdict fields (``compile_error``: a dynamic
+            ``load_inline`` argument, rule ``unsupported-format``, or the nvcc / g++ log) when it
+            cannot be built; else ``{"modules": [...]}`` for the worker's
+            :func:`dice_ray.verify.inline.exec_inline`.
+        """
+        from dice_ray.verify import inline
+
+        if not inline.is_inline(candidate_src):
+            return None
+        try:
+            specs = inline.extract_specs(candidate_src)
+        except (inline.UnsupportedFormat, SyntaxError) as e:
+            rule = getattr(e, "rule", "unsupported-format")
+            return {"verdict": "cheat" if rule == "cuda-library" else "compile_error", "rule": rule,
+                    "reason": f"[{rule}] {e}"}
+        if not specs:
+            return {"verdict": "compile_error", "rule": "unsupported-format",
+                    "reason": "[unsupported-format] no top-level `name = load_inline(...)` call"}
+        from dice_ray.verify.inline_build import InlineBuilder, device_arch
+
+        cfg = self.verify_cfg
+
+        def make() -> InlineBuilder:
+            return InlineBuilder(
+                cfg.inline_cache_dir, arch=device_arch(self.device) if self.mode == "gpu" else cfg.arch,
+                link=self.mode == "gpu", max_builds=cfg.inline_max_builds, timeout_s=cfg.inline_build_timeout_s,
+                cpu_s=cfg.inline_build_cpu_s, memory_gib=cfg.inline_build_memory_gib,
+                file_mib=cfg.inline_build_file_mib, lite_headers=cfg.inline_lite_headers, pch=cfg.inline_pch,
+                host_opt=cfg.inline_host_opt)
+
+        builder = InlineBuilder.create_once(self, "_inline_builder", make)
+        results = [f.result() for f in [builder.submit(spec) for spec in specs]]
+        for r in results:
+            if not r.ok:
+                return {"verdict": "compile_error", "reason": r.reason()}
+        return {"modules": [r.job_entry(spec) for r, spec in zip(results, specs)]}
+
+    def _swap(self, worker: WorkerProcess) -> WorkerProcess:
+        with self._lock:
+            self._busy.discard(worker)
+        new = self._replacement(worker)
+        with self._lock:
+            self._busy.add(new)
+        return new
 
     def _from_outcome(self, outcome: JobOutcome) -> dict[str, Any]:
+        return {**self._outcome_fields(outcome), "stage_seconds": outcome.stage_s}
+
+    @staticmethod
+    def _outcome_fields(outcome: JobOutcome) -> dict[str, Any]:
         if outcome.kind == "result":
             r = dict(outcome.result or {})
             kind = r.get("verdict", "crash")
@@ -220,6 +370,9 @@ class Verifier:
             candidate_ms=f.get("candidate_ms"),
             ref_spread=f.get("ref_spread"),
             candidate_spread=f.get("candidate_spread"),
+            compiled_ref_ms=f.get("compiled_ref_ms") if kind == "ok" else None,
+            speedup_compiled=f.get("speedup_compiled") if kind == "ok" else None,
             mode=self.mode,
             seconds=seconds,
+            stage_seconds=f.get("stage_seconds") or {},
         )

@@ -3,7 +3,7 @@
 Started by :class:`dice_ray.verify.runner.WorkerProcess` with a stripped environment and a private
 temporary folder as cwd.  It imports torch, initialises CUDA (GPU mode), applies its own limits
 (:mod:`dice_ray.verify.sandbox`), says ``ready``, then serves jobs one at a time until told to
-exit, the pipe closes, or a job leaves the CUDA context broken (then it exits and the parent
+exit (at each stage of a job it waits for the parent's go: see ``runner.GpuGate``), the pipe closes, or a job leaves the CUDA context broken (then it exits and the parent
 starts a new one).  stdout/stderr go to a log file in the temporary folder, never to the protocol
 pipe, so a candidate that prints cannot forge messages.
 """
@@ -13,14 +13,31 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 
 
 def main(argv: list[str]) -> int:
+    started = time.monotonic()
     fd_in, fd_out, settings = int(argv[0]), int(argv[1]), json.loads(argv[2])
     from dice_ray.verify.protocol import FrameReader, ProtocolError, write_frame
 
     mode, device = settings["mode"], settings.get("device")
+    reader = FrameReader(fd_in)
+
+    def stage(name: str) -> None:
+        """Announce a stage and wait for the parent's go (it may first take the GPU gate)."""
+        write_frame(fd_out, {"type": "stage", "stage": name})
+        while True:
+            try:
+                reply = reader.read(None)
+            except ProtocolError:
+                os._exit(0)  # the parent is gone
+            if reply is not None and reply.get("op") == "go":
+                return
+            if reply is None or reply.get("op") == "exit":
+                os._exit(0)
+
     try:
         import torch
 
@@ -28,6 +45,7 @@ def main(argv: list[str]) -> int:
         from dice_ray.verify import sandbox
         from dice_ray.verify.harness import Harness
 
+        phases = {"imports": time.monotonic() - started}
         if mode == "gpu":
             torch.cuda.set_device(device)
             torch.cuda.init()
@@ -36,8 +54,10 @@ def main(argv: list[str]) -> int:
             launch._context(device)  # retain torch's primary context, current on this thread
         else:
             launch.configure(compile_only=True, arch=settings["arch"])
+        phases["cuda_init"] = time.monotonic() - started
         harness = Harness(mode, device, settings)
         selftest = harness.self_test()  # warms NVRTC, torch's meta/dispatch paths, CUDA kernels
+        phases["self_test"] = time.monotonic() - started
         limits = sandbox.apply_limits(
             file_size_mib=settings["file_size_mib"],
             address_space_gib=settings["cpu_address_space_gib"] if mode == "compile_only" else None,
@@ -48,12 +68,11 @@ def main(argv: list[str]) -> int:
         write_frame(fd_out, {"type": "failed", "error": traceback.format_exc()[-4000:]})
         return 2
     info = {"pid": os.getpid(), "mode": mode, "device": device, "limits": limits, "torch": torch.__version__,
-            "self_test": selftest}
+            "self_test": selftest, "boot_phases_s": {k: round(v, 3) for k, v in phases.items()}}
     if mode == "gpu":
         info["gpu"] = torch.cuda.get_device_name(device)
         info["arch"] = launch._target_arch()
     write_frame(fd_out, {"type": "ready", "info": info})
-    reader = FrameReader(fd_in)
     while True:
         try:
             msg = reader.read(None)
@@ -65,9 +84,10 @@ def main(argv: list[str]) -> int:
         if msg.get("op") != "job":
             continue
         sandbox.set_cpu_budget(msg.get("cpu_budget_s", 600.0))
-
-        def stage(name: str) -> None:
-            write_frame(fd_out, {"type": "stage", "stage": name})
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.ftruncate(1, 0)  # the log (stdout and stderr) holds this job's output only
+        os.lseek(1, 0, os.SEEK_SET)
 
         try:
             result = harness.run(msg, stage).to_dict()

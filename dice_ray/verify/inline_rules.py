@@ -1,0 +1,445 @@
+"""Static rules on the C++/CUDA sources of a load_inline candidate, parsed with tree-sitter-cuda.
+
+:func:`check_inline` is what :func:`dice_ray.verify.rules.check_candidate` adds for the load_inline
+format (:mod:`dice_ray.verify.inline`): the Python side gets the fast format's rules (forward may
+call the extension's functions instead of ``kernels.<name>``), and every ``cpp_sources`` /
+``cuda_sources`` text gets these, on its parse tree (calls, qualified names, includes), not on
+regular expressions over the text:
+
+* ``cpp-torch-op``: host C++ may use only allocation, view and metadata ATen/torch APIs
+  (:data:`ALLOWED_CPP_TORCH_CALLS`, :data:`ALLOWED_CPP_TENSOR_METHODS`).  ``torch::matmul``,
+  ``at::relu``, ``x.sum()``, ``torch::conv2d``, ``F::relu`` through a namespace alias, ``matmul``
+  under ``using namespace torch``, arithmetic operators on ``Tensor`` variables, and torch's own
+  kernels (``ATen/native/...`` headers) are the classic fallback cheat of this format.
+* ``cuda-library``: cuBLAS(Lt) / cuDNN / cuSPARSE / cuFFT / cuSOLVER / CUTLASS / CuTe / thrust
+  names and handles (``at::cuda::getCurrentCUDABlasHandle``), headers, ``-lcublas``.
+* ``cuda-stream``: stream, event and graph APIs (``cudaStreamCreate``, ``getStreamFromPool``,
+  ``cudaGraph*``...); the current stream (``at::cuda::getCurrentCUDAStream()``) is allowed.
+* ``forbidden-import``: thread and process headers and APIs (``<thread>``, ``std::thread``,
+  ``std::async``, ``pthread_create``, ``#pragma omp``, ``<pybind11/...>``, ``<Python.h>``).
+* ``file-access``: ``system``, ``popen``, ``fork``, ``exec*``, ``dlopen``, ``fopen``, ``getenv``,
+  ``socket``... and file/network headers.
+* ``dynamic-code``: calls into Python from C++ (``py::``, ``pybind11::``, ``Py*`` C API).
+* ``no-kernel-launch``: no ``__global__`` kernel, or no launch of one anywhere.
+* ``patching``: names containing ``dice_ray`` (the launch counters' names).
+
+Host code is everything outside ``__global__`` / ``__device__`` functions; method-call and
+operator checks apply there only (device code cannot call ATen).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import threading
+from typing import Any
+
+from dice_ray.verify.rules import ALLOWED_TENSOR_METHODS, Violation, check_cuda_source
+
+__all__ = [
+    "ALLOWED_CPP_TENSOR_METHODS",
+    "ALLOWED_CPP_TORCH_CALLS",
+    "check_inline",
+    "check_inline_sources",
+    "function_qualifiers",
+    "node_text",
+    "parse_cuda",
+]
+
+#: Last components of ``torch::`` / ``at::`` names host code may call (allocation, options,
+#: metadata, checks, current stream and device, caching allocator).
+ALLOWED_CPP_TORCH_CALLS: frozenset[str] = frozenset(
+    {
+        "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
+        "from_blob", "scalar_tensor", "TensorOptions", "dtype", "device", "layout", "requires_grad", "memory_format",
+        "Device", "Scalar", "ScalarType", "IntArrayRef", "ArrayRef", "TensorList", "Tensor", "MemoryFormat",
+        "typeMetaToScalarType", "scalarTypeToTypeMeta", "elementSize", "toString", "isFloatingType",
+        "isIntegralType", "isComplexType", "isReducedFloatingType", "make_optional", "optional", "nullopt",
+        "NoGradGuard", "AutoGradMode", "InferenceMode", "DeviceGuard", "OptionalDeviceGuard", "irange",
+        "getCurrentCUDAStream", "getDefaultCUDAStream", "getCurrentDeviceProperties", "getDeviceProperties",
+        "current_device", "device_count", "set_device", "CUDAGuard", "OptionalCUDAGuard", "get", "raw_alloc",
+        "raw_alloc_with_stream", "raw_delete", "allocate", "warp_size", "is_available", "getNumGPUs",
+        "checkAllSameGPU", "checkContiguous", "checkAllContiguous", "checkDim", "checkSize", "checkScalarType",
+        "checkSameGPU", "TensorArg", "TensorGeometryArg", "ceil_div", "divup",
+    }
+)
+#: ``Tensor`` methods host code may call (the Python rule's list plus the C++ spellings).
+ALLOWED_CPP_TENSOR_METHODS: frozenset[str] = ALLOWED_TENSOR_METHODS | frozenset(
+    {
+        "sizes", "strides", "scalar_type", "options", "dtype", "device", "is_cuda", "is_cpu", "is_meta", "defined",
+        "data", "mutable_data_ptr", "const_data_ptr", "accessor", "packed_accessor32", "packed_accessor64",
+        "generic_packed_accessor", "itemsize", "nbytes", "layout", "is_sparse", "has_storage", "sym_size",
+        "sym_sizes", "sym_numel", "sym_stride", "sym_strides", "suggest_memory_format",
+        "is_non_overlapping_and_dense", "slice", "resize", "real", "imag", "requires_grad", "is_complex",
+        "is_signed", "is_alias_of",
+    }
+)
+#: Methods returning a view of a tensor (an expression built with them is still a tensor).
+_VIEW_METHODS = frozenset({"contiguous", "view", "reshape", "transpose", "permute", "unsqueeze", "squeeze", "flatten",
+                           "expand", "expand_as", "view_as", "reshape_as", "narrow", "select", "slice", "to", "cuda",
+                           "detach", "t"})
+_TENSOR_TYPES = frozenset({"torch::Tensor", "at::Tensor", "Tensor", "::at::Tensor", "::torch::Tensor"})
+_LIBRARY_NAME = re.compile(r"^(cublas|cublasLt|cudnn|cusparse|cufft|cusolver|CUBLAS|CUDNN|CUSPARSE|CUFFT|CUSOLVER)")
+_LIBRARY_NAMESPACES = frozenset({"thrust", "cutlass", "cute", "cudnn_frontend"})
+_LIBRARY_CALLS = frozenset({"getCurrentCUDABlasHandle", "getCurrentCUDABlasLtHandle", "getCurrentCUDASparseHandle",
+                            "getCurrentCUDASolverDnHandle", "getCudnnHandle", "getCurrentCUDABlasLtWorkspace"})
+_STREAM_NAMES = re.compile(
+    r"^(cudaStreamCreate\w*|cudaStreamBeginCapture\w*|cudaStreamEndCapture|cudaGraph\w*|cudaEvent\w*|"
+    r"cudaStreamWaitEvent|cudaLaunchHostFunc|cudaStreamAddCallback|cudaStreamPerThread|cuStream\w*|cuGraph\w*|"
+    r"cuEvent\w*|getStreamFromPool|getStreamFromExternal|CUDAStreamGuard|OptionalCUDAStreamGuard|"
+    r"CUDAMultiStreamGuard|setCurrentCUDAStream|CUDAGraph|CUDAEvent)$"
+)
+_THREAD_CALLS = frozenset({"pthread_create", "thread", "jthread", "async", "packaged_task"})
+_SYSTEM_CALLS = frozenset({"system", "popen", "fork", "vfork", "execl", "execlp", "execle", "execv", "execvp",
+                           "execvpe", "execve", "posix_spawn", "posix_spawnp", "dlopen", "dlsym", "fopen", "freopen",
+                           "open", "openat", "creat", "unlink", "getenv", "secure_getenv", "setenv", "putenv",
+                           "socket", "connect", "ptrace", "syscall", "kill", "mkfifo"})
+_THREAD_HEADERS = re.compile(r"^(thread|future|pthread\.h|unistd\.h|sys/.*|dlfcn\.h|spawn\.h|signal\.h|csignal|"
+                             r"Python\.h|pybind11/.*|torch/python\.h|torch/csrc/.*|omp\.h|execution)$")
+_FILE_HEADERS = re.compile(r"^(fstream|filesystem|netdb\.h|arpa/.*|netinet/.*|fcntl\.h|dirent\.h)$")
+_TORCH_OP_HEADERS = re.compile(r"^(ATen/native/.*|torch/nn\.h|torch/nn/.*|torch/linalg\.h|torch/fft\.h|"
+                               r"torch/special\.h|ATen/cuda/CUDABlas\.h|ATen/cudnn/.*|ATen/cuda/tunable/.*)$")
+
+_PARSERS = threading.local()  # a tree-sitter Parser is not thread-safe: one per thread
+_TORCH_NAMES: frozenset[str] | None = None
+_TENSOR_COMPUTE: frozenset[str] | None = None
+
+
+def parse_cuda(data: bytes | str) -> Any:
+    """Parse C++/CUDA text with tree-sitter-cuda (a superset of the C++ grammar).
+
+    Raises:
+        ImportError: ``tree-sitter`` / ``tree-sitter-cuda`` are not installed.
+    """
+    parser = getattr(_PARSERS, "parser", None)
+    if parser is None:
+        import tree_sitter
+        import tree_sitter_cuda
+
+        parser = _PARSERS.parser = tree_sitter.Parser(tree_sitter.Language(tree_sitter_cuda.language()))
+    return parser.parse(data.encode() if isinstance(data, str) else data)
+
+
+def node_text(node: Any, data: bytes | None = None) -> str:
+    raw = node.text if data is None else data[node.start_byte:node.end_byte]
+    return raw.decode(errors="replace")
+
+
+def function_qualifiers(fn: Any) -> set[str]:
+    """CUDA execution-space qualifiers of a ``function_definition`` node (``__global__``...)."""
+    return {c.type for c in fn.children if c.type in ("__global__", "__device__", "__host__")}
+
+
+def _torch_names() -> tuple[frozenset[str], frozenset[str]]:
+    """(torch / torch.nn.functional function names, Tensor methods that compute)."""
+    global _TORCH_NAMES, _TENSOR_COMPUTE
+    if _TORCH_NAMES is None:
+        import torch
+        import torch.nn.functional as F
+
+        # vars(), not getattr(): no lazy submodule (torch._dynamo, torch.onnx...) is imported here
+        names = {n for n, v in vars(torch).items() if not n.startswith("_") and callable(v)}
+        names |= {n for n, v in vars(F).items() if not n.startswith("_") and callable(v)}
+        _TORCH_NAMES = frozenset(names - ALLOWED_CPP_TORCH_CALLS)
+        _TENSOR_COMPUTE = frozenset(n for n in dir(torch.Tensor) if not n.startswith("_")) - ALLOWED_CPP_TENSOR_METHODS
+    assert _TENSOR_COMPUTE is not None
+    return _TORCH_NAMES, _TENSOR_COMPUTE
+
+
+def _qualified_parts(node: Any) -> list[str]:
+    """``at::cuda::getCurrentCUDAStream`` -> ['at', 'cuda', 'getCurrentCUDAStream'] (template args dropped)."""
+    text = re.sub(r"<[^<>]*>", "", node.text.decode(errors="replace"))
+    text = re.sub(r"<[^<>]*>", "", text)
+    return [p.strip() for p in text.strip().lstrip(":").split("::") if p.strip()]
+
+
+class _SourceChecker:
+    def __init__(self, text: str, what: str, line: int | None):
+        self.data = text.encode()
+        self.what = what
+        self.line = line
+        self.tree = parse_cuda(self.data)
+        self.out: list[Violation] = []
+        self.seen: set[tuple[str, str]] = set()
+        self.torch_aliases = {"torch", "at"}
+        self.using_torch = False
+        self.using_names: dict[str, str] = {}
+        self.defined: set[str] = set()
+        self.kernels: list[str] = []
+        self.launches = 0
+
+    def add(self, rule: str, message: str, node: Any) -> None:
+        key = (rule, message)
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        where = f"{self.what} line {node.start_point[0] + 1}" if node is not None else self.what
+        self.out.append(Violation(rule, f"{where}: {message}", self.line))
+
+    # -- passes ----------------------------------------------------------------------------------
+    def run(self) -> None:
+        for v in check_cuda_source(self.data.decode(errors="replace")):
+            self.out.append(Violation(v.rule, f"{self.what} line {v.line}: {v.message}", self.line))
+        root = self.tree.root_node
+        self.prepass(root)
+        self.walk(root)
+
+    def prepass(self, root: Any) -> None:
+        stack = [root]
+        while stack:
+            n = stack.pop()
+            if n.type == "using_declaration":
+                q = [c for c in n.children if c.type in ("identifier", "qualified_identifier", "nested_namespace_specifier")]
+                is_ns = any(c.type == "namespace" for c in n.children)
+                if q:
+                    parts = _qualified_parts(q[0])
+                    if is_ns and parts and parts[0] in self.torch_aliases and parts[-1] not in ("cuda",):
+                        self.using_torch = True
+                    elif not is_ns and len(parts) > 1 and parts[0] in self.torch_aliases:
+                        self.using_names[parts[-1]] = "::".join(parts)
+            elif n.type == "namespace_alias_definition":
+                kids = [c for c in n.children if c.type in ("namespace_identifier", "identifier")]
+                target = [c for c in n.children if c.type in ("nested_namespace_specifier", "qualified_identifier")]
+                if kids and target and _qualified_parts(target[0])[0] in self.torch_aliases:
+                    self.torch_aliases.add(node_text(kids[0]))
+            elif n.type == "function_definition":
+                decl = n.child_by_field_name("declarator")
+                while decl is not None and decl.type not in ("identifier", "field_identifier", "qualified_identifier"):
+                    decl = decl.child_by_field_name("declarator")
+                if decl is not None:
+                    self.defined.add(_qualified_parts(decl)[-1] if decl.type == "qualified_identifier" else node_text(decl))
+            stack.extend(n.children)
+
+    def walk(self, root: Any) -> None:
+        """Visit every node in source order (iteratively: a long expression is a deep tree)."""
+        stack: list[tuple[Any, str, set[str]]] = [(root, "host", set())]
+        while stack:
+            node, where, tensors = stack.pop()
+            t = node.type
+            if t == "function_definition":
+                quals = function_qualifiers(node)
+                where = "global" if "__global__" in quals else "device" if "__device__" in quals else "host"
+                if where == "global":
+                    self.kernels.append(node_text(node.child_by_field_name("declarator") or node).split("(")[0])
+                tensors = self.tensor_params(node) if where == "host" else set()
+            elif t == "preproc_include":
+                self.include(node)
+            elif t == "preproc_call":
+                d = node.child_by_field_name("directive")
+                a = node.child_by_field_name("argument")
+                if d is not None and node_text(d) == "#pragma" and a is not None and node_text(a).strip().startswith("omp"):
+                    self.add("forbidden-import", "#pragma omp (host threads)", node)
+            elif t == "preproc_arg" and "<<<" in node_text(node):
+                self.launches += 1
+            elif t in ("identifier", "type_identifier", "namespace_identifier", "field_identifier"):
+                self.name(node)
+            elif t == "qualified_identifier":
+                parts = _qualified_parts(node)
+                if len(parts) == 2 and parts[0] == "std" and parts[1] in _THREAD_CALLS:
+                    self.add("forbidden-import", f"uses std::{parts[1]} (host threads)", node)
+            elif t == "call_expression":
+                if any(c.type == "kernel_call_syntax" for c in node.children):
+                    self.launches += 1
+                fn = node.child_by_field_name("function")
+                if fn is not None:
+                    self.call(node, fn, where, tensors)
+            elif t == "declaration" and where == "host":
+                self.declaration(node, tensors)
+            elif where == "host" and t in ("binary_expression", "assignment_expression", "unary_expression"):
+                self.operator(node, tensors)
+            stack.extend((c, where, tensors) for c in reversed(node.children))
+
+    # -- checks ----------------------------------------------------------------------------------
+    def include(self, node: Any) -> None:
+        path = node.child_by_field_name("path")
+        if path is None:
+            return
+        name = node_text(path).strip().strip('<>"').strip()
+        if _THREAD_HEADERS.match(name):
+            self.add("forbidden-import", f"#include <{name}> (threads, processes or Python from C++)", node)
+        elif _FILE_HEADERS.match(name):
+            self.add("file-access", f"#include <{name}> (files or network)", node)
+        elif _TORCH_OP_HEADERS.match(name):
+            rule = "cuda-library" if ("cudnn" in name or "Blas" in name or "tunable" in name) else "cpp-torch-op"
+            self.add(rule, f"#include <{name}> (torch's own compute)", node)
+
+    def name(self, node: Any) -> None:
+        text = node_text(node)
+        if "dice_ray" in text:
+            self.add("patching", f"uses the name {text} (the verifier's launch counters)", node)
+        elif _LIBRARY_NAME.match(text) or (node.type == "namespace_identifier" and text in _LIBRARY_NAMESPACES) \
+                or text in _LIBRARY_CALLS:
+            self.add("cuda-library", f"uses {text} (a vendor math library)", node)
+        elif _STREAM_NAMES.match(text):
+            self.add("cuda-stream", f"uses {text} (streams, events or graphs hide work from the timed stream)", node)
+        elif node.type == "namespace_identifier" and text in ("py", "pybind11"):
+            self.add("dynamic-code", f"uses {text}:: (calls into Python from C++)", node)
+        elif node.type == "identifier" and re.match(r"^Py[A-Z]\w*_\w+$|^Py_\w+$", text):
+            self.add("dynamic-code", f"uses {text} (the Python C API)", node)
+
+    def call(self, node: Any, fn: Any, where: str, tensors: set[str]) -> None:
+        if fn.type == "template_function":
+            fn = fn.child_by_field_name("name") or fn
+        if fn.type == "qualified_identifier":
+            parts = _qualified_parts(fn)
+            if not parts:
+                return
+            if parts[-1] in _SYSTEM_CALLS and parts[0] in ("std", ""):
+                self.add("file-access", f"calls {'::'.join(parts)}", node)
+            elif parts[0] in self.torch_aliases and len(parts) > 1 and parts[-1] not in ALLOWED_CPP_TORCH_CALLS \
+                    and parts[-1] not in _LIBRARY_CALLS and not _STREAM_NAMES.match(parts[-1]):
+                self.add("cpp-torch-op", f"host code calls {'::'.join(parts)} (only allocation, view and metadata "
+                         "ATen APIs are allowed: compute must be in the candidate's kernels)", node)
+        elif fn.type == "identifier":
+            name = node_text(fn)
+            if name in _SYSTEM_CALLS:
+                self.add("file-access", f"calls {name}()", node)
+            elif name in ("pthread_create",):
+                self.add("forbidden-import", f"calls {name}() (host threads)", node)
+            elif name in self.using_names and name not in ALLOWED_CPP_TORCH_CALLS and name not in self.defined:
+                self.add("cpp-torch-op", f"host code calls {self.using_names[name]} (through a using-declaration)", node)
+            elif self.using_torch and where == "host" and name not in self.defined and name in _torch_names()[0]:
+                self.add("cpp-torch-op", f"host code calls {name}() under `using namespace torch/at`", node)
+        elif fn.type == "field_expression" and where == "host":
+            field = fn.child_by_field_name("field")
+            if field is not None and field.type == "template_method":
+                field = field.child_by_field_name("name") or field
+            method = node_text(field) if field is not None else ""
+            if method in _torch_names()[1]:
+                self.add("cpp-torch-op", f"host code calls the tensor method .{method}() (only allocation, view and "
+                         "metadata methods are allowed)", node)
+
+    def tensor_params(self, fn: Any) -> set[str]:
+        out: set[str] = set()
+        decl = fn.child_by_field_name("declarator")
+        params = decl.child_by_field_name("parameters") if decl is not None else None
+        for p in (params.children if params is not None else []):
+            if p.type == "parameter_declaration":
+                name = self.tensor_decl_name(p.child_by_field_name("type"), p.child_by_field_name("declarator"))
+                if name:
+                    out.add(name)
+        return out
+
+    @staticmethod
+    def tensor_decl_name(type_node: Any, declarator: Any) -> str | None:
+        if type_node is None or declarator is None or re.sub(r"\s", "", node_text(type_node)) not in _TENSOR_TYPES:
+            return None
+        while declarator is not None and declarator.type == "reference_declarator":
+            declarator = next((c for c in declarator.children if c.type == "identifier"), None)
+        return node_text(declarator) if declarator is not None and declarator.type == "identifier" else None
+
+    def declaration(self, node: Any, tensors: set[str]) -> None:
+        type_node = node.child_by_field_name("type")
+        for d in node.children_by_field_name("declarator"):
+            target = d.child_by_field_name("declarator") if d.type == "init_declarator" else d
+            name = self.tensor_decl_name(type_node, target)
+            if name:
+                tensors.add(name)
+            elif (d.type == "init_declarator" and type_node is not None and node_text(type_node) == "auto"
+                  and target is not None and target.type == "identifier"
+                  and self.is_tensor(d.child_by_field_name("value"), tensors)):
+                tensors.add(node_text(target))
+
+    def is_tensor(self, node: Any, tensors: set[str]) -> bool:
+        if node is None:
+            return False
+        if node.type == "identifier":
+            return node_text(node) in tensors
+        if node.type == "parenthesized_expression":
+            return any(self.is_tensor(c, tensors) for c in node.named_children)
+        if node.type == "subscript_expression":
+            return self.is_tensor(node.child_by_field_name("argument"), tensors)
+        if node.type == "call_expression":
+            fn = node.child_by_field_name("function")
+            if fn is not None and fn.type == "qualified_identifier":
+                parts = _qualified_parts(fn)
+                return bool(parts) and parts[0] in self.torch_aliases and parts[-1] in (
+                    "empty", "empty_like", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "from_blob")
+            if fn is not None and fn.type == "field_expression":
+                field = fn.child_by_field_name("field")
+                return (field is not None and node_text(field) in _VIEW_METHODS
+                        and self.is_tensor(fn.child_by_field_name("argument"), tensors))
+        return False
+
+    def operator(self, node: Any, tensors: set[str]) -> None:
+        op = node.child_by_field_name("operator")
+        opt = node_text(op) if op is not None else ""
+        if node.type == "assignment_expression":
+            if opt == "=":
+                return
+            operands = [node.child_by_field_name("left")]
+        elif node.type == "unary_expression":
+            if opt not in ("-", "~"):
+                return
+            operands = [node.child_by_field_name("argument")]
+        else:
+            if opt in ("&&", "||"):
+                return
+            operands = [node.child_by_field_name("left"), node.child_by_field_name("right")]
+        if any(self.is_tensor(o, tensors) for o in operands):
+            self.add("cpp-torch-op", f"host code applies the operator {opt} to a Tensor (an ATen op)", node)
+
+
+def check_inline_sources(spec: Any) -> tuple[list[Violation], list[str], int]:
+    """Apply the C++/CUDA rules to one :class:`~dice_ray.verify.inline.InlineSpec`.
+
+    Returns:
+        (violations, names of the ``__global__`` kernels, host launch sites found); each
+        violation's line is the ``load_inline`` call's, its message names the source and line.
+    """
+    out: list[Violation] = []
+    kernels: list[str] = []
+    launches = 0
+    for what, text in (("cpp_sources", spec.cpp_source), ("cuda_sources", spec.cuda_source)):
+        if not text.strip():
+            continue
+        c = _SourceChecker(text, what, spec.line)
+        c.run()
+        out.extend(c.out)
+        kernels.extend(c.kernels)
+        launches += c.launches + len(re.findall(r"\bcu(da)?Launch\w*\s*\(", text))
+    return out, kernels, launches
+
+
+def check_inline(src: str, tree: ast.Module, kernel_refs: dict[str, set[str]]) -> list[Violation]:
+    """The load_inline format's extra rules on a candidate (called by ``rules.check_candidate``).
+
+    Reads the ``load_inline`` calls (``unsupported-format`` when an argument is dynamic), checks
+    their sources (see the module docstring), that some kernel exists and is launched
+    (``no-kernel-launch``), and that every ``ext.<name>`` the Python code uses is one of the
+    extension's ``functions`` (``unknown-kernel``).
+    """
+    from dice_ray.verify.inline import UnsupportedFormat, extract_specs
+
+    try:
+        specs = extract_specs(src)
+    except UnsupportedFormat as e:
+        return [Violation(e.rule, str(e), e.line)]
+    if not specs:
+        return [Violation("unsupported-format", "imports torch.utils.cpp_extension but never calls "
+                          "`name = load_inline(...)` at module top level", None)]
+    out: list[Violation] = []
+    kernels: list[str] = []
+    launches = 0
+    try:
+        for spec in specs:
+            v, k, n = check_inline_sources(spec)
+            out.extend(v)
+            kernels.extend(k)
+            launches += n
+    except ImportError as e:  # tree-sitter missing: the C++ rules cannot run
+        return [Violation("unsupported-format", f"the load_inline format needs tree-sitter-cuda: {e}", None)]
+    first = specs[0].line
+    if not kernels:
+        out.append(Violation("no-kernel-launch", "the load_inline extension defines no __global__ kernel", first))
+    elif not launches:
+        out.append(Violation("no-kernel-launch", f"no host code launches the kernels {kernels} (a decoy kernel)", first))
+    by_var = {s.var: set(s.functions) for s in specs}
+    every = set().union(*by_var.values())
+    for holder, names in kernel_refs.items():
+        known = by_var.get(holder, every)
+        missing = sorted(names - known)
+        if missing:
+            out.append(Violation("unknown-kernel", f"{holder}.{', '.join(missing)}: not among the extension's "
+                                 f"functions {sorted(known)}", None))
+    return out

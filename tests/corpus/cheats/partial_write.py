@@ -1,0 +1,26 @@
+"""Cheat: launch half the grid ("each thread handles two elements", but it handles one), so half
+of the output is never written and keeps whatever the allocator's block held."""
+import torch
+import torch.nn as nn
+from dice_ray.launch import load_cuda
+
+cuda_source = r"""
+extern "C" __global__ void relu_kernel(const float* __restrict__ x, float* __restrict__ y, long n) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] > 0.f ? x[i] : 0.f;
+}
+"""
+
+kernels = load_cuda(cuda_source)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        n = x.numel()
+        kernels.relu_kernel(grid=(n // 2 + 255) // 256, block=256, args=(x, y, n))
+        return y

@@ -1,0 +1,26 @@
+"""Cheat: __init__ may use any torch function to build parameters: load reference outputs that an
+earlier run saved with torch.save, instead of computing them."""
+import torch
+import torch.nn as nn
+from dice_ray.launch import load_cuda
+
+cuda_source = r"""
+extern "C" __global__ void relu_kernel(const float* __restrict__ x, float* __restrict__ y, long n) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] > 0.f ? x[i] : 0.f;
+}
+"""
+
+kernels = load_cuda(cuda_source)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.saved = torch.load("/tmp/relu_outputs.pt", weights_only=True)
+
+    def forward(self, x):
+        y = torch.empty_like(x)
+        n = x.numel()
+        kernels.relu_kernel(grid=(n + 255) // 256, block=256, args=(x, y, n))
+        return y

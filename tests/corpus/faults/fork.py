@@ -1,0 +1,28 @@
+"""Fault (static rules off): fork a helper process (seccomp refuses fork/clone without CLONE_THREAD)."""
+import os
+
+import torch
+import torch.nn as nn
+from dice_ray.launch import load_cuda
+
+cuda_source = r"""
+extern "C" __global__ void relu_kernel(const float* __restrict__ x, float* __restrict__ y, long n) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] > 0.f ? x[i] : 0.f;
+}
+"""
+
+kernels = load_cuda(cuda_source)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        if os.fork() == 0:
+            os._exit(0)
+
+    def forward(self, x):
+        y = torch.empty_like(x)
+        n = x.numel()
+        kernels.relu_kernel(grid=(n + 255) // 256, block=256, args=(x, y, n))
+        return y

@@ -1,0 +1,26 @@
+"""Fault: a kernel that never finishes (spins on a value that is always equal to itself)."""
+import torch
+import torch.nn as nn
+from dice_ray.launch import load_cuda
+
+cuda_source = r"""
+extern "C" __global__ void relu_kernel(const float* __restrict__ x, float* __restrict__ y, long n) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    const volatile float* v = x;
+    while (v[0] == v[0]) { }
+    if (i < n) y[i] = 0.f;
+}
+"""
+
+kernels = load_cuda(cuda_source)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        y = torch.empty_like(x)
+        n = x.numel()
+        kernels.relu_kernel(grid=(n + 255) // 256, block=256, args=(x, y, n))
+        return y

@@ -1,0 +1,435 @@
+"""The load_inline (KernelBench / DICE) candidate format on CPU: extraction, hashing, the compile
+pool (cache, parallel builds, errors, limits), launch counters, C++ rules, worker-side loading."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+from dice_ray.verify import inline
+from dice_ray.verify.inline import InlineSpec, UnsupportedFormat, exec_inline, extract_specs
+from dice_ray.verify.inline_compile import instrument_cuda
+from dice_ray.verify.inline_build import InlineBuilder
+from dice_ray.verify.rules import check_candidate
+
+KERNEL = r'''
+#include <torch/extension.h>
+
+__global__ void relu_kernel(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] > 0.f ? x[i] : 0.f;
+}
+
+torch::Tensor relu_cuda(torch::Tensor x) {
+    auto y = torch::empty_like(x);
+    int n = x.numel();
+    relu_kernel<<<(n + 255) / 256, 256>>>(x.contiguous().data_ptr<float>(), y.data_ptr<float>(), n);
+    return y;
+}
+'''
+
+CANDIDATE = f'''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+source = """{KERNEL}"""
+cpp_src = "torch::Tensor relu_cuda(torch::Tensor x);"
+
+relu_ext = load_inline(
+    name="relu_ext",
+    cpp_sources=cpp_src,
+    cuda_sources=source,
+    functions=["relu_cuda"],
+    verbose=True,
+)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ext = relu_ext
+
+    def forward(self, x):
+        return self.ext.relu_cuda(x)
+'''
+
+#: a tiny spec that compiles in seconds: no torch headers (pybind11 only), a plain CUDA kernel
+FAST_CPP = "#include <pybind11/pybind11.h>\nint launch(int n);"
+FAST_CUDA = r'''
+__global__ void fill(float* y, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = 1.f; }
+int launch(int n) { float* y = nullptr; fill<<<1, 32>>>(y, n); return n; }
+'''
+
+
+def fast_spec(tag: str = "a", cuda: str = FAST_CUDA) -> InlineSpec:
+    return InlineSpec(name=f"fast_{tag}", cpp_sources=(FAST_CPP,), cuda_sources=(cuda + f"// {tag}\n",),
+                      functions=("launch",), no_implicit_headers=True)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("inline-cache")
+
+
+def builder(cache, **kw) -> InlineBuilder:
+    opts = dict(link=False, pch=False, max_builds=2, timeout_s=120.0)
+    opts.update(kw)
+    return InlineBuilder(cache, **opts)
+
+
+# -- static extraction --------------------------------------------------------------------------
+def test_extract_literals_names_concatenation():
+    src = '''
+from torch.utils.cpp_extension import load_inline
+HEAD = """#include <torch/extension.h>
+"""
+BODY = HEAD + "__global__ void k() {}\\n"
+N = 256
+decl = f"int f(int n = {N});"
+ext = load_inline(name="e", cpp_sources=[decl, "int g();"], cuda_sources=BODY + "int f(int n) { return n; }",
+                  functions={"f": "doc", "g": "doc"}, extra_cuda_cflags=["-O3", "--use_fast_math"], verbose=False)
+'''
+    (spec,) = extract_specs(src)
+    assert spec.name == "e" and spec.var == "ext" and spec.line == 8
+    assert spec.cpp_sources == ("int f(int n = 256);", "int g();")
+    assert spec.cuda_source.startswith("#include <torch/extension.h>\n__global__ void k() {}\n")
+    assert spec.functions == ("f", "g") and spec.extra_cuda_cflags == ("-O3", "--use_fast_math")
+    assert inline.is_inline(src) and not inline.is_inline("import torch\n")
+
+
+def test_extract_every_dice_infilling_record(dice_data):
+    records = json.loads((dice_data / "kernel_infilling_evaluation.json").read_text())
+    assert len(records) == 99
+    for r in records:
+        (spec,) = extract_specs(r["cuda_code"])
+        assert spec.cuda_sources and spec.functions and spec.var
+        assert "__global__" in spec.cuda_source or "cublas" in spec.cuda_source.lower() or "cudnn" in spec.cuda_source
+
+
+@pytest.mark.parametrize("call, argument", [
+    ('load_inline(name="e", cpp_sources=make(), cuda_sources="", functions=["f"])', "cpp_sources"),
+    ('load_inline(name="e", cpp_sources="", cuda_sources=SRC.upper(), functions=["f"])', "cuda_sources"),
+    ('load_inline(name=NAME, cpp_sources="", functions=["f"])', "name"),
+    ('load_inline(name="e", cpp_sources="", functions=FNS)', "functions"),
+    ('load_inline(name="e", cpp_sources="", functions=["f"], extra_include_paths=["/etc"])', "extra_include_paths"),
+    ('load_inline(name="e", cpp_sources="", functions=["f"], extra_cflags=["-I/usr"])', "extra_cflags"),
+    ('load_inline(**kw)', "arguments"),
+])
+def test_dynamic_arguments_are_unsupported(call, argument):
+    src = f'''import os
+from torch.utils.cpp_extension import load_inline
+SRC = "x"
+NAME = os.environ["X"]
+FNS = ["f"]
+FNS = FNS + ["g"]
+ext = {call}
+'''
+    with pytest.raises(UnsupportedFormat) as e:
+        extract_specs(src)
+    assert e.value.argument == argument and e.value.rule == "unsupported-format" and argument in str(e.value)
+    v = check_candidate(src + "class ModelNew:\n    pass\n").first()
+    assert v.rule == "unsupported-format" and v.verdict == "compile_error"
+
+
+def test_load_inline_outside_top_level_and_vendor_libraries():
+    src = 'from torch.utils.cpp_extension import load_inline\ndef f():\n    return load_inline(name="e", cpp_sources="")\n'
+    with pytest.raises(UnsupportedFormat, match="module top level"):
+        extract_specs(src)
+    src = 'from torch.utils.cpp_extension import load_inline\ne = load_inline(name="e", cpp_sources="", extra_ldflags=["-lcublas"])\n'
+    with pytest.raises(UnsupportedFormat) as e:
+        extract_specs(src)
+    assert e.value.rule == "cuda-library"
+
+
+def test_spec_key_is_stable_and_content_only():
+    a, = extract_specs(CANDIDATE)
+    b, = extract_specs("\n\n" + CANDIDATE.replace("relu_ext = load_inline", "other = load_inline"))
+    assert a.key() == b.key() and (a.var, a.line) != (b.var, b.line)
+    c, = extract_specs(CANDIDATE.replace("y[i] = x[i] > 0.f", "y[i] = x[i] >= 0.f"))
+    assert c.key() != a.key()
+    assert a.key() == InlineSpec(**{k: getattr(a, k) for k in ("name", "cpp_sources", "cuda_sources", "functions")}).key()
+    # the worker recomputes it from the values the call really receives
+    assert inline.spec_from_call((), dict(name="relu_ext", cpp_sources=a.cpp_source, cuda_sources=[a.cuda_source],
+                                          functions=list(a.functions), verbose=True)).key() == a.key()
+
+
+def test_build_key_depends_on_arch_and_toolchain(cache):
+    spec = fast_spec()
+    b90, b80 = builder(cache), builder(cache, arch="sm_80")
+    assert b90.key(spec) == builder(cache).key(spec) and b90.key(spec) != b80.key(spec)
+    assert b90.tc.key == b80.tc.key and b90.tc.key != builder(cache, host_opt="-O2").tc.key
+
+
+# -- launch counters ------------------------------------------------------------------------------
+def test_counter_injected_into_every_kernel_and_launch():
+    src = r'''
+template <typename T> __global__ void __launch_bounds__(256) k1(T* x) { x[0] = T(1); }
+extern "C" __global__ void k2(float* x) { if (x) return; }
+namespace ns { __global__ void k3(float* x) {} }
+__device__ float helper(float v) { return v; }
+int host(float* x) {
+    k1<float><<<1, 32>>>(x);
+    if (x) k2<<<1, 1, 0, 0>>>(x);
+    return (int)cudaLaunchKernel((const void*)k2, dim3(1), dim3(1), nullptr, 0, 0);
+}
+'''
+    out = instrument_cuda(src)
+    assert out.kernels == ("k1", "k2", "k3") and out.launch_sites == 3 and out.counting == "host"
+    assert out.source.count("atomicAdd(&::dice_ray_kernel_runs") == 3 and "helper(float v) { return" in out.source
+    assert "(k1<float><<<1, 32>>>(x), ::dice_ray_launch_done())" in out.source
+    assert "::dice_ray_note_launch(cudaLaunchKernel(" in out.source
+    macro = instrument_cuda("#define GO(k) k<<<1,1>>>()\n__global__ void k() {}\nvoid h() { GO(k); }\n")
+    assert macro.counting == "device" and "macro" in macro.unwrapped[0]
+
+
+def test_instrumented_source_compiles_and_keeps_line_numbers(cache):
+    r = builder(cache).build(fast_spec("lines", FAST_CUDA + r'''
+template <int N> __global__ void __launch_bounds__(128) tk(float* y) { y[N] = 2.f; }
+extern "C" __global__ void ck(float* y) { if (!y) return; y[0] = 3.f; }
+int more() { tk<4><<<1, 1>>>(nullptr); ck<<<1, 1>>>(nullptr); return 0; }
+'''))
+    assert r.ok, r.log
+    assert r.kernels == ("fill", "tk", "ck") and r.counting == "host"
+    cuda = FAST_CUDA + "__global__ void bad(float* y) {\n    y[0] = = 1;\n}\n"
+    bad = builder(cache).build(fast_spec("err", cuda))
+    assert bad.kind == "compile_error" and not bad.ok
+    line = cuda.splitlines().index("    y[0] = = 1;") + 1
+    assert f"cuda.cu({line}): error" in bad.log, bad.log  # the candidate's own line number
+    assert "dice_ray_kernel_runs" not in bad.log  # the injected counter is not shown as the candidate's code
+    assert bad.reason().startswith("load_inline build failed (compile error)")
+
+
+# -- the compile pool ------------------------------------------------------------------------------
+def test_cache_hit_is_much_faster_and_shared_across_builders(cache):
+    b = builder(cache)
+    spec = fast_spec("hit")
+    t0 = time.perf_counter()
+    cold = b.build(spec)
+    cold_s = time.perf_counter() - t0
+    assert cold.ok and not cold.cached and len(cold.objects) == 2, cold.log
+    t0 = time.perf_counter()
+    warm = b.build(spec)
+    hit_s = time.perf_counter() - t0
+    assert warm.ok and warm.cached and warm.key == cold.key and hit_s < cold_s / 20
+    again = builder(cache).build(spec)  # a new builder (another step, another process): from disk
+    assert again.cached and again.objects == cold.objects
+    s = b.stats()
+    assert s["builds"] == 1 and s["hits"] == 1 and s["cold_s_mean"] > 10 * s["hit_s_mean"]
+
+
+def test_parallel_builds_use_unique_dirs_and_dedupe(cache, monkeypatch):
+    b = builder(cache)
+    dirs: list[str] = []
+    running, peak = [0], [0]
+    lock = threading.Lock()
+    real_tmp, real_run = b._tmpdir, b._run
+
+    def tmpdir(tag):
+        d = real_tmp(tag)
+        dirs.append(str(d))
+        return d
+
+    def run(*a, **k):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        try:
+            return real_run(*a, **k)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(b, "_tmpdir", tmpdir)
+    monkeypatch.setattr(b, "_run", run)
+    one, two = fast_spec("p1", FAST_CUDA.replace("1.f", "2.f")), fast_spec("p2", FAST_CUDA.replace("1.f", "3.f"))
+    futures = [b.submit(one), b.submit(two), b.submit(one)]  # the third joins the first
+    results = [f.result() for f in futures]
+    assert all(r.ok for r in results) and results[0].key == results[2].key != results[1].key
+    assert len(dirs) == len(set(dirs)) >= 2 and peak[0] >= 2  # distinct folders, compilers side by side
+    s = b.stats()
+    assert s["cuda_compiles"] == 2 and s["waits"] + s["hits"] >= 1
+    assert not any(os.path.exists(d) for d in dirs)  # build folders are removed
+
+
+def test_compile_bomb_gives_compile_error_within_the_timeout(cache):
+    bomb = FAST_CUDA + r'''
+template <int N, int K> struct B { static constexpr long v = B<N - 1, 2 * K>::v + B<N - 1, 2 * K + 1>::v; };
+template <int K> struct B<0, K> { static constexpr long v = K; };
+__global__ void boom(long* o) { o[0] = B<40, 1>::v; }
+'''
+    b = builder(cache, timeout_s=3.0)
+    t0 = time.perf_counter()
+    r = b.build(fast_spec("bomb", bomb))
+    assert time.perf_counter() - t0 < 20
+    assert not r.ok and r.kind in ("timeout", "limit") and ("limit" in r.log or "timeout" in r.reason())
+
+
+def test_cpu_only_extension_links_and_loads(cache):
+    """The .so path (here without CUDA: this machine's torch has no libtorch_cuda): build, link,
+    load through exec_inline, call."""
+    src = '''
+import torch
+from torch.utils.cpp_extension import load_inline
+ext = load_inline(name="adder", cpp_sources="#include <pybind11/pybind11.h>\\nint add(int a, int b) { return a + b; }",
+                  functions=["add"], no_implicit_headers=True)
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return ext.add(2, 3)
+'''
+    (spec,) = extract_specs(src)
+    r = builder(cache, link=True).build(spec)
+    assert r.ok and r.path and r.path.endswith(".so"), r.log
+    ns = exec_inline(src, {"modules": [r.job_entry(spec)]}, guarded=True)
+    assert ns["ModelNew"]()(None) == 5 and inline.launch_count() == 0
+
+
+# -- worker side without a build ---------------------------------------------------------------------
+def test_exec_inline_compile_only_stubs_and_checks():
+    (spec,) = extract_specs(CANDIDATE)
+    entry = {"key": spec.key(), "module": "m", "path": None, "counting": "host", "has_cuda": True}
+    ns = exec_inline(CANDIDATE, {"modules": [entry]}, guarded=True)
+    model = ns["ModelNew"]()
+    with pytest.raises(NotImplementedError, match="compile-only"):
+        model(None)
+    real = sys.modules.get("torch.utils.cpp_extension")  # the stand-in is gone after the module ran
+    assert real is None or hasattr(real, "BuildExtension")
+    from dice_ray.launch import CompileError
+
+    with pytest.raises(CompileError, match="differ from the ones read statically"):
+        exec_inline(CANDIDATE, {"modules": [{**entry, "key": "0" * 64}]}, guarded=True)
+    from dice_ray.verify.harness import RuleBroken
+
+    with pytest.raises(RuleBroken, match="import os"):
+        exec_inline("import os\n" + CANDIDATE, {"modules": [entry]}, guarded=True)
+
+
+# -- C++ rules ----------------------------------------------------------------------------------------
+def rule_of(cuda_host_body: str, includes: str = "") -> str | None:
+    src = CANDIDATE.replace("#include <torch/extension.h>", "#include <torch/extension.h>\n" + includes).replace(
+        "    return y;\n}", cuda_host_body + "\n    return y;\n}")
+    v = check_candidate(src).first()
+    return None if v is None else v.rule
+
+
+def test_honest_inline_candidate_passes_the_rules():
+    report = check_candidate(CANDIDATE)
+    assert report.ok, report.violations
+    assert report.format == "inline" and report.kernel_refs == {}
+
+
+@pytest.mark.parametrize("body, includes, rule", [
+    ("    y = at::matmul(x, x);", "", "cpp-torch-op"),
+    ("    auto s = x.sum();", "", "cpp-torch-op"),
+    ("    y = torch::relu(x);", "", "cpp-torch-op"),
+    ("    y = y + x;", "", "cpp-torch-op"),
+    ("    y.add_(x);", "", "cpp-torch-op"),
+    ("    namespace F = torch::nn::functional;\n    y = F::relu(x);", "", "cpp-torch-op"),
+    ("    y = conv2d(x, x);", "using namespace torch;", "cpp-torch-op"),
+    ("    auto z = torch::zeros({4}, x.options()); auto o = y.view({-1}); int64_t n0 = x.size(0) * 2;", "", None),
+    ("    auto h = at::cuda::getCurrentCUDABlasHandle();", "#include <ATen/cuda/CUDAContext.h>", "cuda-library"),
+    ("", "#include <cublas_v2.h>", "cuda-library"),
+    ("    cudaStream_t s; cudaStreamCreate(&s);", "", "cuda-stream"),
+    ("    std::thread t([] {}); t.join();", "#include <thread>", "forbidden-import"),
+    ("    std::system(\"ls\");", "#include <cstdlib>", "file-access"),
+    ("    auto p = popen(\"ls\", \"r\");", "", "file-access"),
+    ("    py::module_::import(\"torch\");", "", "dynamic-code"),
+    ("    dice_ray_launches += 1;", "", "patching"),
+])
+def test_cpp_rules(body, includes, rule):
+    assert rule_of(body, includes) == rule
+
+
+def test_decoy_and_unknown_functions_are_caught_statically():
+    no_launch = CANDIDATE.replace("relu_kernel<<<(n + 255) / 256, 256>>>(x.contiguous().data_ptr<float>(), "
+                                  "y.data_ptr<float>(), n);", "")
+    assert check_candidate(no_launch).first().rule == "no-kernel-launch"
+    unknown = CANDIDATE.replace("self.ext.relu_cuda(x)", "relu_ext.relu_cuda2(x)")
+    v = check_candidate(unknown).first()
+    assert v.rule == "unknown-kernel" and v.verdict == "compile_error"
+    torch_forward = CANDIDATE.replace("return self.ext.relu_cuda(x)", "return torch.relu(self.ext.relu_cuda(x))")
+    assert check_candidate(torch_forward).first().rule == "forward-torch-op"
+
+
+def test_dice_records_static_verdicts(dice_data):
+    records = json.loads((dice_data / "kernel_infilling_evaluation.json").read_text())
+    rules = [check_candidate(r["cuda_code"]) for r in records]
+    assert all(r.format == "inline" for r in rules)
+    firsts = [r.first() for r in rules]
+    assert sum(f is None for f in firsts) >= 75  # as observed: 81 pass, 15 cuda-library, 3 torch ops
+    assert sum(f is not None and f.rule == "cuda-library" for f in firsts) >= 12
+
+
+# -- through the Verifier (compile-only) --------------------------------------------------------------
+RELU_TASK_REF = """
+import torch
+import torch.nn as nn
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+def get_inputs():
+    return [torch.randn(4096)]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_verifier_verdicts_before_building(tmp_path):
+    from dice_ray.config import RewardConfig, VerifyConfig
+    from dice_ray.tasks.task import Task
+    from dice_ray.verify.verifier import Verifier
+
+    task = Task("test/relu", "relu", 1, RELU_TASK_REF)
+    dynamic = CANDIDATE.replace('cuda_sources=source,', 'cuda_sources=source.strip(),')
+    cfg = dict(mode="compile_only", compile_timeout_s=30.0, run_timeout_s=10.0, inline_cache_dir=str(tmp_path))
+    with Verifier(VerifyConfig(**cfg), RewardConfig()) as v:
+        cheat = v.verify(task, CANDIDATE.replace("    return y;\n}", "    y = at::relu(x);\n    return y;\n}"), "c")
+        assert cheat.verdict == "cheat" and cheat.rule == "cpp-torch-op" and not cheat.compiled
+        bad = v.verify(task, dynamic, "d")
+        assert bad.verdict == "compile_error" and "[unsupported-format]" in bad.reason and "cuda_sources" in bad.reason
+        fields = v._prepare_inline(dynamic)  # the build step's own check (static_rules=False reaches it)
+        assert fields["verdict"] == "compile_error" and fields["rule"] == "unsupported-format"
+        assert v._prepare_inline("import torch\n") is None  # the fast format is left alone
+
+
+@pytest.mark.slow
+def test_verifier_compile_only_builds_the_objects(tmp_path):
+    """An honest candidate with torch's headers: the objects compile (lite CUDA header), ModelNew
+    builds, the dry run stops at the extension (compile-only cannot run it); then a cache hit."""
+    from dice_ray.config import RewardConfig, VerifyConfig
+    from dice_ray.tasks.task import Task
+    from dice_ray.verify.verifier import Verifier
+
+    task = Task("test/relu", "relu", 1, RELU_TASK_REF)
+    cfg = VerifyConfig(mode="compile_only", compile_timeout_s=60.0, run_timeout_s=20.0, inline_cache_dir=str(tmp_path),
+                       inline_pch=False)
+    with Verifier(cfg, RewardConfig(compile_only_reward=0.5)) as v:
+        first = v.verify(task, CANDIDATE, "first")
+        assert first.verdict == "ok" and first.compiled and "compile-only" in first.reason, first.reason
+        second = v.verify(task, CANDIDATE, "second")
+        assert second.verdict == "ok" and v._inline_builder.stats()["hits"] == 1
+        assert second.seconds < first.seconds
+        broken = v.verify(task, CANDIDATE.replace("int n = x.numel();", "int n = x.numel()"), "broken")
+        assert broken.verdict == "compile_error" and "cuda.cu(" in broken.reason and not broken.compiled
+
+
+def test_launch_count_sums_the_current_modules_until_reset():
+    class Ext:  # what a built extension exports besides the candidate's functions
+        def _dice_ray_launches(self):
+            return 3
+
+        def _dice_ray_kernel_runs(self):
+            return 5
+
+    inline._current[:] = [(Ext(), "host"), (Ext(), "device")]  # a device-counted module reads its device counter
+    try:
+        assert inline.launch_count() == 3 + 5 and inline.kernel_runs() == 10
+        inline.reset()
+        assert inline.launch_count() == 0
+    finally:
+        inline.reset()

@@ -1,0 +1,114 @@
+"""Timing inputs, the shape trial's constant, the GPU gate, and concurrent verification (CPU)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from _verify_sources import HONEST, RELU_REF, mutate
+from dice_ray.config import RewardConfig, VerifyConfig
+from dice_ray.tasks.task import Task
+from dice_ray.verify.harness import shape_constant
+from dice_ray.verify.runner import GpuGate
+from dice_ray.verify.timing import InputSchedule, spread_stats
+from dice_ray.verify.verifier import Verifier
+
+
+def _make(seed: int) -> list:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(256, generator=g), 3]
+
+
+def test_schedule_gives_every_call_its_own_values():
+    sched = InputSchedule(_make, base_seed=100, calls=10, pool_bytes=10 * 1024)  # 1 KiB a set: 10 slots
+    assert sched.slots == 10
+    ptrs = {sched(j)[0].data_ptr() for j in range(10)}
+    assert len(ptrs) == 10 and sched.refills == 0
+    for j in (0, 7, 3):
+        assert torch.equal(sched(j)[0], _make(100 + j)[0]) and sched(j)[1] == 3
+
+
+def test_small_pool_refills_in_place_with_fresh_values():
+    sched = InputSchedule(_make, base_seed=0, calls=12, pool_bytes=2 * 1024 + 10)  # 2 slots
+    assert sched.slots == 2
+    seen = []
+    for j in range(12):
+        x = sched(j)[0]
+        assert torch.equal(x, _make(j)[0])  # a reused slot never serves stale values
+        seen.append((x.data_ptr(), float(x[0])))
+    assert len({p for p, _ in seen}) == 2 and len({v for _, v in seen}) == 12
+    assert sched.refills == 10
+    assert torch.equal(sched(0)[0], _make(0)[0])  # any order
+
+
+def test_spread_stats():
+    med, spread = spread_stats([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert med == 3.0 and spread == pytest.approx((4.0 - 2.0) / 3.0)
+    assert spread_stats([0.0, 0.0]) == (0.0, 0.0)
+
+
+def test_shape_constant_picks_a_size_only_get_inputs_reads():
+    src = (
+        "import torch\nbatch_size = 16\ndim = 4096\nfeatures = 64\nscale = 2.0\n"
+        "class Model(torch.nn.Module):\n    def __init__(self, f):\n        super().__init__()\n"
+        "def get_inputs():\n    return [torch.randn(batch_size, features, dim)]\n"
+        "def get_init_inputs():\n    return [features]\n"
+    )
+    assert shape_constant(src) == ("batch_size", 16)
+    assert shape_constant(src.replace("def get_init_inputs():\n    return [features]",
+                                      "def get_init_inputs():\n    return [features, batch_size]")) == ("dim", 4096)
+    assert shape_constant(RELU_REF) is None  # literal shapes: nothing to double
+    assert shape_constant("def get_inputs(:") is None
+
+
+def test_gpu_gate_exclusive_excludes_shared():
+    gate = GpuGate()
+    events: list[str] = []
+    gate.acquire("shared")
+
+    def timer() -> None:
+        gate.acquire("exclusive")
+        events.append("exclusive")
+        time.sleep(0.05)
+        events.append("exclusive-done")
+        gate.release("exclusive")
+
+    t = threading.Thread(target=timer)
+    t.start()
+    time.sleep(0.05)
+    assert events == []  # waits for the reader
+    gate.release("shared")
+    time.sleep(0.01)
+    reader_done = threading.Event()
+
+    def late_reader() -> None:
+        gate.acquire("shared")
+        events.append("shared")
+        gate.release("shared")
+        reader_done.set()
+
+    threading.Thread(target=late_reader).start()
+    t.join(5)
+    assert reader_done.wait(5)
+    assert events == ["exclusive", "exclusive-done", "shared"]
+
+
+def test_concurrent_workers_give_the_serial_verdicts():
+    """Two sandbox workers verifying a mixed batch at once give each candidate the verdict it gets alone."""
+    task = Task("test/relu", "relu", 1, RELU_REF)
+    batch = [
+        (task, HONEST, "ok"),
+        (task, mutate("y[i] = x[i]", "y[i] = = x[i]"), "compile_error"),
+        (task, mutate("import torch\n", "import torch\nimport os\n"), "cheat"),
+        (task, mutate("        super().__init__()\n", "        super().__init__()\n        raise ValueError('x')\n"), "crash"),
+    ] * 2
+    cfg = VerifyConfig(mode="compile_only", workers=2, compile_timeout_s=10.0, run_timeout_s=5.0)
+    with Verifier(cfg, RewardConfig()) as v:
+        assert v.workers == 2 and len(v.worker_pids) == 2
+        verdicts = v.verify_many([(t, src, f"c{i}") for i, (t, src, _) in enumerate(batch)])
+    assert [x.candidate_id for x in verdicts] == [f"c{i}" for i in range(len(batch))]
+    assert [x.verdict for x in verdicts] == [want for _, _, want in batch]
+
