@@ -178,7 +178,9 @@ class VerifyConfig(_Section):
     )
     file_size_mib: float = Field(64.0, gt=0.0, description="RLIMIT_FSIZE of the worker (MiB): largest file it may write.")
     gpu_memory_fraction: float = Field(
-        0.9, gt=0.0, le=1.0, description="torch.cuda.set_per_process_memory_fraction in the GPU worker."
+        0.9, gt=0.0, le=1.0,
+        description="Share of the GPU's memory a verifier's workers may take together: each worker gets this / workers "
+        "(torch.cuda.set_per_process_memory_fraction), so one candidate cannot starve the others.",
     )
     seccomp: bool = Field(True, description="Forbid fork/exec in the worker with a seccomp filter (x86-64 Linux).")
     # -- timing (dice_ray.verify.harness) --
