@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 
 USAGE_ERROR = 2
@@ -76,6 +77,13 @@ def _connect(address: str | None):
     if ray.is_initialized():  # called in-process by a driver that is already connected (tests)
         return ray
     address = address or os.environ.get("RAY_ADDRESS") or "auto"
+    host, sep, port = address.rpartition(":")
+    if sep and "://" not in address and port.isdigit():  # HOST:PORT of a GCS: ray.init would retry for minutes
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+        except OSError as e:
+            raise ConnectionError(f"no Ray cluster answers at {address} ({e.strerror or e}); "
+                                  "start one (ray start --head) or pass the head's --address HOST:6379") from None
     ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
     return ray
 

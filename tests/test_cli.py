@@ -72,3 +72,20 @@ def test_verifiers_scale_needs_a_positive_size(n):
 def test_verifier_autoscaling_bounds_are_checked(overrides, says):
     proc = _cli("train", *overrides)
     assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+
+def test_status_with_an_address_nobody_answers_fails_fast():
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as probe:  # a port with nothing listening
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    t0 = time.monotonic()
+    run = subprocess.run([sys.executable, "-c", "import sys; from dice_ray.cli import main; sys.exit(main(sys.argv[1:]))",
+                          "status", "--address", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and time.monotonic() - t0 < 60
+    assert "no Ray cluster answers" in run.stderr
