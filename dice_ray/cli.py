@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("verify", help="one verdict for one candidate")
     v.add_argument("--task", required=True, help="KernelBench-format reference .py (Model, get_inputs, get_init_inputs)")
-    v.add_argument("--candidate", required=True, help="candidate solution .py (fast format)")
+    v.add_argument("--candidate", required=True, help="candidate solution .py (fast or load_inline format)")
     v.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
     v.add_argument("--config", help="YAML config (its verify and reward sections apply)")
     v.add_argument("overrides", nargs="*", metavar="key=value")

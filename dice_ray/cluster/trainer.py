@@ -402,7 +402,13 @@ class Trainer:
         self.console.print(" ".join(cells))
 
     def shutdown(self) -> None:
-        for h in [getattr(self, "pool", None), getattr(self, "scheduler", None)]:
+        pool = getattr(self, "pool", None)
+        if pool is not None:
+            try:
+                ray.get(pool.close.remote(), timeout=60)
+            except Exception:  # noqa: BLE001 - shutting down: the kill below still happens
+                pass
+        for h in [pool, getattr(self, "scheduler", None)]:
             if h is not None:
                 ray.kill(h)
 

@@ -552,6 +552,15 @@ class VerifierPool:
         self._resize(n)
         return await self.status()
 
+    async def close(self) -> None:
+        """Stop the pool's own coroutines and its verifier actors' sandbox workers (before the job
+        kills the pool, so nothing is left pending in its event loop)."""
+        tasks = [t for t in [self._loop_task, *(slot.feeder for slot in self.slots)] if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(slot.handle.close.remote() for slot in self.slots), return_exceptions=True)
+
     async def actors(self) -> list:
         """Handles of the serving verifier actors (for fault-injection tests and debugging)."""
         return [s.handle for s in self.slots if not s.draining]

@@ -452,6 +452,9 @@ def run_limited(cmd: list[str], cwd: Path, *, timeout_s: float, cpu_s: int, memo
     """
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(cwd), "TMPDIR": str(cwd),
            "LANG": "C", "LC_ALL": "C"}
+    if shutil.which(cmd[0], path=env["PATH"]) is None:
+        return "compile_error", (f"compiler not found: {cmd[0]} (the load_inline format needs a CUDA toolkit's nvcc and "
+                                 "g++: set CUDA_HOME or put nvcc on PATH)"), 0.0
     log = cwd / "log.txt"
     t0 = time.perf_counter()
     with open(log, "wb") as out:
