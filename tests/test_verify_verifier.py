@@ -155,6 +155,6 @@ def test_after_a_crash_a_warm_spare_takes_over(unguarded):
     check(unguarded, HONEST, "ok")  # the spare boots meanwhile
     check(unguarded, crash, "crash")
     assert unguarded.worker_pid == spare.pid  # swapped in, not cold-started
-    assert type(spare.proc).__name__ == "_Forked"  # forked from the zygote, torch already imported
+    assert spare.forked  # forked from the zygote, torch already imported
     check(unguarded, HONEST, "ok")
     test_environment_stripped_and_private_cwd(unguarded)  # the forked worker is as sandboxed

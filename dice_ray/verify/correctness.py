@@ -59,30 +59,41 @@ def _compare_tensor(i: int, out: torch.Tensor, ref: torch.Tensor, tol: tuple[flo
     if ref.numel() == 0:
         return Comparison(True, "")
     rtol, atol = tolerance(ref.dtype, *tol)
-    work = torch.float64 if ref.dtype == torch.float64 else torch.float32
-    r = ref.detach().to(work)
-    o = out.detach().to(work)
-    r_fin = torch.isfinite(r)
-    o_fin = torch.isfinite(o)
-    same_nonfinite = (~r_fin) & (~o_fin) & ((r == o) | (torch.isnan(r) & torch.isnan(o)))
-    misplaced = int(((r_fin != o_fin) | ((~r_fin) & ~same_nonfinite)).sum())
+    misplaced_mask, bad_mask, err, atol_eff, rms = _value_masks(out, ref, rtol, atol)
+    misplaced = int(misplaced_mask.sum())
     if misplaced:
         return Comparison(False, f"output {i}: {misplaced} of {ref.numel()} elements are NaN/inf where the "
                           "reference is not (or the other way round)")
-    rf = torch.where(r_fin, r, torch.zeros_like(r))
-    of = torch.where(r_fin, o, torch.zeros_like(o))
-    rms = float(rf.square().mean().sqrt())
-    atol_eff = max(min(atol, rtol * rms), atol * 1e-4)
-    err = (of - rf).abs()
-    bad = err > atol_eff + rtol * rf.abs()
-    n_bad = int(bad.sum())
+    n_bad = int(bad_mask.sum())
     if n_bad == 0:
         return Comparison(True, "")
     return Comparison(
         False,
         f"output {i}: {n_bad} of {ref.numel()} elements differ; max abs error {float(err.max()):.3g}, "
-        f"atol {atol_eff:.3g} (rms(ref) {rms:.3g}), rtol {rtol:g}",
+        f"atol {float(atol_eff):.3g} (rms(ref) {float(rms):.3g}), rtol {rtol:g}",
     )
+
+
+def _value_masks(out: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> tuple[torch.Tensor, ...]:
+    """The value rule of both comparisons, on the device without a host sync.
+
+    Returns:
+        ``(misplaced, bad, err, atol_eff, rms)``: bool masks (ref's shape) of NaN/inf in the wrong
+        places and of finite elements with ``|out - ref| > atol_eff + rtol * |ref|``; the absolute
+        errors; ``atol_eff = clamp(min(atol, rtol * rms(ref)), min=atol * 1e-4)`` and ``rms(ref)``
+        as 0-dim tensors (fp32, or fp64 for fp64 references).
+    """
+    work = torch.float64 if ref.dtype == torch.float64 else torch.float32
+    r, o = ref.detach().to(work), out.detach().to(work)
+    r_fin, o_fin = torch.isfinite(r), torch.isfinite(o)
+    same_nonfinite = (~r_fin) & (~o_fin) & ((r == o) | (torch.isnan(r) & torch.isnan(o)))
+    misplaced = (r_fin != o_fin) | ((~r_fin) & ~same_nonfinite)
+    rf = torch.where(r_fin, r, 0.0)
+    of = torch.where(r_fin, o, 0.0)
+    rms = rf.square().mean().sqrt()
+    atol_eff = torch.clamp(torch.clamp(rms * rtol, max=atol), min=atol * 1e-4)
+    err = (of - rf).abs()
+    return misplaced, err > atol_eff + rtol * rf.abs(), err, atol_eff, rms
 
 
 def compare_outputs(
@@ -154,15 +165,7 @@ def count_mismatches(
         elif r.numel() == 0:
             continue
         else:
-            rt, at = tolerance(r.dtype, rtol, atol, half_rtol, half_atol)
-            work = torch.float64 if r.dtype == torch.float64 else torch.float32
-            rw, ow = r.detach().to(work), o.detach().to(work)
-            r_fin, o_fin = torch.isfinite(rw), torch.isfinite(ow)
-            same_nonfinite = (~r_fin) & (~o_fin) & ((rw == ow) | (torch.isnan(rw) & torch.isnan(ow)))
-            misplaced = (r_fin != o_fin) | ((~r_fin) & ~same_nonfinite)
-            rf = torch.where(r_fin, rw, 0.0)
-            of = torch.where(r_fin, ow, 0.0)
-            atol_eff = torch.clamp(torch.clamp(rf.square().mean().sqrt() * rt, max=at), min=at * 1e-4)
-            bad = (misplaced | ((of - rf).abs() > atol_eff + rt * rf.abs())).sum()
+            misplaced, bad_mask, _, _, _ = _value_masks(o, r, *tolerance(r.dtype, rtol, atol, half_rtol, half_atol))
+            bad = (misplaced | bad_mask).sum()
         total = bad if total is None else total + bad
     return total if total is not None else torch.zeros((), dtype=torch.int64)

@@ -146,6 +146,7 @@ class WorkerProcess:
                 self.proc = _Forked(zygote.spawn(self.workdir, settings, (req_r, res_w)))
             except ZygoteError:
                 self.proc = None
+        self.forked = self.proc is not None  # forked by the zygote (else a cold start)
         if self.proc is None:
             with open(self.log_path, "wb") as log:
                 self.proc = subprocess.Popen(

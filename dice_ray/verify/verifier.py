@@ -133,8 +133,8 @@ class Verifier:
         old.close()
         with self._lock:
             self.restarts += 1
-            self._retired.append((old.boot_s, old.ready_wait_s, type(old.proc).__name__ == "_Forked"))
-            if old.info and type(old.proc).__name__ == "_Forked":
+            self._retired.append((old.boot_s, old.ready_wait_s, old.forked))
+            if old.info and old.forked:
                 self._boot_phases.append(old.info.get("boot_phases_s", {}))
             alive = [w for w in self._spares if w.alive()]
             for w in self._spares:
@@ -152,7 +152,7 @@ class Verifier:
         worker to become ready, s)."""
         with self._lock:
             current = list(self._idle.queue) + list(self._busy)
-            rows = self._retired + [(w.boot_s, w.ready_wait_s, type(w.proc).__name__ == "_Forked") for w in current]
+            rows = self._retired + [(w.boot_s, w.ready_wait_s, w.forked) for w in current]
         return {
             "workers": self.workers,
             "restarts": self.restarts,
