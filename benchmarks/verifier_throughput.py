@@ -7,10 +7,11 @@ cheating variants (a try/except fallback to PyTorch), and verifies them all thro
 one measured speedup (coefficient of variation over 5 repeats).
 
 It also verifies a few of DICE's ``load_inline`` records (``--dice-data``) cold and from the build
-cache, and prints the fast path's advantage per candidate.
+cache, builds one with torch's own ``load_inline`` (KernelBench's path), and prints the fast path's
+advantage per candidate over each.
 
-    python benchmarks/verifier_throughput.py [--workers 0] [--crash-every 4] [--cheat-every 3] [--repeats 5]
-        [--inline 3] [--dice-data DIR] [--json OUT]
+    python benchmarks/verifier_throughput.py [--workers 0] [--timing-window-ms MS] [--crash-every 4] [--cheat-every 3] [--repeats 5]
+        [--inline 3] [--torch-inline 1] [--dice-data DIR] [--json OUT]
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def inline_path(args: argparse.Namespace, fast_rate: float) -> dict:
                 hit.append(again.seconds)
                 print(f"  load_inline {task.task_id}: {first.verdict}, cold {first.seconds:.1f} s "
                       f"(load {first.stage_seconds.get('load', 0):.1f} s), cache hit {again.seconds:.2f} s")
+    torch_s = [_torch_load_inline_seconds(r["cuda_code"]) for r in chosen[: args.torch_inline]]
     later = statistics.median(cold[1:]) if len(cold) > 1 else cold[0]
     builder_stats = getattr(v, "_inline_builder", None)
     if builder_stats is not None:
@@ -80,17 +82,43 @@ def inline_path(args: argparse.Namespace, fast_rate: float) -> dict:
     print(f"load_inline path: first candidate {cold[0]:.1f} s (builds the shared precompiled header), "
           f"median of the rest {later:.1f} s, cache hit {statistics.median(hit):.2f} s; fast path "
           f"{fast_rate:.1f} candidates/s = {later * fast_rate:.0f}x the per-candidate load_inline rate")
-    return {"cold_s": cold, "hit_s": hit, "ratio": later * fast_rate}
+    out = {"cold_s": cold, "hit_s": hit, "ratio": later * fast_rate, "torch_load_inline_s": torch_s}
+    if torch_s:
+        t = statistics.median(torch_s)
+        out["ratio_vs_torch_load_inline"] = t * fast_rate
+        print(f"torch.utils.cpp_extension.load_inline (KernelBench's path, empty extensions folder): {t:.1f} s a "
+              f"candidate; fast path = {t * fast_rate:.0f}x its rate")
+    return out
+
+
+def _torch_load_inline_seconds(candidate_src: str) -> float:
+    """Wall seconds for a fresh interpreter to execute a load_inline candidate module with torch's own
+    ``load_inline`` and an empty ``TORCH_EXTENSIONS_DIR`` (how KernelBench builds each candidate)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "candidate.py"
+        src.write_text(candidate_src)
+        env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path(d) / "ext")}
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, str(src)], cwd=d, env=env, check=True, capture_output=True, timeout=900)
+        return time.perf_counter() - t0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=0, help="sandbox workers of the Verifier (0: auto)")
+    ap.add_argument("--timing-window-ms", type=float, default=None,
+                    help="verify.timing_window_ms (default: the config's; 0: one call a timed window)")
     ap.add_argument("--crash-every", type=int, default=4, help="one crashing candidate every N tasks")
     ap.add_argument("--cheat-every", type=int, default=3, help="one cheating candidate every N tasks")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--inline", type=int, default=3, help="DICE load_inline records for the per-candidate cost (0: off)")
     ap.add_argument("--dice-data", default=os.environ.get("DICE_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "data" / "dice")))
+    ap.add_argument("--torch-inline", type=int, default=1,
+                    help="of those, records also built with torch's own load_inline, as KernelBench does (0: off)")
     ap.add_argument("--cov-tasks", default="relu,softmax,matmul", help="tasks whose speedup is repeated (names)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
@@ -102,7 +130,8 @@ def main() -> None:
         kinds = ["correct", "incorrect", "compile_error"] + (["crash"] if i % args.crash_every == 0 else []) + (
             ["cheat"] if i % args.cheat_every == 0 else [])
         jobs += [(t, kind, v[kind]) for kind in kinds]
-    verifier = Verifier(VerifyConfig(workers=args.workers), RewardConfig())
+    extra = {} if args.timing_window_ms is None else {"timing_window_ms": args.timing_window_ms}
+    verifier = Verifier(VerifyConfig(workers=args.workers, **extra), RewardConfig())
     print(f"mode={verifier.mode} workers={verifier.workers} tasks={len(tasks)} candidates={len(jobs)}")
     verifier.verify_many([(tasks[0], tasks[0].solution_src, "warm")] * verifier.workers)  # workers booted
     t0 = time.perf_counter()

@@ -189,9 +189,15 @@ class VerifyConfig(_Section):
         description="GPU memory (MiB) for the rotating pool of timing inputs; a pool slot reused is refilled with "
         "fresh values first, so every timed call sees new data at a new or refreshed address.",
     )
+    timing_window_ms: float = Field(
+        1.0, ge=0.0,
+        description="Least GPU time (ms) in one timed window: shorter calls are timed k..2k-1 to a window (k secret, "
+        "each call on fresh inputs, every output checked), which divides the synchronize's host jitter by k; "
+        "0: one call a window.",
+    )
     output_checks: int = Field(
-        5, ge=1, description="Outputs over 64 MiB: timed calls (drawn at random, plus the last) whose outputs are checked; "
-        "smaller outputs are checked on every timed call."
+        5, ge=1, description="Outputs over 64 MiB: timed calls (drawn in secret, plus the last) whose outputs are checked; "
+        "for smaller outputs, the last call of every timed window and 64 calls drawn in secret are checked."
     )
     audit_speedup: float = Field(
         10.0, gt=1.0, description="Speedups above this are re-timed with the host wall clock (the audit)."

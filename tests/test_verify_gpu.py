@@ -200,6 +200,21 @@ def test_batch_and_skip_gives_wrong_timed_outputs(unguarded_gpu):
     assert "timed call" in v.reason
 
 
+def test_work_deferred_to_the_next_call_gives_wrong_timed_outputs(unguarded_gpu):
+    """Several calls share a timed window; a candidate that writes each output during the next call
+    leaves the last output of a window unwritten (window sizes are secret)."""
+    src = _stateful("        self.calls = 0\n        self.pending = None\n", (
+        "        n = x.numel()\n        self.calls += 1\n        y = torch.empty_like(x)\n"
+        "        if self.calls <= 6:\n"
+        "            kernels.relu_kernel(grid=(n + 255) // 256, block=256, args=(x, y, n))\n            return y\n"
+        "        if self.pending is not None:\n            px, py = self.pending\n"
+        "            kernels.relu_kernel(grid=(n + 255) // 256, block=256, args=(px, py, n))\n"
+        "        else:\n            kernels.relu_kernel(grid=1, block=1, args=(x, torch.empty_like(x), 0))\n"
+        "        self.pending = (x, y)\n        return y\n"))
+    v = check(unguarded_gpu, src, "incorrect")
+    assert "timed call" in v.reason
+
+
 def test_patched_timer_fails_the_wall_clock_audit(unguarded_gpu):
     patch = (
         "import sys\n_t = sys.modules['dice_ray.verify.timing']\n_orig = _t.time_calls\n"

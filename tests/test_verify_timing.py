@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 
@@ -13,7 +14,7 @@ from dice_ray.config import RewardConfig, VerifyConfig
 from dice_ray.tasks.task import Task
 from dice_ray.verify.harness import shape_constant
 from dice_ray.verify.runner import GpuGate
-from dice_ray.verify.timing import InputSchedule, spread_stats
+from dice_ray.verify.timing import MAX_CALLS_PER_WINDOW, SLOW_WINDOW_FACTOR, InputSchedule, calls_per_window, spread_stats, window_sizes
 from dice_ray.verify.verifier import Verifier
 
 
@@ -48,6 +49,26 @@ def test_spread_stats():
     med, spread = spread_stats([1.0, 2.0, 3.0, 4.0, 100.0])
     assert med == 3.0 and spread == pytest.approx((4.0 - 2.0) / 3.0)
     assert spread_stats([0.0, 0.0]) == (0.0, 0.0)
+
+
+def test_calls_per_window_fills_the_window_within_its_limits():
+    assert calls_per_window(0.04, 0.06, 0.5, limit=100) == 13  # a 40 us kernel: 13 calls make 0.5 ms
+    assert calls_per_window(2.0, 3.0, 0.5, limit=100) == 1  # already longer than a window
+    assert calls_per_window(0.001, 0.001, 0.5, limit=100) == MAX_CALLS_PER_WINDOW
+    assert calls_per_window(0.04, 0.06, 0.5, limit=4) == 4  # few pool slots or large outputs
+    # a slow candidate (0.5 ms) next to a fast reference: its window stays within 4 x window_ms
+    assert calls_per_window(0.05, 0.5, 0.5, limit=100) == int(SLOW_WINDOW_FACTOR * 0.5 / 0.5)
+    assert calls_per_window(0.3, 2.1, 1.0, limit=100) == 1
+    assert calls_per_window(0.04, 0.06, 0.0, limit=100) == 1  # windowing off
+    assert calls_per_window(-0.01, 0.05, 0.5, limit=100) == 1  # the probe saw no GPU time
+    assert calls_per_window(float("nan"), 0.05, 0.5, limit=100) == 1
+
+
+def test_window_sizes_are_secret_and_bounded():
+    assert window_sizes(1, 5, random.Random(0)) == [1] * 5
+    sizes = window_sizes(8, 400, random.Random(1))
+    assert len(sizes) == 400 and min(sizes) == 8 and max(sizes) == 15  # every size in [k, 2k-1] occurs
+    assert window_sizes(8, 50, random.Random(2)) != window_sizes(8, 50, random.Random(3))
 
 
 def test_shape_constant_picks_a_size_only_get_inputs_reads():
@@ -94,6 +115,35 @@ def test_gpu_gate_exclusive_excludes_shared():
     t.join(5)
     assert reader_done.wait(5)
     assert events == ["exclusive", "exclusive-done", "shared"]
+
+
+def test_worker_start_up_self_test_takes_the_gate():
+    """A starting worker's self-test announces its stages like a job: while another worker holds the
+    GPU exclusively (timing), the start waits at its first shared stage, then completes."""
+    from dice_ray.verify.runner import WorkerProcess
+
+    cfg = VerifyConfig(mode="compile_only", workers=1)
+    settings = {**cfg.model_dump(), "mode": "compile_only", "device": None}
+    gate = GpuGate()
+    gate.acquire("exclusive")
+    worker = WorkerProcess(settings, gate=gate)
+    try:
+        deadline = time.monotonic() + 120
+        while gate._writer and worker._booting.is_alive() and time.monotonic() < deadline:
+            if gate._readers == 0 and worker.boot_s is None and _waiting_for_shared(gate):
+                break
+            time.sleep(0.05)
+        assert worker.boot_s is None and worker._booting.is_alive()  # held at the gate, not ready
+        gate.release("exclusive")
+        info = worker.wait_ready(120)
+        assert info["self_test"].startswith("ok") and gate._readers == 0 and not gate._writer
+    finally:
+        worker.kill()
+
+
+def _waiting_for_shared(gate: GpuGate) -> bool:
+    """True once some thread blocks in ``gate.acquire("shared")`` (it waits on the condition)."""
+    return bool(getattr(gate._cond, "_waiters", None))
 
 
 def test_concurrent_workers_give_the_serial_verdicts():

@@ -20,8 +20,9 @@ with the run-time anti-cheat rules added:
 * trials: ``correctness_trials`` seeds, then the inputs at another scale (``scaled_trial``), then a
   size constant of ``get_inputs`` doubled (:func:`shape_constant`): hard-coded shapes fail;
 * fp32 outputs are compared with a float64 run of the reference: ``precision-downgrade``;
-* timing (:mod:`dice_ray.verify.timing`): fresh inputs every call, the timed calls' outputs
-  compared with the reference's (caching, batch-and-skip and behaving differently once timed give
+* timing (:mod:`dice_ray.verify.timing`): windows of ``k..2k-1`` calls (sizes secret) long enough
+  that host jitter does not matter, fresh inputs every call, the timed calls' outputs compared with
+  the reference's (caching, batch-and-skip, deferring work and behaving differently once timed give
   ``incorrect``), and speedups above ``audit_speedup`` re-timed by the host clock: ``timing-audit``.
 
 Failures are typed (:class:`JobResult`), not recognised by matching exception text, except the
@@ -36,6 +37,7 @@ import copy
 import dis
 import gc
 import linecache
+import os
 import random
 import sys
 import time
@@ -51,7 +53,7 @@ from dice_ray.verify import inline, timing
 from dice_ray.verify.correctness import compare_outputs, count_mismatches, flatten_outputs
 from dice_ray.verify.rules import check_cuda_source, import_allowed
 
-__all__ = ["ALLOWED_ATEN_OPS", "Harness", "JobResult", "RuleBroken"]
+__all__ = ["ALLOWED_ATEN_OPS", "Harness", "JobResult", "RuleBroken", "warm_imports"]
 
 # Bound at import, before any candidate runs (patching these later cannot fool the harness).
 _synchronize = torch.cuda.synchronize
@@ -80,7 +82,11 @@ ALLOWED_ATEN_OPS: frozenset[str] = frozenset(
     }
 )
 _STAGE_BUDGET_FRACTION = 0.3  # timing of one side may use this share of run_timeout_s
-_CHECK_ALL_BYTES = 64 * 2**20  # outputs up to this size are checked on every timed call, larger ones sampled
+_CHECK_ALL_BYTES = 64 * 2**20  # outputs up to this size: _CHECKED_CALLS and window ends checked; larger: output_checks
+_CHECKED_CALLS = 64  # timed calls (besides each window's last) whose outputs are checked, drawn in secret
+_WINDOW_OUTPUT_BYTES = 2**30  # a timed window's outputs (alive until checked) stay under this
+_SPIN_CYCLES_PER_S = 2.0e9  # GPU clock assumed when spinning (H100/H200 boost ~1.98 GHz; slower clocks spin longer)
+_MAX_SPIN_CYCLES = 40_000_000  # ~20 ms
 _SELF_TEST_REFERENCE = """
 import torch
 import torch.nn as nn
@@ -226,6 +232,15 @@ def _check_cuda_source(source: Any) -> None:
             raise RuleBroken(v.rule, f"load_cuda source: {v.message}")
 
 
+def _seed(seed: int) -> None:
+    """``torch.manual_seed(seed)`` for the generators a worker uses (CPU and CUDA), without seeding
+    the uninitialised XPU/MTIA back-ends: torch queues those as lazy calls that format a stack trace,
+    0.5 ms each, paid once per timed call's inputs."""
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(seed)
+
+
 def _clone(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         return x.clone()
@@ -251,6 +266,14 @@ def _check_output_types(out: Any) -> None:
     for i, o in enumerate(flatten_outputs(out)):
         if isinstance(o, torch.Tensor) and type(o) not in (torch.Tensor, torch.nn.Parameter):
             raise RuleBroken("output-type", f"output {i} is a {type(o).__module__}.{type(o).__name__}, not a torch.Tensor")
+
+
+def warm_imports() -> None:
+    """Import on the CPU what a first job would import lazily: entering a ``TorchDispatchMode``
+    (:class:`OpRecorder`) pulls in ``torch._dynamo``, sympy and ~800 more modules (1-5 s).  The fork
+    server calls this, so workers forked from it start with them loaded.  Touches no GPU."""
+    with OpRecorder(), torch.no_grad():
+        (torch.ones(4) + 1).sum()
 
 
 class Harness:
@@ -279,13 +302,14 @@ class Harness:
         if settings.get("static_rules", True):
             launch.configure(source_check=_check_cuda_source)
 
-    def self_test(self) -> str:
-        """Verify a built-in relu candidate once (warms every path); returns its verdict and reason."""
+    def self_test(self, stage: Callable[[str], None] = lambda _s: None) -> str:
+        """Verify a built-in relu candidate once (warms every path); returns its verdict and reason.
+        ``stage`` is the job's stage callback (the worker's start takes the GPU gate through it)."""
         saved = dict(self.settings)
         self.settings.update(timing_trials=3, warmup=1, correctness_trials=1)
         try:
             r = self.run({"candidate_src": _SELF_TEST_CANDIDATE, "reference_src": _SELF_TEST_REFERENCE,
-                          "kernel_refs": {"kernels": ["relu_kernel"]}}, lambda _s: None)
+                          "kernel_refs": {"kernels": ["relu_kernel"]}}, stage)
         finally:
             self.settings.clear()
             self.settings.update(saved)
@@ -343,7 +367,7 @@ class Harness:
                 addr = a + blk["size"]
 
     def _inputs(self, ns: dict[str, Any], seed: int, device: torch.device) -> list[Any]:
-        torch.manual_seed(seed)
+        _seed(seed)
         try:
             with device:
                 raw = ns["get_inputs"]()
@@ -439,7 +463,7 @@ class Harness:
         stage("reference")
         try:
             ref = exec_source(job["reference_src"], "<reference>", guarded=False)
-            torch.manual_seed(s["seed"])
+            _seed(s["seed"])
             init_inputs = list(ref["get_init_inputs"]())
         except Exception as e:  # noqa: BLE001
             raise ReferenceError_("reference-exec", f"reference module or get_init_inputs() failed: {_error_text(e)}")
@@ -469,7 +493,7 @@ class Harness:
     # -- compile-only ---------------------------------------------------------------------------
     def _compile_only(self, cand: dict, ref: dict, init_inputs: list, refs: dict[str, set[str]]) -> JobResult:
         s = self.settings
-        torch.manual_seed(s["seed"])
+        _seed(s["seed"])
         try:
             model = cand["ModelNew"](*init_inputs)
         except RuleBroken:
@@ -509,7 +533,7 @@ class Harness:
         finally:
             launch.configure(dry_run=False)
         try:
-            torch.manual_seed(self.settings["seed"])
+            _seed(self.settings["seed"])
             with meta, torch.no_grad():
                 expected = ref["Model"](*init_inputs)(*inputs)
         except Exception:  # noqa: BLE001
@@ -532,7 +556,7 @@ class Harness:
         s = self.settings
         dev = self.dev
         try:
-            torch.manual_seed(s["seed"])
+            _seed(s["seed"])
             with dev:
                 ref_model = ref["Model"](*init_inputs).to(dev).eval()
         except Exception as e:  # noqa: BLE001
@@ -542,7 +566,7 @@ class Harness:
         ref_mutates = self._check_reference(ref_model, inputs0)
 
         stage("run")
-        torch.manual_seed(s["seed"])
+        _seed(s["seed"])
         try:
             with dev:
                 model = cand["ModelNew"](*init_inputs).to(dev)
@@ -743,29 +767,44 @@ class Harness:
         pool_bytes = int(s.get("input_pool_mib", 1024) * 2**20)
         warmup = max(1, s["warmup"])
         make = lambda seed: self._inputs(ref, seed, dev)  # noqa: E731
-        probe = timing.InputSchedule(make, base - 1, 1, pool_bytes)
+        probe = timing.InputSchedule(make, base - 2, 2, pool_bytes)
         t0 = _perf()
-        timing.time_calls(ref_model, ref_model, probe, 1, 0, self.flush, self.device, ref_mutates=ref_mutates)
-        per_call = (_perf() - t0) / 2
-        del probe
-        budget = s["run_timeout_s"] * _STAGE_BUDGET_FRACTION
-        trials = max(3, min(s["timing_trials"], int(budget / max(per_call, 1e-6))))
-        calls = warmup + trials
-        schedule = timing.InputSchedule(make, base, calls, pool_bytes)
+        p = timing.time_calls(ref_model, model, probe, [1, 1], 1, self.flush, self.device, ref_mutates=ref_mutates)
+        per_call = (_perf() - t0) / 4  # host seconds of one call in its own window (either side)
+        fast_ms, slow_ms = sorted((p["reference"][0] - p["empty"][0], p["candidate"][0] - p["empty"][0]))
+        enqueue_s = self._enqueue_seconds((ref_model, model), probe(1))
+        in_bytes = timing.input_bytes(probe(1))
         with torch.no_grad():
-            out_bytes = timing.input_bytes(flatten_outputs(ref_model(*[_clone(x) for x in schedule(0)])))
-        if out_bytes <= _CHECK_ALL_BYTES:
-            checked = set(range(calls))
+            out_bytes = timing.input_bytes(flatten_outputs(ref_model(*[_clone(x) for x in probe(1)])))
+        del probe
+        limit = min(pool_bytes // max(in_bytes, 1), _WINDOW_OUTPUT_BYTES // max(out_bytes, 1))
+        k = timing.calls_per_window(fast_ms, slow_ms, float(s.get("timing_window_ms", 0.0)), (limit + 1) // 2)
+        budget = s["run_timeout_s"] * _STAGE_BUDGET_FRACTION
+        trials = max(3, min(s["timing_trials"], int(budget / max(1.5 * k * per_call, 1e-6))))
+        warmup = -(-warmup // k)  # warm-up windows: at least `warmup` calls
+        secret = random.Random(os.urandom(8))  # window sizes and checked calls: unknowable to the candidate
+        sizes = timing.window_sizes(k, warmup + trials, secret)
+        calls = sum(sizes)
+        schedule = timing.InputSchedule(make, base, calls, pool_bytes)
+        spin = int(min(max(timing.HEADROOM_CYCLES, 1.5 * max(sizes) * enqueue_s * _SPIN_CYCLES_PER_S), _MAX_SPIN_CYCLES))
+        if out_bytes <= _CHECK_ALL_BYTES:  # each window's last call (deferred work) and a secret sample
+            ends = {sum(sizes[: w + 1]) - 1 for w in range(len(sizes))}
+            checked = ends | set(secret.sample(range(calls), min(calls, _CHECKED_CALLS)))
         else:
             n = min(calls - 1, int(s.get("output_checks", 5)))
-            checked = {calls - 1, *random.Random(s["seed"]).sample(range(calls - 1), n)}
+            checked = {calls - 1, *secret.sample(range(calls - 1), n)}
         counts = [_launch_count()]
         bad: dict[int, torch.Tensor] = {}
 
-        def check(j: int, ref_out: Any, out: Any) -> None:
+        def launched(side: str, j: int) -> None:
+            if side != "candidate":
+                counts[0] = _launch_count()
+                return
             if _launch_count() == counts[0]:
                 raise RuleBroken("no-kernel-launch", f"timed call {j} of ModelNew.forward launched no kernel")
             counts[0] = _launch_count()
+
+        def check(j: int, ref_out: Any, out: Any) -> None:
             if j in checked:
                 _check_output_types(out)
                 n_bad = count_mismatches(out, ref_out, rtol=s["rtol"], atol=s["atol"], half_rtol=s["half_rtol"],
@@ -775,8 +814,9 @@ class Harness:
                 bad[j] = n_bad
 
         try:
-            times = timing.time_calls(ref_model, model, schedule, calls, warmup, self.flush, self.device, check,
-                                      ref_mutates, self._compiled(ref_model, schedule(0)))
+            times = timing.time_calls(ref_model, model, schedule, sizes, warmup, self.flush, self.device, check,
+                                      ref_mutates, self._compiled(ref_model, schedule(0)), spin_cycles=spin,
+                                      each_call=launched)
         except _Mismatch as e:
             return JobResult("incorrect", compiled=True, correct=False, reason=str(e))
         if bad:
@@ -787,23 +827,26 @@ class Harness:
                 return JobResult("incorrect", compiled=True, correct=False,
                                  reason=f"timed call {j} (inputs of seed {base + j}): {n} elements differ from the "
                                  f"reference's; {len(wrong)} of {len(bad)} checked timed calls wrong")
-        overhead_ms, _ = timing.spread_stats(times["empty"])
-        net = {k: timing.spread_stats([max(t - overhead_ms, 1e-4) for t in v]) for k, v in times.items() if k != "empty"}
+        timed = sizes[warmup:]
+        overhead_ms, _ = timing.spread_stats([t * n for t, n in zip(times["empty"], timed)])  # one window's
+        net = {k: timing.spread_stats([max(t - overhead_ms / n, 1e-4) for t, n in zip(v, timed)])
+               for k, v in times.items() if k != "empty"}
         (ref_ms, ref_spread), (cand_ms, cand_spread) = net["reference"], net["candidate"]
         speedup = ref_ms / max(cand_ms, 1e-6)
         note = (f"candidate {cand_ms:.4f} ms (IQR {cand_spread:.0%}), reference {ref_ms:.4f} ms (IQR {ref_spread:.0%}), "
-                f"speedup {speedup:.3f}x over {trials} timed calls on {schedule.slots} input slots "
+                f"speedup {speedup:.3f}x over {trials} timed windows of {min(timed)}-{max(timed)} calls "
+                f"({sum(timed)} calls) on {schedule.slots} input slots "
                 f"(window overhead {overhead_ms * 1e3:.1f} us subtracted), "
                 f"{len(checked)} outputs checked")
         if speedup > s.get("audit_speedup", 10.0):
-            n = min(trials, 10)
-            ref_wall, _ = timing.spread_stats(timing.wall_times(lambda *a: ref_model(*a), schedule, n, self.flush, self.device))
-            cand_wall, _ = timing.spread_stats(timing.wall_times(lambda *a: model(*a), schedule, n, self.flush, self.device))
-            wall_speedup = ref_wall / max(cand_wall, 1e-9)
+            audit = sizes[warmup: warmup + min(trials, 10)]
+            ref_wall, _ = timing.spread_stats(timing.wall_times(ref_model, schedule, audit, self.flush, self.device, spin))
+            cand_wall, _ = timing.spread_stats(timing.wall_times(model, schedule, audit, self.flush, self.device, spin))
+            wall_speedup = ref_wall / max(cand_wall, 1e-6)
             factor = s.get("audit_factor", 3.0)
             if speedup > factor * wall_speedup:
                 raise RuleBroken("timing-audit", f"CUDA events give {speedup:.1f}x but the host wall clock {wall_speedup:.1f}x "
-                                 f"(reference {ref_wall:.3f} ms, candidate {cand_wall:.3f} ms): more than {factor:g}x apart")
+                                 f"(reference {ref_wall:.4f} ms, candidate {cand_wall:.4f} ms a call): more than {factor:g}x apart")
             note += f"; audit: wall-clock speedup {wall_speedup:.1f}x"
         fields = {"speedup": speedup, "ref_ms": ref_ms, "candidate_ms": cand_ms, "ref_spread": ref_spread,
                   "candidate_spread": cand_spread, "note": note}
@@ -812,6 +855,23 @@ class Harness:
             fields.update(compiled_ref_ms=compiled_ms, speedup_compiled=compiled_ms / max(cand_ms, 1e-6))
             fields["note"] += f"; torch.compile reference {compiled_ms:.4f} ms"
         return fields
+
+    def _enqueue_seconds(self, models: tuple[Any, ...], args: list[Any]) -> float:
+        """Host seconds to enqueue one forward (no synchronize), the slowest of ``models``: the GPU
+        spin before a timed window must outlast enqueuing the window's calls."""
+        worst = 0.0
+        for m in models:
+            times = []
+            for _ in range(3):
+                call_args = [_clone(x) for x in args]
+                _synchronize(self.device)
+                t0 = _perf()
+                with torch.no_grad():
+                    m(*call_args)
+                times.append(_perf() - t0)
+            worst = max(worst, sorted(times)[1])
+        _synchronize(self.device)
+        return worst
 
     def _compiled(self, ref_model: Any, example: list[Any]) -> Callable[..., Any] | None:
         """``torch.compile(reference)`` when ``compile_baseline`` is on, compiled and warmed here

@@ -130,12 +130,15 @@ class WorkerProcess:
         settings: passed to the worker (mode, device, arch, limits, tolerances...).
         zygote: fork the worker from this fork server (about a second) instead of starting a new
             interpreter (about 8 s with torch); None, or a zygote that fails, gives a cold start.
+        gate: the GPU gate of the verifier's workers: the start-up self-test's stages take it like
+            a job's (its timing runs alone), so a worker starting never disturbs another's timing.
     Raises:
         OSError: the process could not be spawned.
     """
 
-    def __init__(self, settings: dict[str, Any], zygote: Zygote | None = None):
+    def __init__(self, settings: dict[str, Any], zygote: Zygote | None = None, gate: GpuGate | None = None):
         self.settings = settings
+        self.gate = gate
         self.workdir = tempfile.mkdtemp(prefix="dice-ray-worker-")
         self.log_path = Path(self.workdir) / "worker.log"
         req_r, req_w = os.pipe()
@@ -206,15 +209,29 @@ class WorkerProcess:
         """Wait for ``ready`` in a thread (so :attr:`boot_s` is the real start time, spawn to
         ready); a failure or a start past ``start_timeout_s`` is kept for :meth:`wait_ready`.
 
-        The start is not gated: holding the GPU gate through a start (seconds of CUDA set-up and
-        self-test) stalls every other worker's timing; a start's kernels are a few tiny ones.
+        Imports and CUDA set-up are not gated; the self-test announces its stages like a job, and
+        each takes the gate access of :data:`STAGE_ACCESS` (its timing stage runs alone).
         """
+        deadline = time.monotonic() + self.settings.get("start_timeout_s", 180.0)
+        held: str | None = None
         try:
-            msg = self._reader.read(self.settings.get("start_timeout_s", 180.0))
-        except ProtocolError:
-            self.kill()
-            self._boot_error = f"verifier worker died while starting: {self._death()}"
-            return
+            while True:
+                try:
+                    msg = self._reader.read(max(0.0, deadline - time.monotonic()))
+                except ProtocolError:
+                    self.kill()
+                    self._boot_error = f"verifier worker died while starting: {self._death()}"
+                    return
+                if msg is not None and msg.get("type") == "stage":
+                    held = self._switch_gate(held, STAGE_ACCESS.get(str(msg.get("stage")), "exclusive"))
+                    try:
+                        write_frame(self._w, {"op": "go"})
+                    except OSError:
+                        pass  # it died: the next read says how
+                    continue
+                break
+        finally:
+            self._switch_gate(held, None)
         if msg is None:
             self.kill()
             self._boot_error = f"verifier worker not ready in time; log tail:\n{self.log_tail()}"
@@ -224,6 +241,16 @@ class WorkerProcess:
         else:
             self.info = msg["info"]
             self.boot_s = time.monotonic() - self.started
+
+    def _switch_gate(self, held: str | None, want: str | None) -> str | None:
+        """Give back ``held`` gate access and take ``want`` (None: none); returns what is held now."""
+        if self.gate is None or want == held:
+            return held
+        if held is not None:
+            self.gate.release(held)
+        if want is not None:
+            self.gate.acquire(want)
+        return want
 
     def wait_ready(self, timeout_s: float) -> dict[str, Any]:
         """Block until the worker says ``ready`` (imports, CUDA init, self-test and limits done).
@@ -240,7 +267,7 @@ class WorkerProcess:
         assert self.info is not None
         return self.info
 
-    def run(self, job: dict[str, Any], limits: dict[str, float], gate: GpuGate | None = None) -> JobOutcome:
+    def run(self, job: dict[str, Any], limits: dict[str, float]) -> JobOutcome:
         """Send a job and wait for its result.  At each stage the worker announces, the gate access
         of :data:`STAGE_ACCESS` is taken (waiting does not count), the worker is told to go, and
         ``limits[stage]`` (s) applies from then on.  On timeout or death the worker is killed
@@ -281,14 +308,7 @@ class WorkerProcess:
                     now = time.monotonic()
                     spent[stage] = spent.get(stage, 0.0) + now - mark
                     stage = str(msg.get("stage"))
-                    want = STAGE_ACCESS.get(stage, "exclusive")
-                    if gate is not None and want != held:
-                        if held is not None:
-                            gate.release(held)
-                            held = None
-                        if want is not None:
-                            gate.acquire(want)
-                            held = want
+                    held = self._switch_gate(held, STAGE_ACCESS.get(stage, "exclusive"))
                     mark = time.monotonic()
                     spent["gate_wait"] = spent.get("gate_wait", 0.0) + mark - now
                     try:
@@ -301,8 +321,7 @@ class WorkerProcess:
                         self.kill()
                     return outcome("result", result=msg)
         finally:
-            if gate is not None and held is not None:
-                gate.release(held)
+            self._switch_gate(held, None)
 
     def kill(self) -> None:
         """Kill the worker's process group (SIGKILL) and wait for it."""

@@ -1,25 +1,28 @@
 """Timing in the sandboxed worker: CUDA events, a device-wide sync inside the window, fresh inputs.
 
-One timed call (:func:`time_calls`) is::
+One timed window (:func:`time_calls`) is::
 
-    flush L2 (write 2x its size) ; spin the GPU HEADROOM_CYCLES ; start.record()
-    out = forward(*inputs_j) ; torch.cuda.synchronize()   # device-wide: side streams cannot hide
+    flush L2 (write 2x its size) ; spin the GPU ; start.record()
+    for i < k: out_i = forward(*inputs_j+i)                # k fresh input sets, back to back
+    torch.cuda.synchronize()                             # device-wide: side streams cannot hide
     end.record()
 
 on the stream the candidate launches on (``torch.cuda.current_stream()``, which
-``dice_ray.launch`` uses).  The spin lets the host's launch overhead (Python, up to ~100 us) overlap
-GPU work instead of being timed; the synchronize costs a fixed few microseconds on both sides
-(reference and candidate alike): an empty window timed alongside measures it, and the harness
-subtracts its median from both sides.
+``dice_ray.launch`` uses).  The spin lets the host's launch overhead (Python, up to ~100 us a call)
+overlap GPU work instead of being timed; the synchronize costs a fixed few microseconds on both
+sides (reference and candidate alike): an empty window timed alongside measures it, and the
+harness subtracts its median from both sides.  Its jitter (a few microseconds from the host's
+wake-up) does not subtract, so calls shorter than ``timing_window_ms`` are timed ``k`` to a
+window (:func:`calls_per_window`), which divides that jitter by ``k``.
 KernelBench's ``timing.py`` records the end event before synchronizing, which lets work on a side
 stream or thread escape the window.
 
-Reference and candidate are timed interleaved, call by call, on the same inputs.  Inputs come
+Reference and candidate are timed interleaved, window by window, on the same inputs.  Inputs come
 from an :class:`InputSchedule`: call ``j`` sees the values ``get_inputs()`` makes under
 seed ``base + j``, in pool slot ``j % K``; a slot reused is refilled in place (outside the window)
 first.  So every call reads new values, and a candidate that caches by pointer, shape or call count
 returns stale outputs; the harness compares the outputs of the timed calls with the reference's on
-the same schedule (all of them when memory allows, else a random sample), so caching and
+the same schedule (each window's last call and a sample drawn in secret), so caching and
 batch-and-skip give wrong answers, not speedups.
 
 :func:`wall_times` is the audit's second clock: host ``perf_counter`` around synchronizes.
@@ -28,12 +31,14 @@ batch-and-skip give wrong answers, not speedups.
 from __future__ import annotations
 
 import math
+import random
 import time
 from typing import Any, Callable
 
 import torch
 
-__all__ = ["HEADROOM_CYCLES", "InputSchedule", "spread_stats", "time_calls", "wall_times"]
+__all__ = ["HEADROOM_CYCLES", "MAX_CALLS_PER_WINDOW", "SLOW_WINDOW_FACTOR", "InputSchedule", "calls_per_window", "spread_stats", "time_calls",
+           "wall_times", "window_sizes"]
 
 # Bound at import, before any candidate runs (patching these later cannot fool the timer).
 _Event = torch.cuda.Event
@@ -45,6 +50,10 @@ _perf = time.perf_counter
 _gpu_sleep = getattr(torch.cuda, "_sleep", None)  # spins the GPU for N clock cycles
 #: GPU cycles spun before each timed call (~100 us at 2 GHz), after the L2 flush
 HEADROOM_CYCLES = 200_000
+#: most calls one timed window holds (:func:`calls_per_window`)
+MAX_CALLS_PER_WINDOW = 64
+#: the slower side's window may be this many times ``window_ms`` (:func:`calls_per_window`)
+SLOW_WINDOW_FACTOR = 4.0
 
 
 def spread_stats(times: list[float]) -> tuple[float, float]:
@@ -111,62 +120,115 @@ def time_calls(
     ref_fn: Callable[..., Any],
     cand_fn: Callable[..., Any],
     schedule: InputSchedule,
-    calls: int,
+    sizes: list[int],
     warmup: int,
     flush: torch.Tensor,
     device: int,
     after: Callable[[int, Any, Any], None] | None = None,
     ref_mutates: bool = False,
     baseline: Callable[..., Any] | None = None,
+    spin_cycles: int = HEADROOM_CYCLES,
+    each_call: Callable[[str, int], None] | None = None,
 ) -> dict[str, list[float]]:
-    """CUDA-event times (ms) of reference and candidate, interleaved call by call on the same inputs.
+    """CUDA-event times (ms a call) of reference and candidate, interleaved window by window on the same inputs.
 
-    Call ``j`` runs the reference and the candidate on ``schedule(j)`` (which goes first alternates
-    with ``j``), then an empty window, then ``baseline`` when given, each in its own window, so
-    clock and thermal drift hit every side alike.
+    Window ``w`` holds ``sizes[w]`` calls, numbered on from the previous window's, each on its own
+    input set ``schedule(j)``, back to back; the reference's window, the candidate's (which goes first
+    alternates with ``w``), an empty window and ``baseline``'s when given follow each other, so
+    clock and thermal drift hit every side alike.  Several calls a window (:func:`calls_per_window`)
+    make the synchronize's few microseconds of host jitter a small share of a tiny kernel's time.
 
     Args:
         ref_fn, cand_fn: the forwards, called under ``torch.no_grad()``.
-        schedule: inputs of call ``j``.
-        calls: total calls, the first ``warmup`` untimed.
+        schedule: inputs of call ``j``; needs ``schedule.slots >= max(sizes)`` (a window's input
+            sets are all alive at once).
+        sizes: calls in each window (>= 1 each; :func:`window_sizes`), the first ``warmup``
+            windows untimed.
         flush: a device buffer twice the L2 size, zeroed before each window.
         device: CUDA ordinal (``torch.cuda.synchronize(device)`` waits for every stream on it).
-        after: ``after(j, ref_out, cand_out)`` runs after the windows of call ``j`` (output checks,
-            launch counts); it may raise.
-        ref_mutates: the reference modifies its inputs: it (and ``baseline``) get a copy, made
+        after: ``after(j, ref_out, cand_out)`` runs for each call of a window once all sides' windows
+            ran (output checks); it may raise.
+        ref_mutates: the reference modifies its inputs: it (and ``baseline``) get copies, made
             outside the window.
         baseline: another reference to time alongside (``torch.compile`` of it).
+        spin_cycles: GPU clock cycles spun before each window's start event, long enough for the
+            host to enqueue the window's calls (so host launch overhead is not timed).
+        each_call: ``each_call(side, j)`` right after each call is enqueued, inside the window:
+            host-only checks such as launch counters (no CUDA calls); it may raise.
 
     Returns:
-        ``calls - warmup`` times (ms) a side, in call order, under ``"reference"``, ``"candidate"``,
-        ``"empty"`` (windows around no work: the synchronize and event records, a few microseconds,
-        which the harness subtracts) and ``"baseline"`` when given.
+        ``len(sizes) - warmup`` times (ms a call: window time / ``sizes[w]``) a side, in window
+        order, under ``"reference"``, ``"candidate"``, ``"empty"`` (a window around no work: the
+        synchronize and event records, a few microseconds, also divided by ``sizes[w]``: the
+        share of a call the harness subtracts) and ``"baseline"`` when given.
+
+    Raises:
+        ValueError: a window size < 1 or more than ``schedule.slots``.
     """
+    if not sizes or not 1 <= min(sizes) <= max(sizes) <= schedule.slots:
+        raise ValueError(f"window sizes {min(sizes, default=0)}..{max(sizes, default=0)}: must be in "
+                         f"[1, schedule.slots={schedule.slots}]")
+    windows = len(sizes)
     fns = {"reference": ref_fn, "candidate": cand_fn, "empty": _nothing}
     if baseline is not None:
         fns["baseline"] = baseline
-    starts = {k: [_Event(enable_timing=True) for _ in range(calls)] for k in fns}
-    ends = {k: [_Event(enable_timing=True) for _ in range(calls)] for k in fns}
+    starts = {k: [_Event(enable_timing=True) for _ in range(windows)] for k in fns}
+    ends = {k: [_Event(enable_timing=True) for _ in range(windows)] for k in fns}
     order = list(fns)
-    for j in range(calls):
-        args = schedule(j)
-        outs: dict[str, Any] = {}
-        for side in (order if j % 2 == 0 else [order[1], order[0], *order[2:]]):
+    first = 0
+    for w, size in enumerate(sizes):
+        calls = range(first, first + size)
+        first += size
+        args = [schedule(j) for j in calls]
+        outs: dict[str, list[Any]] = {}
+        for side in (order if w % 2 == 0 else [order[1], order[0], *order[2:]]):
             copy = ref_mutates and side in ("reference", "baseline")
-            call_args = [x.clone() if isinstance(x, torch.Tensor) else x for x in args] if copy else args
+            call_args = [[x.clone() if isinstance(x, torch.Tensor) else x for x in a] for a in args] if copy else args
+            n = 1 if side == "empty" else size
+            fn = fns[side]
             _zero(flush)
             if _gpu_sleep is not None:
-                _gpu_sleep(HEADROOM_CYCLES)
-            _record(starts[side][j])
+                _gpu_sleep(HEADROOM_CYCLES if side == "empty" else spin_cycles)
+            _record(starts[side][w])
             with torch.no_grad():
-                outs[side] = fns[side](*call_args)
+                outs[side] = []
+                for i in range(n):
+                    outs[side].append(fn(*call_args[i]))
+                    if each_call is not None and side != "empty":
+                        each_call(side, calls[i])
             _synchronize(device)
-            _record(ends[side][j])
+            _record(ends[side][w])
         if after is not None:
-            after(j, outs["reference"], outs["candidate"])
+            for i, j in enumerate(calls):
+                after(j, outs["reference"][i], outs["candidate"][i])
         del outs
     _synchronize(device)
-    return {k: [_elapsed(starts[k][j], ends[k][j]) for j in range(warmup, calls)] for k in fns}
+    return {k: [_elapsed(starts[k][w], ends[k][w]) / sizes[w] for w in range(warmup, windows)] for k in fns}
+
+
+def calls_per_window(fast_ms: float, slow_ms: float, window_ms: float, limit: int,
+                     cap: int = MAX_CALLS_PER_WINDOW) -> int:
+    """Calls a window needs so the faster side's window reaches ``window_ms``:
+    ``ceil(window_ms / fast_ms)``, but the slower side's window at most ``SLOW_WINDOW_FACTOR x
+    window_ms`` (timing runs alone on the GPU: a slow candidate must not hold it for long); at least
+    1, at most ``cap`` and ``limit`` (pool slots, output memory).  ``fast_ms``/``slow_ms``: GPU time
+    of one call of each side (ms); ``window_ms`` <= 0 or an unknown ``fast_ms`` gives 1."""
+    if window_ms <= 0 or not fast_ms > 0:
+        return 1
+    k = math.ceil(window_ms / fast_ms)
+    if slow_ms > 0:
+        k = min(k, max(1, math.floor(SLOW_WINDOW_FACTOR * window_ms / slow_ms)))
+    return int(max(1, min(k, cap, limit)))
+
+
+def window_sizes(k: int, windows: int, rng: random.Random) -> list[int]:
+    """``windows`` window sizes drawn uniformly from ``[k, 2k - 1]`` (all 1 when ``k`` is 1).
+
+    The size of a window is secret to the candidate (``rng`` is seeded from ``os.urandom``), so it
+    cannot tell which call ends a window: deferring one call's work to a later call leaves a
+    window's last output unwritten when it is checked.
+    """
+    return [k if k == 1 else rng.randint(k, 2 * k - 1) for _ in range(windows)]
 
 
 def _nothing(*args: Any) -> None:
@@ -174,16 +236,33 @@ def _nothing(*args: Any) -> None:
     return None
 
 
-def wall_times(fn: Callable[..., Any], schedule: InputSchedule, calls: int, flush: torch.Tensor, device: int) -> list[float]:
-    """Host wall-clock times (ms) of ``calls`` calls, each between two device-wide synchronizes (the audit)."""
-    times = []
-    for j in range(calls):
-        args = schedule(j)
-        _zero(flush)
-        _synchronize(device)
-        t0 = _perf()
-        with torch.no_grad():
-            fn(*args)
-        _synchronize(device)
-        times.append((_perf() - t0) * 1e3)
-    return times
+def wall_times(fn: Callable[..., Any], schedule: InputSchedule, sizes: list[int], flush: torch.Tensor, device: int,
+               spin_cycles: int = HEADROOM_CYCLES) -> list[float]:
+    """GPU time (ms a call) of ``fn`` by the host clock alone: the audit's second clock.
+
+    Each window is ``spin ; sizes[w] calls ; synchronize`` timed with ``perf_counter``, next to an
+    empty window (``spin ; synchronize``); their difference over ``sizes[w]`` is the calls' GPU time
+    (the spin, long enough to cover enqueuing the calls, cancels).  No CUDA event is involved, so
+    a candidate that fools the events cannot fool this.  Calls use ``schedule``'s inputs from call 0
+    on, like :func:`time_calls`.
+    """
+    windows: list[tuple[float, float, int]] = []
+    first = 0
+    for size in sizes:
+        args = [schedule(j) for j in range(first, first + size)]
+        first += size
+        pair = []
+        for calls in (args, []):
+            _zero(flush)
+            _synchronize(device)
+            t0 = _perf()
+            if _gpu_sleep is not None:
+                _gpu_sleep(spin_cycles)
+            with torch.no_grad():
+                for a in calls:
+                    fn(*a)
+            _synchronize(device)
+            pair.append((_perf() - t0) * 1e3)
+        windows.append((pair[0], pair[1], size))
+    empty, _ = spread_stats([e for _, e, _ in windows])
+    return [max(t - empty, 0.0) / n for t, _, n in windows]

@@ -101,9 +101,9 @@ class Verifier:
             except (ZygoteError, OSError):
                 self._zygote = None
         for _ in range(self.workers):
-            self._idle.put(WorkerProcess(self._settings))  # cold: the zygote is still importing torch
+            self._idle.put(WorkerProcess(self._settings, gate=self._gate))  # cold: the zygote is still importing torch
         if mode == "gpu":  # kernels that crash are routine on a GPU: have spares warm from the start
-            self._spares = [WorkerProcess(self._settings, self._zygote) for _ in range(verify_cfg.spare_workers)]
+            self._spares = [WorkerProcess(self._settings, self._zygote, self._gate) for _ in range(verify_cfg.spare_workers)]
         self.restarts = 0
         self._retired: list[tuple[float | None, float, bool]] = []
         self._boot_phases: list[dict[str, float]] = []
@@ -140,9 +140,9 @@ class Verifier:
             for w in self._spares:
                 if not w.alive():
                     w.close()
-            new = alive.pop(0) if alive else WorkerProcess(self._settings, self._zygote)
+            new = alive.pop(0) if alive else WorkerProcess(self._settings, self._zygote, self._gate)
             while len(alive) < self.verify_cfg.spare_workers:
-                alive.append(WorkerProcess(self._settings, self._zygote))
+                alive.append(WorkerProcess(self._settings, self._zygote, self._gate))
             self._spares = alive
         return new
 
@@ -246,7 +246,7 @@ class Verifier:
             if not worker.alive() or worker.jobs >= self.verify_cfg.max_jobs_per_worker:
                 worker = self._swap(worker)
             try:
-                outcome = worker.run(job, self._limits, self._gate)
+                outcome = worker.run(job, self._limits)
             except WorkerError as e:
                 worker = self._swap(worker)
                 return {"verdict": "crash", "reason": f"sandbox worker failed: {e}"}

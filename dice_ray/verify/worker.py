@@ -56,7 +56,7 @@ def main(argv: list[str]) -> int:
             launch.configure(compile_only=True, arch=settings["arch"])
         phases["cuda_init"] = time.monotonic() - started
         harness = Harness(mode, device, settings)
-        selftest = harness.self_test()  # warms NVRTC, torch's meta/dispatch paths, CUDA kernels
+        selftest = harness.self_test(stage)  # warms NVRTC, torch's dispatch paths, CUDA kernels (gated stages)
         phases["self_test"] = time.monotonic() - started
         limits = sandbox.apply_limits(
             file_size_mib=settings["file_size_mib"],

@@ -139,6 +139,8 @@ def main(argv: list[str]) -> int:
     from dice_ray import launch  # noqa: F401
     from dice_ray.verify import harness, sandbox, worker  # noqa: F401
 
+    harness.warm_imports()  # torch's lazy imports (dispatch modes): seconds a worker no longer spends
+
     try:  # NVRTC and the driver bindings (loading them does not initialise CUDA)
         from cuda.bindings import driver, nvrtc  # noqa: F401
     except ImportError:
