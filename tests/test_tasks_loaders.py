@@ -1,5 +1,6 @@
 """Task validation rules and loaders: DICE's two files load with counted rejections, malformed records
-are rejected with file, index and reason while loading goes on, nothing is ever executed."""
+are rejected with file, index and reason while loading goes on, nothing is ever executed; KernelBench
+JSON, Alpaca pairs and JSON Lines load the same way; too-large inputs are scaled down when they can be."""
 
 from __future__ import annotations
 
@@ -7,9 +8,22 @@ import json
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from dice_ray.tasks.loaders import DEFAULT_MAX_INPUT_ELEMENTS, load_reference_file, load_tasks
-from dice_ray.tasks.task import Task, TaskError, estimate_level, static_input_elements
+from dice_ray.tasks.loaders import (
+    DEFAULT_MAX_INPUT_ELEMENTS,
+    load_reference_file,
+    load_tasks,
+)
+from dice_ray.tasks.task import (
+    Task,
+    TaskError,
+    estimate_level,
+    scale_down_inputs,
+    shape_constant,
+    static_input_elements,
+)
 
 REF = '''import torch
 import torch.nn as nn
@@ -197,3 +211,223 @@ def test_reference_file_and_kernelbench_folder(tmp_path):
     report = load_tasks(f"kernelbench:{tmp_path}")
     assert [t.task_id for t in report.tasks] == ["kernelbench/level2/1_Relu"]
     assert [(r.index, r.rule) for r in report.rejected] == [("level2/2_Broken", "no-model-class")]
+
+
+# ---- more loaders: kernelbench-json, alpaca, jsonl (issue 4) --------------------------------------
+
+FAST_SOL = '''import torch.nn as nn
+from dice_ray.launch import load_cuda
+
+cuda_source = r"""
+extern "C" __global__ void k(float* x) {}
+"""
+kernels = load_cuda(cuda_source)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return x
+'''
+
+
+def _fenced(code, lang="python"):
+    return f"```{lang}\n{code}```\n"
+
+
+def _rules(report):
+    return {(r.source.rsplit("/", 1)[-1], r.index): r.rule for r in report.rejected}
+
+
+def test_bad_file_levels_are_rejected_per_file(tmp_path):
+    """Empty file, not JSON, wrong top-level type: one file-level rejection each, loading goes on."""
+    for spec, ext in (("kernelbench-json", "json"), ("alpaca", "json"), ("jsonl", "jsonl")):
+        d = tmp_path / spec
+        d.mkdir()
+        (d / f"empty.{ext}").write_text(" \n")
+        (d / f"broken.{ext}").write_bytes(b"\xff\xfe not utf-8")
+        if ext == "json":
+            (d / "text.json").write_text("not json at all")
+            (d / "scalar.json").write_text('"a string"')
+        report = load_tasks(f"{spec}:{d}")
+        assert report.tasks == []
+        expected = {("empty." + ext, "file"): "empty-file", ("broken." + ext, "file"): "bad-json"}
+        if ext == "json":
+            expected |= {("text.json", "file"): "bad-json", ("scalar.json", "file"): "not-a-list"}
+        assert _rules(report) == expected, spec
+        assert f"{len(expected)} rejected" in report.summary()
+    not_list = tmp_path / "obj.json"
+    not_list.write_text(json.dumps({"rows": 3}))
+    assert _rules(load_tasks(f"kernelbench-json:{not_list}")) == {("obj.json", "file"): "not-a-list"}
+    assert _rules(load_tasks(f"alpaca:{not_list}")) == {("obj.json", "file"): "not-a-list"}
+
+
+def test_kernelbench_json_layouts_ids_and_bad_records(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rows = [
+        {"code": REF_SMALL, "level": 1, "name": "19_ReLU", "problem_id": 19},  # the HF dataset's row
+        {"pytorch_code": REF_SMALL, "level": "2", "problem_name": "Relu Again.py", "problem_id": 7},
+        {"ref_arch_src": REF_TRAP},  # no level, name, id: estimated level, index id
+        {"code": REF_SMALL, "level": 9, "name": "x"},
+        {"name": "no_code", "level": 1},
+        {"code": "def f(:\n", "level": 1, "name": "bad"},
+        ["not", "an", "object"],
+        {"code": REF_SMALL, "level": 1, "name": "ReLU", "problem_id": 19},  # same id as row 0
+    ]
+    (tmp_path / "kb.json").write_text(json.dumps(rows))
+    report = load_tasks(f"kernelbench-json:{tmp_path / 'kb.json'}")
+    assert [(t.task_id, t.name, t.level) for t in report.tasks] == [
+        ("kernelbench/level1/19_ReLU", "19_ReLU", 1),
+        ("kernelbench/level2/7_Relu_Again", "Relu Again.py", 2),
+        ("kernelbench-kb/2", "kb-2", 1),
+    ]
+    assert _rules(report) == {("kb.json", 3): "bad-level", ("kb.json", 4): "missing-key",
+                              ("kb.json", 5): "syntax-error", ("kb.json", 6): "not-an-object",
+                              ("kb.json", 7): "duplicate-id"}
+    assert "code" in next(r.reason for r in report.rejected if r.index == 4)
+    assert not (tmp_path / "EXECUTED").exists(), "a record was executed"
+    # {"problems": [...]}, the HF DatasetDict dumped by split, and JSON Lines (Dataset.to_json)
+    folder = tmp_path / "kb"
+    folder.mkdir()
+    (folder / "a.json").write_text(json.dumps({"problems": rows[:1]}))
+    (folder / "b.json").write_text(json.dumps({"level_2": [{"code": REF_SMALL, "name": "3_Fused", "problem_id": 3}]}))
+    (folder / "c.jsonl").write_text(json.dumps({"code": REF_SMALL, "level": 3, "name": "1_MLP"}) + "\n{oops\n")
+    (folder / "notes.txt").write_text("ignored")
+    report = load_tasks(f"kernelbench-json:{folder}")
+    assert [t.task_id for t in report.tasks] == [
+        "kernelbench/level1/19_ReLU", "kernelbench/level2/3_Fused", "kernelbench/level3/1_MLP"]
+    assert _rules(report) == {("c.jsonl", 2): "bad-json"}
+    assert report.accepted_by_level() == {1: 1, 2: 1, 3: 1}
+
+
+def _alpaca(ref_block, answer, shape="instruction"):
+    if shape == "instruction":
+        return {"instruction": "Optimize this PyTorch model with CUDA kernels.", "input": ref_block, "output": answer}
+    return {"prompt": "Write ModelNew for:\n" + ref_block, "response": answer}
+
+
+def test_alpaca_pairs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    other = _fenced("__global__ void k() {}\n", "cpp")  # a non-Python block before the answer
+    records = [
+        _alpaca(_fenced(REF_TRAP), "Here it is:\n" + other + _fenced(INLINE_SOL)),
+        _alpaca(_fenced(REF_SMALL), _fenced(FAST_SOL, "py"), shape="prompt"),
+        _alpaca(REF_SMALL, ""),  # bare reference in input, no answer: task without solution
+        _alpaca("no code here", _fenced(INLINE_SOL)),
+        _alpaca(_fenced(REF_SMALL), "I cannot do that."),
+        _alpaca(_fenced(REF_SMALL), _fenced(INLINE_SOL.replace("class ModelNew(nn.Module):", "class ModelNew(:"))),
+        _alpaca(_fenced(REF_SMALL), _fenced(INLINE_SOL.replace("load_inline(", "compile("))),
+        {"question": "?", "answer": "!"},
+        _alpaca(_fenced(REF_SMALL.replace("def forward", "def fwd")), ""),
+        {"prompt": ["not", "text"], "response": ""},
+    ]
+    (tmp_path / "cuke.json").write_text(json.dumps(records))
+    report = load_tasks(f"alpaca:{tmp_path / 'cuke.json'}")
+    got = {t.task_id: (t.solution_format, t.level) for t in report.tasks}
+    assert got == {"alpaca-cuke/0": ("load_inline", 1), "alpaca-cuke/1": ("fast", 1), "alpaca-cuke/2": (None, 1)}
+    assert report.tasks[0].solution_src == INLINE_SOL and report.tasks[0].reference_src == REF_TRAP
+    assert _rules(report) == {("cuke.json", 3): "no-reference-block", ("cuke.json", 4): "bad-solution",
+                              ("cuke.json", 5): "bad-solution", ("cuke.json", 6): "bad-solution",
+                              ("cuke.json", 7): "missing-key", ("cuke.json", 8): "no-forward",
+                              ("cuke.json", 9): "not-a-string"}
+    reasons = {r.index: r.reason for r in report.rejected}
+    assert reasons[5].startswith("bad-solution: syntax-error: ") and "no-loader-call" in reasons[6]
+    assert not (tmp_path / "EXECUTED").exists(), "a record was executed"
+    assert "3 accepted (L1: 3; 2 with a solution)" in report.summary() and "bad-solution: 3" in report.summary()
+
+
+def test_jsonl_lines(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    lines = [
+        json.dumps({"reference": REF_SMALL, "solution": INLINE_SOL, "level": 2, "name": "relu", "id": "a"}),
+        "",  # blank lines are skipped, line numbers still count them
+        json.dumps({"pytorch_code": REF_TRAP, "cuda_code": FAST_SOL}),
+        "{not json",
+        json.dumps([1, 2]),
+        json.dumps({"solution": INLINE_SOL}),
+        json.dumps({"reference": REF_SMALL, "solution": "class ModelNew:\n    pass\n"}),
+        json.dumps({"reference": REF_SMALL, "solution": 5}),
+        json.dumps({"reference": REF_SMALL, "id": "a"}),
+        json.dumps({"reference": REF_SMALL, "level": 1, "name": "", "id": 10}),
+        json.dumps({"reference": REF_SMALL, "id": "../etc"}),
+        json.dumps({"reference": REF_SMALL, "solution": ""}) + "\r",
+    ]
+    (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n")
+    report = load_tasks(f"jsonl:{tmp_path / 't.jsonl'}")
+    got = {t.task_id: (t.name, t.level, t.solution_format) for t in report.tasks}
+    assert got == {"jsonl-t/a": ("relu", 2, "load_inline"), "jsonl-t/3": ("t_3", 1, "fast"),
+                   "jsonl-t/12": ("t_12", 1, None)}
+    assert _rules(report) == {("t.jsonl", 4): "bad-json", ("t.jsonl", 5): "not-an-object",
+                              ("t.jsonl", 6): "missing-key", ("t.jsonl", 7): "bad-solution",
+                              ("t.jsonl", 8): "bad-solution", ("t.jsonl", 9): "duplicate-id",
+                              ("t.jsonl", 10): "bad-name", ("t.jsonl", 11): "bad-id"}
+    assert "line 4" in next(r.reason for r in report.rejected if r.index == 4)
+    assert not (tmp_path / "EXECUTED").exists(), "a record was executed"
+    with pytest.raises(FileNotFoundError, match="JSON Lines"):
+        load_tasks(f"jsonl:{tmp_path / 'missing'}")
+
+
+def test_spec_error_names_every_spec():
+    with pytest.raises(ValueError) as err:
+        load_tasks("alpaca:")
+    for spec in ("builtin", "dice:PATH", "kernelbench:DIR", "kernelbench-json:PATH", "alpaca:PATH", "jsonl:PATH"):
+        assert spec in str(err.value)
+
+
+# ---- memory budget: scale down when the definition allows (KernelBench#146) ----------------------
+
+HUGE = REF.replace("torch.randn(N, 1024)", "torch.randn(batch_size, dim)").replace(
+    "def get_init_inputs():\n    return []", "def get_init_inputs():\n    return [dim]"
+)
+HUGE_SCALABLE = "# sizes: é\nbatch_size = 1_048_576  # 2**30 elements with dim\ndim = 1024\n" + HUGE
+
+
+def test_huge_inputs_are_scaled_down_or_rejected(tmp_path):
+    assert static_input_elements(HUGE_SCALABLE) == 2**30
+    literal = REF.replace("torch.randn(N, 1024)", "torch.randn(1048576, 1024)")  # no constant to halve
+    shared = "batch_size = 1048576\ndim = 1024\n" + HUGE.replace("return [dim]", "return [dim, batch_size]")
+    lines = [json.dumps({"reference": src, "id": i}) for i, src in enumerate((HUGE_SCALABLE, literal, shared))]
+    (tmp_path / "big.jsonl").write_text("\n".join(lines))
+    report = load_tasks(f"jsonl:{tmp_path / 'big.jsonl'}")
+    assert [t.task_id for t in report.tasks] == ["jsonl-big/0"]
+    assert [(r.index, r.rule) for r in report.rejected] == [(2, "inputs-too-large"), (3, "inputs-too-large")]
+    scaled = report.scaled[0]
+    assert (scaled.task_id, scaled.constant, scaled.old_value, scaled.new_value) == ("jsonl-big/0", "batch_size",
+                                                                                     2**20, 2**18)
+    assert scaled.elements == 2**28 == static_input_elements(report.tasks[0].reference_src)
+    # the source changes only at that literal
+    assert report.tasks[0].reference_src == HUGE_SCALABLE.replace("1_048_576", "262144")
+    assert "1 inputs scaled down" in report.summary()
+    report = load_tasks(f"jsonl:{tmp_path / 'big.jsonl'}", max_input_elements=None)
+    assert len(report.tasks) == 3 and report.scaled == []
+    smaller = load_tasks(f"jsonl:{tmp_path / 'big.jsonl'}", max_input_elements=3000)
+    assert smaller.scaled[0].new_value == 2 and smaller.scaled[0].elements == 2048
+
+
+def test_scale_down_inputs_rules():
+    crlf = HUGE_SCALABLE.replace("\n", "\r\n")
+    out = scale_down_inputs(crlf, 2**20)
+    assert out == crlf.replace("1_048_576", "1024")
+    assert scale_down_inputs(HUGE_SCALABLE, 2**30) == HUGE_SCALABLE  # fits already: unchanged
+    assert scale_down_inputs(HUGE_SCALABLE, 1023) is None  # still 1024 elements with batch_size = 1
+    assert scale_down_inputs("N = 2**20\n" + REF, 2**10) is None  # not a literal: not rewritten
+    with pytest.raises(ValueError, match="max_elements"):
+        scale_down_inputs(HUGE_SCALABLE, 0)
+    with pytest.raises(TaskError, match="no-model-class"):
+        scale_down_inputs("x = 1\n", 10)
+    assert shape_constant(HUGE_SCALABLE) == ("batch_size", 2**20) and shape_constant("def (:") is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=st.integers(1, 2**40), dim=st.integers(1, 4096), cap=st.integers(1, 2**34))
+def test_scale_down_halves_just_enough(value, dim, cap):
+    src = f"batch_size = {value}\ndim = {dim}\n" + HUGE
+    out = scale_down_inputs(src, cap)
+    if value * dim <= cap:
+        assert out == src
+    elif dim > cap:
+        assert out is None
+    else:
+        (_, new), k = shape_constant(out), 1
+        while (value >> k) * dim > cap:
+            k += 1
+        assert new == value >> k and new * dim <= cap < 2 * new * dim + dim

@@ -9,6 +9,7 @@ import pytest
 
 from dice_ray.tasks.loaders import load_tasks
 from dice_ray.tasks.prompts import (
+    can_infill,
     FILL_MARKER,
     assemble_candidate,
     build_prompt,
@@ -115,3 +116,27 @@ def test_dice_infill_tasks_prompt_and_assemble(dice_data):
         prompt, middle = pairs[0]
         assert middle.startswith("source = ") and assemble_candidate(task, "infill", middle) == task.solution_src
         assert FILL_MARKER in prompt
+
+
+@pytest.mark.parametrize("template", ["compact", "dice"])
+def test_body_granularity_prompts_and_candidates(template):
+    """Infill at body granularity: the prompt names the kernel body, the scaffold's middle is one
+    kernel's body, and prefix + body + suffix rebuilds the solution; source prompts keep their words."""
+    for task in load_tasks("builtin").tasks:
+        assert can_infill(task, "body") and can_infill(task, "source")
+        body = make_scaffold(task.solution_src, task.solution_format, "body")
+        prompt = build_prompt(task, "infill", template, "body")
+        if template == "compact":
+            assert FILL_MARKER in prompt and prompt.endswith("Kernel body:\n") and "CUDA source" not in prompt
+        else:
+            assert "the body of the CUDA kernel" in prompt and "CUDA source of the kernels" not in prompt
+        assert "__global__" in prompt and body.prefix.rstrip().endswith("{")
+        assert assemble_candidate(task, "infill", body.middle, "body") == task.solution_src
+        src_prompt = build_prompt(task, "infill", template)
+        assert ("with the CUDA source so that" in src_prompt) if template == "compact" else (
+            "the CUDA source of the kernels" in src_prompt)
+    relu = load_tasks("builtin").tasks[0]
+    with pytest.raises(ScaffoldError):
+        build_prompt(relu, "infill", template, "statement")
+    no_kernel = Task("t/cublas", "cublas", 1, relu.reference_src, relu.solution_src.replace("__global__", "__device__"), "fast")
+    assert can_infill(no_kernel, "source") and not can_infill(no_kernel, "body")

@@ -126,3 +126,16 @@ def test_builtin_files_are_package_data():
     """Every task folder holds exactly reference.py and solution.py (shipped by package-data **/*.py)."""
     for folder in (p for p in Path(BUILTIN_DIR).iterdir() if p.is_dir() and not p.name.startswith(("_", "."))):
         assert sorted(f.name for f in folder.iterdir() if f.name != "__pycache__") == ["reference.py", "solution.py"]
+
+
+@pytest.mark.gpu
+def test_every_solution_is_ok_on_the_gpu():
+    """Each built-in solution gets verdict ok on the GPU (correct on every trial, timed): the suite's
+    solutions are what the infill phase cuts and what curation measures, so a wrong one is a defect."""
+    from dice_ray.config import RewardConfig, VerifyConfig
+    from dice_ray.verify.verifier import Verifier
+
+    with Verifier(VerifyConfig(mode="gpu", timing_trials=5), RewardConfig(), device=0) as v:
+        verdicts = v.verify_many([(t, t.solution_src, t.task_id) for t in TASKS])
+    bad = [(t.task_id, r.verdict, r.reason[:300]) for t, r in zip(TASKS, verdicts) if r.verdict != "ok"]
+    assert not bad, bad

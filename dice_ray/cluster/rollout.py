@@ -50,10 +50,12 @@ class RolloutWorker:
         tasks: the tasks it may be asked to prompt, by id.
         template: prompt template set (``TasksConfig.prompt_template``).
         num_threads: torch CPU threads (0: leave torch's default).
+        granularity: where infill scaffolds are cut (``PhaseConfig.scaffold_granularity``).
     """
 
     def __init__(
-        self, model_cfg: ModelConfig, sampling_cfg: SamplingConfig, tasks: dict[str, Task], template: str, num_threads: int = 0
+        self, model_cfg: ModelConfig, sampling_cfg: SamplingConfig, tasks: dict[str, Task], template: str,
+        num_threads: int = 0, granularity: str = "source",
     ):
         from dice_ray.policy.policy import DiffusionPolicy
 
@@ -65,6 +67,7 @@ class RolloutWorker:
         self.sampling_cfg = sampling_cfg
         self.tasks = tasks
         self.template = template
+        self.granularity = granularity
         self.version = -1
 
     def set_weights(self, state_dict: dict, version: int) -> int:
@@ -85,11 +88,11 @@ class RolloutWorker:
         out = []
         for req in requests:
             task = self.tasks[req.task_id]
-            prompt = build_prompt(task, req.phase, self.template)
+            prompt = build_prompt(task, req.phase, self.template, self.granularity)
             t0 = time.perf_counter()
             rollouts = sample_group(self.policy, prompt, num_generations, self.sampling_cfg, seed=req.seed)
             seconds = time.perf_counter() - t0
-            candidates = [assemble_candidate(task, req.phase, r.text) for r in rollouts]
+            candidates = [assemble_candidate(task, req.phase, r.text, self.granularity) for r in rollouts]
             tokens = sum(len(r.response_ids) for r in rollouts)
             out.append(GroupRollout(req, rollouts, candidates, tokens, seconds, self.version))
         return out

@@ -33,6 +33,7 @@ from dice_ray.config import DiceConfig, load_config
 from dice_ray.report import plot_curves, read_metrics
 from dice_ray.rl.advantages import group_advantages
 from dice_ray.tasks.loaders import load_tasks
+from dice_ray.tasks.prompts import can_infill
 from dice_ray.tasks.task import Task
 from dice_ray.verify.verifier import AUTO_GPU_WORKERS
 
@@ -145,7 +146,8 @@ class Trainer:
         gpus = int(ray.cluster_resources().get("GPU", 0))
         self.metrics = RunMetrics(self.run_dir.name)
         self.scheduler = PhaseSchedulerActor.options(name=SCHEDULER_NAME, namespace=NAMESPACE).remote(
-            [(t.task_id, t.level, t.solution_format == "fast") for t in self.train_tasks], cfg.phase, cfg.rl.prompts_per_step, cfg.rl.seed
+            [(t.task_id, t.level, t.solution_format == "fast" and can_infill(t, cfg.phase.scaffold_granularity))
+             for t in self.train_tasks], cfg.phase, cfg.rl.prompts_per_step, cfg.rl.seed
         )
         n_verifiers = cfg.cluster.num_verifiers or (gpus if gpus else 2)
         gpus_per_verifier = cfg.cluster.verifier_gpus if gpus and cfg.verify.mode != "compile_only" else 0.0
@@ -158,7 +160,7 @@ class Trainer:
         threads = 0 if gpus else max(1, (os.cpu_count() or 2) // 2)
         self.rollout_workers = [
             RolloutWorker.options(num_gpus=cfg.cluster.rollout_gpus if gpus else 0).remote(
-                cfg.model, cfg.sampling, self.tasks, cfg.tasks.prompt_template, threads
+                cfg.model, cfg.sampling, self.tasks, cfg.tasks.prompt_template, threads, cfg.phase.scaffold_granularity
             )
             for _ in range(cfg.cluster.num_rollout_workers)
         ]

@@ -19,12 +19,42 @@ Specs accepted by :func:`load_tasks`:
 
 * ``"kernelbench:DIR"``: a KernelBench checkout's problem folder (``level1/19_ReLU.py`` ...); every
   ``.py`` under DIR is a reference, the level read from a ``level<N>`` folder name.
+* ``"kernelbench-json:PATH"``: KernelBench problems as JSON (a file, or a folder of ``.json`` /
+  ``.jsonl`` files): a list of records, ``{"problems": [...]}``, or an object of lists keyed by split
+  (the Hugging Face dataset ``ScalingIntelligence/KernelBench`` dumped as ``{"level_1": [...], ...}``);
+  a ``.jsonl`` file holds one record a line (``Dataset.to_json``).  A record is the dataset's row
+  ``{code, level, name, problem_id}``: the reference under ``code`` (or ``pytorch_code``,
+  ``ref_arch_src``), ``level`` optional (else the split's ``level_<N>``, else estimated), ``name`` (or
+  ``problem_name``) and ``problem_id`` optional.  Ids ``kernelbench/level<N>/<name>`` as the folder
+  loader gives them (``<problem_id>_`` prefixed when the name lacks it), ``kernelbench/<name>``
+  without a level, ``kernelbench-<file stem>/<index>`` without a name or problem id.
+* ``"alpaca:PATH"``: instruction-tuning pairs (CuKe / Alpaca shape; a JSON file or a folder of
+  them): a list of ``{instruction, input, output}`` or ``{prompt, response}``.  The reference is the
+  fenced Python block (```` ```python ````, ```` ```py ```` or untagged) of ``prompt`` (or
+  ``instruction`` + ``input``) that holds ``class Model`` and ``get_inputs`` (or the whole ``input``
+  when that is the bare module); the solution is the last fenced block of ``response`` /
+  ``output`` holding ``class ModelNew`` (or the bare output), format ``fast`` when it calls
+  ``load_cuda`` else ``load_inline``.  An empty output gives a task without solution; an output
+  without a valid solution is **rejected** (rule ``bad-solution``), not loaded reference-only: the
+  output is what such a record is for (the SFT target), and quietly dropping it would hide a broken
+  converter.  Ids ``alpaca-<file stem>/<index>``, levels estimated.
+* ``"jsonl:PATH"``: one JSON object a line (a file, or a folder of ``.jsonl`` files):
+  ``reference`` (or ``pytorch_code``), optional ``solution`` (or ``cuda_code``; format detected as
+  above, a bad one rejected as ``bad-solution``), ``level`` (else estimated), ``name``, ``id`` (else the
+  line number).  Ids ``jsonl-<file stem>/<id>``.  A line that is not a JSON object is rejected with its
+  line number (the :attr:`Rejection.index`) and loading goes on; blank lines are skipped.
 
 Records are untrusted: each is validated by parsing only (:mod:`ast`), never executed (references
 run only inside the verifier's sandbox).  References whose ``get_inputs`` allocates more than
 ``max_input_elements`` elements by a static lower bound (:func:`static_input_elements`; DICE's data
-holds some of up to 17 GB) are refused too.  A bad record is rejected with its file, index and reason
-(``"<rule>: <detail>"``) and loading goes on; :meth:`LoadReport.summary` counts both.
+holds some of up to 17 GB) are **scaled down** when their definition allows it (KernelBench#146):
+their size constant (:func:`~dice_ray.tasks.task.shape_constant`, read only by ``get_inputs``) is
+halved until the bound fits (:func:`~dice_ray.tasks.task.scale_down_inputs`), and the change is
+listed in :attr:`LoadReport.scaled`; a solution is kept as it is (the verifier's shape trial
+already demands solutions that follow the sizes).  References that cannot be scaled are refused
+(``inputs-too-large``).  A bad record is rejected with its file, index and reason
+(``"<rule>: <detail>"``) and loading goes on; :meth:`LoadReport.summary` counts accepted tasks by
+level, scaled ones, and rejections by rule.
 """
 
 from __future__ import annotations
@@ -32,7 +62,8 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dice_ray.tasks.scaffold import ScaffoldError, make_scaffold
@@ -40,6 +71,8 @@ from dice_ray.tasks.task import (
     Task,
     TaskError,
     estimate_level,
+    scale_down_inputs,
+    shape_constant,
     static_input_elements,
     validate_reference,
     validate_solution,
@@ -59,8 +92,9 @@ class Rejection:
 
     Attributes:
         source: the file (or folder) it came from.
-        index: its position in the file's list (or ``"file"`` when the whole file was refused, or
-            the folder name of a built-in task).
+        index: its position in the file's list (``"<split>/<i>"`` in a KernelBench split object),
+            its 1-based line number in a JSON Lines file, ``"file"`` when the whole file was
+            refused, or the folder name of a built-in task.
         reason: ``"<rule>: <detail>"``, e.g. ``"syntax-error: pytorch_code does not parse: line 3: ..."``.
     """
 
@@ -74,6 +108,25 @@ class Rejection:
         return self.reason.split(":", 1)[0]
 
 
+@dataclass(frozen=True)
+class ScaledTask:
+    """A task whose inputs were scaled down to fit ``max_input_elements`` (KernelBench#146).
+
+    Attributes:
+        task_id: the task's id.
+        constant: the size constant that was halved (module-level name in the reference).
+        old_value: its value in the record.
+        new_value: its value in the loaded task.
+        elements: input elements (static lower bound) after scaling.
+    """
+
+    task_id: str
+    constant: str
+    old_value: int
+    new_value: int
+    elements: int
+
+
 @dataclass
 class LoadReport:
     """The result of :func:`load_tasks`: the accepted tasks and the rejected records.
@@ -83,12 +136,14 @@ class LoadReport:
         tasks: accepted tasks, in file order (built-in suite: level 1 first).
         rejected: one :class:`Rejection` a refused record (or file).
         files: the files read.
+        scaled: one :class:`ScaledTask` an accepted task whose inputs were scaled down.
     """
 
     spec: str
     tasks: list[Task] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    scaled: list[ScaledTask] = field(default_factory=list)
 
     def rejected_by_rule(self) -> dict[str, int]:
         """Rejections counted by rule id, most frequent first."""
@@ -99,10 +154,11 @@ class LoadReport:
         return dict(sorted(Counter(t.level for t in self.tasks).items()))
 
     def summary(self) -> str:
-        """One line: accepted tasks (by level, with solutions) and rejections (by rule)."""
+        """One line: accepted tasks (by level, with solutions, scaled down) and rejections (by rule)."""
         levels = ", ".join(f"L{lvl}: {n}" for lvl, n in self.accepted_by_level().items())
         solved = sum(t.solution_src is not None for t in self.tasks)
-        text = f"{self.spec}: {len(self.tasks)} accepted ({levels or 'none'}; {solved} with a solution)"
+        text = f"{self.spec}: {len(self.tasks)} accepted ({levels or 'none'}; {solved} with a solution"
+        text += f"; {len(self.scaled)} inputs scaled down)" if self.scaled else ")"
         text += f", {len(self.rejected)} rejected"
         if self.rejected:
             text += " (" + ", ".join(f"{rule}: {n}" for rule, n in self.rejected_by_rule().items()) + ")"
@@ -113,12 +169,14 @@ def load_tasks(spec: str, max_input_elements: int | None = DEFAULT_MAX_INPUT_ELE
     """Load the tasks named by ``spec`` (see the module docstring for the accepted specs).
 
     Args:
-        spec: ``"builtin"``, ``"dice:PATH"`` or ``"kernelbench:DIR"``.
-        max_input_elements: refuse references whose ``get_inputs`` allocates more elements than
-            this (static lower bound, rule ``inputs-too-large``); None: no cap.
+        spec: ``"builtin"``, ``"dice:PATH"``, ``"kernelbench:DIR"``, ``"kernelbench-json:PATH"``,
+            ``"alpaca:PATH"`` or ``"jsonl:PATH"``.
+        max_input_elements: scale down references whose ``get_inputs`` allocates more elements
+            than this (static lower bound) when they have a size constant, refuse the others (rule
+            ``inputs-too-large``); None: no cap.
 
     Raises:
-        ValueError: ``spec`` is none of ``"builtin"``, ``"dice:PATH"``, ``"kernelbench:DIR"``.
+        ValueError: ``spec`` is none of the above.
         FileNotFoundError: PATH / DIR does not exist.
     Bad records never raise: they are listed in :attr:`LoadReport.rejected`.
     """
@@ -129,20 +187,34 @@ def load_tasks(spec: str, max_input_elements: int | None = DEFAULT_MAX_INPUT_ELE
     kind, sep, rest = spec.partition(":")
     if spec == "builtin":
         return _load_builtin(BUILTIN_DIR, spec, max_input_elements)
-    if sep and rest and kind == "dice":
-        return _load_dice(Path(rest).expanduser(), spec, max_input_elements)
-    if sep and rest and kind == "kernelbench":
-        return _load_kernelbench(Path(rest).expanduser(), spec, max_input_elements)
-    raise ValueError(f"tasks spec {spec!r}: expected 'builtin', 'dice:PATH' or 'kernelbench:DIR'")
+    loader = _LOADERS.get(kind)
+    if sep and rest and loader is not None:
+        return loader(Path(rest).expanduser(), spec, max_input_elements)
+    raise ValueError(
+        f"tasks spec {spec!r}: expected 'builtin', 'dice:PATH', 'kernelbench:DIR', 'kernelbench-json:PATH', "
+        "'alpaca:PATH' or 'jsonl:PATH'"
+    )
 
 
-def _capped(task: Task, cap: int | None) -> Task:
-    """``task``, unless its inputs exceed ``cap`` elements (TaskError ``inputs-too-large``)."""
-    if cap is not None:
-        n = static_input_elements(task.reference_src)
-        if n > cap:
-            raise TaskError("inputs-too-large", f"get_inputs() allocates at least {n} elements, the cap is {cap}")
-    return task
+def _capped(task: Task, cap: int | None, report: LoadReport | None = None) -> Task:
+    """``task``, its inputs scaled down to ``cap`` elements when needed and possible (noted in
+    ``report.scaled``); TaskError ``inputs-too-large`` when they cannot be."""
+    if cap is None:
+        return task
+    n = static_input_elements(task.reference_src)
+    if n <= cap:
+        return task
+    src = scale_down_inputs(task.reference_src, cap)
+    if src is None:
+        raise TaskError(
+            "inputs-too-large",
+            f"get_inputs() allocates at least {n} elements, the cap is {cap}, and no size constant read "
+            "only by get_inputs can be halved to fit",
+        )
+    (name, old), (_, new) = shape_constant(task.reference_src), shape_constant(src)  # type: ignore[misc]
+    if report is not None:
+        report.scaled.append(ScaledTask(task.task_id, name, old, new, static_input_elements(src)))
+    return replace(task, reference_src=src)
 
 
 def load_reference_file(path: str | Path) -> Task:
@@ -184,7 +256,7 @@ def _load_builtin(root: Path, spec: str, cap: int | None) -> LoadReport:
             sol = (folder / "solution.py").read_text(encoding="utf-8")
             report.files += [str(folder / "reference.py"), str(folder / "solution.py")]
             make_scaffold(sol, "fast")
-            task = _capped(Task(f"builtin/L{level}/{name}", name, level, ref, sol, "fast"), cap)
+            task = _capped(Task(f"builtin/L{level}/{name}", name, level, ref, sol, "fast"), cap, report)
         except OSError as e:
             report.rejected.append(Rejection(str(folder), folder.name, f"missing-file: {e}"))
             continue
@@ -196,12 +268,13 @@ def _load_builtin(root: Path, spec: str, cap: int | None) -> LoadReport:
 
 
 # ---------------------------------------------------------------------------------------------
-# DICE JSON
+# JSON record files (dice, kernelbench-json, alpaca, jsonl share the loop)
 # ---------------------------------------------------------------------------------------------
 
-_E2E_KEYS = ("idx", "level", "pytorch_code", "cuda_code")
-_INFILL_KEYS = ("id", "pytorch_code", "cuda_code", "prefix", "middle", "suffix")
-_REFERENCE_KEYS = ("pytorch_code",)
+#: (index, record) pairs of one file: list positions, ``"<split>/<i>"``, or 1-based line numbers.
+_Entries = list[tuple[int | str, object]]
+#: Turns one record (and its index) into a Task, or raises TaskError / ScaffoldError.
+_RecordParser = Callable[[object, int | str], Task]
 
 
 def _reason(e: Exception) -> str:
@@ -212,43 +285,123 @@ def _reason(e: Exception) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def _json_files(path: Path) -> list[Path]:
+def _data_files(path: Path, suffixes: tuple[str, ...], what: str) -> list[Path]:
     if path.is_file():
         return [path]
     if path.is_dir():
-        return sorted(p for p in path.glob("*.json") if p.is_file())
-    raise FileNotFoundError(f"DICE data path {path} does not exist")
+        return sorted(p for p in path.iterdir() if p.is_file() and p.suffix in suffixes)
+    raise FileNotFoundError(f"{what} path {path} does not exist")
 
 
-def _load_dice(path: Path, spec: str, cap: int | None) -> LoadReport:
+def _read_text(file: Path) -> str:
+    """The file's text; TaskError ``bad-json`` (too large, unreadable, not UTF-8) or ``empty-file``."""
+    try:
+        if file.stat().st_size > _MAX_JSON_BYTES:
+            raise ValueError(f"file is larger than {_MAX_JSON_BYTES} bytes")
+        text = file.read_text(encoding="utf-8")
+    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        raise TaskError("bad-json", str(e)) from None
+    if not text.strip():
+        raise TaskError("empty-file", "the file holds no JSON")
+    return text
+
+
+def _read_json(file: Path) -> object:
+    try:
+        return json.loads(_read_text(file))
+    except json.JSONDecodeError as e:
+        raise TaskError("bad-json", str(e)) from None
+
+
+def _read_json_list(file: Path, report: LoadReport) -> _Entries:
+    data = _read_json(file)
+    if not isinstance(data, list):
+        raise TaskError("not-a-list", f"top level is a {type(data).__name__}, expected a list")
+    return list(enumerate(data))
+
+
+def _read_json_lines(file: Path, report: LoadReport) -> _Entries:
+    """One record a non-blank line; a line that is not JSON is rejected (its line number) here."""
+    entries: _Entries = []
+    for n, line in enumerate(_read_text(file).split("\n"), 1):  # not splitlines: JSON may hold U+2028
+        if not line.strip():
+            continue
+        try:
+            entries.append((n, json.loads(line)))
+        except json.JSONDecodeError as e:
+            report.rejected.append(Rejection(str(file), n, f"bad-json: line {n}: {e}"))
+    return entries
+
+
+def _load_record_files(
+    path: Path,
+    spec: str,
+    cap: int | None,
+    what: str,
+    suffixes: tuple[str, ...],
+    read: Callable[[Path, LoadReport], _Entries],
+    parser_for: Callable[[Path, _Entries], _RecordParser],
+) -> LoadReport:
+    """Read each file of ``path`` (``read``), parse each record (``parser_for(file, entries)``), cap."""
     report = LoadReport(spec)
     seen: set[str] = set()
-    for file in _json_files(path):
+    for file in _data_files(path, suffixes, what):
         report.files.append(str(file))
         try:
-            if file.stat().st_size > _MAX_JSON_BYTES:
-                raise ValueError(f"file is larger than {_MAX_JSON_BYTES} bytes")
-            records = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            report.rejected.append(Rejection(str(file), "file", f"bad-json: {e}"))
+            entries = read(file, report)
+        except TaskError as e:
+            report.rejected.append(Rejection(str(file), "file", str(e)))
             continue
-        if not isinstance(records, list):
-            report.rejected.append(
-                Rejection(str(file), "file", f"not-a-list: top level is a {type(records).__name__}, expected a list")
-            )
-            continue
-        kind = _dice_kind(records)
-        for i, rec in enumerate(records):
+        parse = parser_for(file, entries)
+        for index, rec in entries:
             try:
-                task = _capped(_dice_record(rec, kind, file.stem, i), cap)
+                task = parse(rec, index)
                 if task.task_id in seen:
                     raise TaskError("duplicate-id", f"task id {task.task_id!r} was already loaded")
+                task = _capped(task, cap, report)
             except (TaskError, ScaffoldError) as e:
-                report.rejected.append(Rejection(str(file), i, _reason(e)))
+                report.rejected.append(Rejection(str(file), index, _reason(e)))
                 continue
             seen.add(task.task_id)
             report.tasks.append(task)
     return report
+
+
+def _solution_format(src: str) -> str:
+    """``"fast"`` when the solution calls ``load_cuda``, else ``"load_inline"``."""
+    return "fast" if re.search(r"\bload_cuda\s*\(", src) else "load_inline"
+
+
+def _checked_solution(src: str, field: str) -> tuple[str, str]:
+    """``(src, format)``; TaskError ``bad-solution: <the broken rule>`` when it is not a valid solution."""
+    fmt = _solution_format(src)
+    try:
+        validate_solution(src, fmt, field=field)
+    except TaskError as e:
+        raise TaskError("bad-solution", str(e)) from None
+    return src, fmt
+
+
+def _stem_id(stem: str, index: int | str) -> str:
+    """``<stem>-<index>``, checked to be a clean id (the file stem comes from the user)."""
+    return _record_id(f"{stem}/{index}".replace("/", "-"), "file stem")
+
+
+# ---------------------------------------------------------------------------------------------
+# DICE JSON
+# ---------------------------------------------------------------------------------------------
+
+_E2E_KEYS = ("idx", "level", "pytorch_code", "cuda_code")
+_INFILL_KEYS = ("id", "pytorch_code", "cuda_code", "prefix", "middle", "suffix")
+_REFERENCE_KEYS = ("pytorch_code",)
+
+
+def _load_dice(path: Path, spec: str, cap: int | None) -> LoadReport:
+    def parser_for(file: Path, entries: _Entries) -> _RecordParser:
+        kind = _dice_kind([rec for _, rec in entries])
+        return lambda rec, i: _dice_record(rec, kind, file.stem, i)  # type: ignore[arg-type]
+
+    return _load_record_files(path, spec, cap, "DICE data", (".json",), _read_json_list, parser_for)
 
 
 def _dice_kind(records: list) -> str:
@@ -300,7 +453,7 @@ def _dice_record(rec: object, kind: str, stem: str, index: int) -> Task:
     if kind == "reference":
         rec = _check_keys(rec, _REFERENCE_KEYS)  # no id of its own: the file stem and the index name it
         validate_reference(rec["pytorch_code"], field="pytorch_code")
-        tid = _record_id(f"{stem}/{index}".replace("/", "-"), "file stem")  # checks the stem's characters
+        tid = _stem_id(stem, index)
         return Task(f"dice-{stem}/{index}", tid, estimate_level(rec["pytorch_code"]), rec["pytorch_code"])
     rec = _check_keys(rec, _E2E_KEYS)
     rid = _record_id(rec["idx"], "idx")
@@ -311,7 +464,7 @@ def _dice_record(rec: object, kind: str, stem: str, index: int) -> Task:
         return Task(f"dice-e2e/{rid}", f"e2e_{rid}", level, rec["pytorch_code"])
     if not isinstance(cuda, str):
         raise TaskError("not-a-string", f"cuda_code must be a str, got {type(cuda).__name__}")
-    fmt = "fast" if re.search(r"\bload_cuda\s*\(", cuda) else "load_inline"
+    fmt = _solution_format(cuda)
     validate_solution(cuda, fmt, field="cuda_code")
     return Task(f"dice-e2e/{rid}", f"e2e_{rid}", level, rec["pytorch_code"], cuda, fmt)
 
@@ -353,7 +506,7 @@ def _load_kernelbench(root: Path, spec: str, cap: int | None) -> LoadReport:
             src = file.read_text(encoding="utf-8")
             validate_reference(src, field=f"{rel}.py")
             level = _level_from_path(file) or estimate_level(src)
-            task = _capped(Task(f"kernelbench/{rel}", file.stem, level, src), cap)
+            task = _capped(Task(f"kernelbench/{rel}", file.stem, level, src), cap, report)
         except UnicodeDecodeError as e:
             report.rejected.append(Rejection(str(file), rel, f"not-utf8: {e}"))
             continue
@@ -362,3 +515,176 @@ def _load_kernelbench(root: Path, spec: str, cap: int | None) -> LoadReport:
             continue
         report.tasks.append(task)
     return report
+
+
+# ---------------------------------------------------------------------------------------------
+# KernelBench JSON (the Hugging Face dataset's rows)
+# ---------------------------------------------------------------------------------------------
+
+_KB_REFERENCE_KEYS = ("code", "pytorch_code", "ref_arch_src")
+
+
+def _load_kernelbench_json(path: Path, spec: str, cap: int | None) -> LoadReport:
+    def read(file: Path, report: LoadReport) -> _Entries:
+        if file.suffix == ".jsonl":
+            return _read_json_lines(file, report)
+        data = _read_json(file)
+        if isinstance(data, list):
+            return list(enumerate(data))
+        if isinstance(data, dict) and isinstance(data.get("problems"), list):
+            return list(enumerate(data["problems"]))
+        if isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
+            return [(f"{split}/{i}", rec) for split, recs in data.items() for i, rec in enumerate(recs)]
+        raise TaskError(
+            "not-a-list",
+            f"top level is a {type(data).__name__}, expected a list, {{\"problems\": [...]}} or lists keyed by split",
+        )
+
+    return _load_record_files(
+        path, spec, cap, "KernelBench JSON", (".json", ".jsonl"), read,
+        lambda file, _: lambda rec, i: _kernelbench_record(rec, i, file.stem),
+    )
+
+
+def _kernelbench_record(rec: object, index: int | str, stem: str) -> Task:
+    rec = _check_keys(rec, ())
+    key = next((k for k in _KB_REFERENCE_KEYS if k in rec), None)
+    if key is None:
+        raise TaskError(
+            "missing-key", f"record lacks a reference ({', '.join(_KB_REFERENCE_KEYS)}; has {', '.join(map(str, rec))})"
+        )
+    src = rec[key]
+    validate_reference(src, field=key)
+    level = rec.get("level")
+    if level is None and isinstance(index, str):  # "<split>/<i>": the HF dataset's level_<N> splits
+        m = re.fullmatch(r"level_?(\d)", index.split("/")[0].lower())
+        level = int(m.group(1)) if m else None
+    level = None if level is None else _level(level)
+    name = rec.get("name", rec.get("problem_name"))
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise TaskError("bad-name", f"name must be a non-empty str, got {name!r}")
+    pid = None if rec.get("problem_id") is None else _record_id(rec["problem_id"], "problem_id")
+    key_ = pid
+    if name is not None:
+        key_ = re.sub(r"[^\w.\-]+", "_", name.strip().removesuffix(".py"))
+        if pid is not None and not key_.startswith(f"{pid}_"):
+            key_ = f"{pid}_{key_}"  # as KernelBench's file names: level1/19_ReLU.py
+    if key_ is None:
+        task_id = f"kernelbench-{stem}/{index}"
+        key_ = _stem_id(stem, index)
+    else:
+        task_id = f"kernelbench/level{level}/{key_}" if level is not None else f"kernelbench/{key_}"
+    return Task(task_id, name.strip() if name else key_, estimate_level(src) if level is None else level, src)
+
+
+# ---------------------------------------------------------------------------------------------
+# Alpaca-shape pairs (CuKe)
+# ---------------------------------------------------------------------------------------------
+
+_PYTHON_FENCES = frozenset({"", "python", "py", "python3"})
+_MODEL_CLASS = re.compile(r"^class\s+Model\s*[(:]", re.MULTILINE)
+_MODELNEW_CLASS = re.compile(r"^class\s+ModelNew\s*[(:]", re.MULTILINE)
+
+
+def _code_blocks(text: str) -> list[str]:
+    """The closed Markdown fenced blocks of ``text`` tagged python / py / python3 or untagged."""
+    blocks: list[str] = []
+    lang: str | None = None
+    body: list[str] = []
+    for line in text.splitlines():
+        fence = line.strip().startswith("```")
+        if lang is None and fence:
+            lang, body = line.strip()[3:].strip().lower(), []
+        elif lang is not None and fence:
+            if lang in _PYTHON_FENCES:
+                blocks.append("\n".join(body) + "\n")
+            lang = None
+        elif lang is not None:
+            body.append(line)
+    return blocks
+
+
+def _text(rec: dict, key: str) -> str:
+    value = rec.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise TaskError("not-a-string", f"{key} must be a str, got {type(value).__name__}")
+    return value
+
+
+def _load_alpaca(path: Path, spec: str, cap: int | None) -> LoadReport:
+    return _load_record_files(
+        path, spec, cap, "Alpaca data", (".json",), _read_json_list,
+        lambda file, _: lambda rec, i: _alpaca_record(rec, i, file.stem),
+    )
+
+
+def _alpaca_record(rec: object, index: int | str, stem: str) -> Task:
+    rec = _check_keys(rec, ())
+    if "prompt" in rec:
+        prompt_key, answer_key, candidates = "prompt", "response", _code_blocks(_text(rec, "prompt"))
+    elif "instruction" in rec:
+        prompt_key, answer_key = "instruction + input", "output"
+        candidates = _code_blocks(_text(rec, "instruction") + "\n" + _text(rec, "input")) + [_text(rec, "input")]
+    else:
+        raise TaskError("missing-key", f"record lacks prompt or instruction (has {', '.join(map(str, rec)) or 'none'})")
+    ref = next((c for c in candidates if _MODEL_CLASS.search(c) and "get_inputs" in c), None)
+    if ref is None:
+        raise TaskError("no-reference-block", f"{prompt_key} holds no ```python block with class Model and get_inputs")
+    validate_reference(ref, field=f"the reference block of {prompt_key}")
+    tid = _stem_id(stem, index)
+    answer = _text(rec, answer_key)
+    if not answer.strip():
+        return Task(f"alpaca-{stem}/{index}", tid, estimate_level(ref), ref)
+    blocks = [b for b in _code_blocks(answer) if _MODELNEW_CLASS.search(b)]
+    if not blocks and _MODELNEW_CLASS.search(answer):
+        blocks = [answer]  # a bare module, no fences
+    if not blocks:
+        raise TaskError("bad-solution", f"{answer_key} holds no ```python block with class ModelNew")
+    sol, fmt = _checked_solution(blocks[-1], f"the solution block of {answer_key}")
+    return Task(f"alpaca-{stem}/{index}", tid, estimate_level(ref), ref, sol, fmt)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON Lines
+# ---------------------------------------------------------------------------------------------
+
+
+def _load_jsonl(path: Path, spec: str, cap: int | None) -> LoadReport:
+    return _load_record_files(
+        path, spec, cap, "JSON Lines", (".jsonl",), _read_json_lines,
+        lambda file, _: lambda rec, i: _jsonl_record(rec, i, file.stem),
+    )
+
+
+def _jsonl_record(rec: object, line: int | str, stem: str) -> Task:
+    rec = _check_keys(rec, ())
+    ref_key = next((k for k in ("reference", "pytorch_code") if k in rec), None)
+    if ref_key is None:
+        raise TaskError("missing-key", f"record lacks reference (or pytorch_code; has {', '.join(map(str, rec)) or 'none'})")
+    ref = rec[ref_key]
+    validate_reference(ref, field=ref_key)
+    rid = _record_id(rec["id"], "id") if "id" in rec else str(line)
+    _stem_id(stem, rid)  # checks the stem's characters
+    level = estimate_level(ref) if rec.get("level") is None else _level(rec["level"])
+    name = rec.get("name", f"{stem}_{rid}")
+    if not isinstance(name, str) or not name.strip():
+        raise TaskError("bad-name", f"name must be a non-empty str, got {name!r}")
+    sol_key = next((k for k in ("solution", "cuda_code") if k in rec), None)
+    sol = None if sol_key is None else rec[sol_key]
+    if sol is None or (isinstance(sol, str) and not sol.strip()):
+        return Task(f"jsonl-{stem}/{rid}", name.strip(), level, ref)
+    if not isinstance(sol, str):
+        raise TaskError("bad-solution", f"{sol_key} must be a str, got {type(sol).__name__}")
+    sol, fmt = _checked_solution(sol, sol_key)  # type: ignore[arg-type]
+    return Task(f"jsonl-{stem}/{rid}", name.strip(), level, ref, sol, fmt)  # type: ignore[arg-type]
+
+
+_LOADERS: dict[str, Callable[[Path, str, int | None], LoadReport]] = {
+    "dice": _load_dice,
+    "kernelbench": _load_kernelbench,
+    "kernelbench-json": _load_kernelbench_json,
+    "alpaca": _load_alpaca,
+    "jsonl": _load_jsonl,
+}

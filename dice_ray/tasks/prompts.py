@@ -38,8 +38,8 @@ _FORMAT_RULES = (
 )
 
 _COMPACT = {
-    "infill": "Reference:\n{reference}\nFill {marker} with the CUDA source so that ModelNew matches Model:\n"
-    "{prefix}{marker}{suffix}\nCUDA source:\n",
+    "infill": "Reference:\n{reference}\nFill {marker} with {what} so that ModelNew matches Model:\n"
+    "{prefix}{marker}{suffix}\n{What}:\n",
     "e2e": "Reference:\n{reference}\nWrite ModelNew, same __init__ arguments as Model, with CUDA kernels. "
     + _FORMAT_RULES
     + "\nSolution:\n",
@@ -102,7 +102,7 @@ _DICE_STATEMENT = (
 _DICE = {
     "infill": _DICE_STATEMENT
     + "You are given a PyTorch reference, the ground truth of the behaviour, and a solution skeleton: a prefix "
-    "and a suffix. Write the missing middle, the CUDA source of the kernels, so that prefix + middle + suffix "
+    "and a suffix. Write the missing middle, {what_long}, so that prefix + middle + suffix "
     "is a working ModelNew equivalent to Model. Keep to the kernel names, arguments and launch configuration "
     "the suffix uses.\n\n"
     "The reference architecture:\n```python\n{reference}```\n\n"
@@ -122,7 +122,12 @@ _DICE = {
     "no explanation and no testing code.\n",
 }
 
-_SLOT = re.compile(r"\{(reference|prefix|suffix|marker)\}")
+_SLOT = re.compile(r"\{(reference|prefix|suffix|marker|what|What|what_long)\}")
+#: How an infill prompt names the middle, by scaffold granularity: (short, heading, long).
+_MIDDLE_WORDS: dict[str, tuple[str, str, str]] = {
+    "source": ("the CUDA source", "CUDA source", "the CUDA source of the kernels"),
+    "body": ("the kernel's body", "Kernel body", "the body of the CUDA kernel whose braces end the prefix and open the suffix"),
+}
 _FENCE = re.compile(r"```[\w+-]*[ \t]*\r?\n(.*?)(?:```|\Z)", re.S)
 
 
@@ -137,19 +142,21 @@ def _check_phase(phase: str) -> None:
 
 
 @lru_cache(maxsize=4096)
-def _cached_scaffold(solution_src: str, fmt: str) -> Scaffold:
-    return make_scaffold(solution_src, fmt)
+def _cached_scaffold(solution_src: str, fmt: str, granularity: str) -> Scaffold:
+    return make_scaffold(solution_src, fmt, granularity)
 
 
-def task_scaffold(task: Task) -> Scaffold:
-    """The scaffold of ``task``'s solution (cached).
+def task_scaffold(task: Task, granularity: str = "source") -> Scaffold:
+    """The scaffold of ``task``'s solution (cached), cut at ``granularity`` (``"source"``: the CUDA
+    source; ``"body"``: the first ``__global__`` kernel's body; :func:`dice_ray.tasks.scaffold.make_scaffold`).
 
     Raises:
-        ScaffoldError: the task has no solution, or its solution has no CUDA source to cut.
+        ScaffoldError: the task has no solution, its solution has nothing to cut at that granularity,
+            or ``granularity`` is unknown.
     """
     if task.solution_src is None or task.solution_format is None:
         raise ScaffoldError(f"task {task.task_id} has no solution_src: the infill phase needs one to cut")
-    return _cached_scaffold(task.solution_src, task.solution_format)
+    return _cached_scaffold(task.solution_src, task.solution_format, granularity)
 
 
 @lru_cache(maxsize=4096)
@@ -198,11 +205,21 @@ def compact_reference(src: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def build_prompt(task: Task, phase: str, template: str = "compact") -> str:
+def can_infill(task: Task, granularity: str = "source") -> bool:
+    """Whether ``task`` can be posed in the infill phase: it has a solution with something to cut at
+    ``granularity`` (a ``load_inline`` solution that only calls cuBLAS has no kernel body)."""
+    try:
+        task_scaffold(task, granularity)
+    except ScaffoldError:
+        return False
+    return True
+
+
+def build_prompt(task: Task, phase: str, template: str = "compact", granularity: str = "source") -> str:
     """The prompt of ``task`` for ``phase`` (``"infill"`` or ``"e2e"``) in template set ``template``.
 
     Infill prompts show the scaffold of the task's own solution (fast or load_inline format, cut at
-    ``source`` granularity); end-to-end prompts always ask for the fast format.
+    ``granularity``: ``"source"``, DICE's, or ``"body"``); end-to-end prompts always ask for the fast format.
 
     Raises:
         ValueError: unknown ``phase`` or ``template``.
@@ -218,12 +235,14 @@ def build_prompt(task: Task, phase: str, template: str = "compact") -> str:
     text = (_COMPACT if compact else _DICE)[phase]
     if phase == "e2e":
         return _fill(text, reference=reference)
-    sc = task_scaffold(task)
+    sc = task_scaffold(task, granularity)
     prefix, suffix = sc.prefix, sc.suffix
     if not compact:
         prefix = prefix if prefix.endswith("\n") else prefix + "\n"
         suffix = suffix if suffix.endswith("\n") else suffix + "\n"
-    return _fill(text, reference=reference, prefix=prefix, suffix=suffix, marker=FILL_MARKER)
+    what, heading, what_long = _MIDDLE_WORDS[granularity]
+    return _fill(text, reference=reference, prefix=prefix, suffix=suffix, marker=FILL_MARKER, what=what,
+                 What=heading, what_long=what_long)
 
 
 def strip_fence(completion: str) -> str:
@@ -237,10 +256,11 @@ def strip_fence(completion: str) -> str:
     return m.group(1) if m else completion
 
 
-def assemble_candidate(task: Task, phase: str, completion: str) -> str:
+def assemble_candidate(task: Task, phase: str, completion: str, granularity: str = "source") -> str:
     """The candidate source built from a policy completion.
 
-    ``"infill"``: ``prefix + completion + suffix`` of the task's scaffold; ``"e2e"``: the completion.
+    ``"infill"``: ``prefix + completion + suffix`` of the task's scaffold at ``granularity``;
+    ``"e2e"``: the completion.
     In both, a completion that starts with a markdown fence is first reduced to the fenced code
     (:func:`strip_fence`; the ``dice`` templates ask for a code block).
 
@@ -255,7 +275,7 @@ def assemble_candidate(task: Task, phase: str, completion: str) -> str:
     body = strip_fence(completion)
     if phase == "e2e":
         return body
-    sc = task_scaffold(task)
+    sc = task_scaffold(task, granularity)
     return sc.prefix + body + sc.suffix
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -231,6 +232,94 @@ def static_input_elements(reference_src: str) -> int:
         except _Unknown:
             continue
     return total
+
+
+def _shape_constant_node(tree: ast.Module) -> ast.Assign | None:
+    """The first module-level ``NAME = <int literal >= 1>`` that ``get_inputs`` reads and nothing else
+    at module level does; None when there is none."""
+    consts: list[ast.Assign] = []
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Constant) and type(node.value.value) is int and node.value.value >= 1):
+            consts.append(node)
+    inside: set[str] = set()
+    outside: set[str] = set()
+    for node in tree.body:
+        names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        if isinstance(node, ast.FunctionDef) and node.name == "get_inputs":
+            inside |= names
+        else:
+            outside |= names
+    for node in consts:
+        name = node.targets[0].id  # type: ignore[union-attr]
+        if name in inside and name not in outside:
+            return node
+    return None
+
+
+def shape_constant(reference_src: str) -> tuple[str, int] | None:
+    """The size constant of a reference that can change without changing the model.
+
+    That is the first module-level ``NAME = <int literal >= 1>`` that ``get_inputs`` reads and
+    nothing else in the module does (so ``Model`` and ``get_init_inputs``, hence the weights, are
+    unchanged).  The verifier's shape trial doubles it (:mod:`dice_ray.verify.harness`); loaders halve
+    it to fit a memory budget (:func:`scale_down_inputs`, KernelBench#146).  Parses only.
+
+    Returns:
+        ``(name, value)``, or None when there is no such constant or ``reference_src`` does not parse.
+    """
+    try:
+        node = _shape_constant_node(ast.parse(reference_src))
+    except (SyntaxError, ValueError):
+        return None
+    return None if node is None else (node.targets[0].id, node.value.value)  # type: ignore[union-attr]
+
+
+def _char_offset(src: str, line_starts: list[int], lineno: int, byte_col: int) -> int:
+    """Offset in ``src`` of an :mod:`ast` position (1-based line, UTF-8 byte column)."""
+    start = line_starts[lineno - 1]
+    end = line_starts[lineno] if lineno < len(line_starts) else len(src)
+    return start + len(src[start:end].encode("utf-8")[:byte_col].decode("utf-8"))
+
+
+def scale_down_inputs(reference_src: str, max_elements: int) -> str | None:
+    """Shrink a reference whose inputs exceed ``max_elements`` by halving its size constant.
+
+    KernelBench#146 (problems whose inputs do not fit a GPU): when the reference has a size constant
+    (:func:`shape_constant`), halve it until :func:`static_input_elements` is at most
+    ``max_elements``, rewriting the source text only at that literal (found by :mod:`ast`
+    positions; comments and layout are kept).  Parses only, never executes.
+
+    Args:
+        reference_src: a KernelBench-format reference (see :func:`validate_reference`).
+        max_elements: the budget, in input elements (>= 1).
+
+    Returns:
+        The reference with the constant halved as often as needed (unchanged when it already fits);
+        None when it does not fit and cannot be scaled (no size constant, or still too large with
+        the constant at 1).  :func:`shape_constant` of both sources gives the old and new value.
+    Raises:
+        TaskError: ``reference_src`` breaks a rule of :func:`validate_reference`.
+        ValueError: ``max_elements`` is not an int >= 1.
+    """
+    if isinstance(max_elements, bool) or not isinstance(max_elements, int) or max_elements < 1:
+        raise ValueError(f"max_elements must be an int >= 1, got {max_elements!r}")
+    node = _shape_constant_node(validate_reference(reference_src))
+    if static_input_elements(reference_src) <= max_elements:
+        return reference_src
+    if node is None:
+        return None
+    lit = node.value
+    line_starts = [0] + [m.end() for m in re.finditer(r"\r\n|\r|\n", reference_src)]  # Python's line ends
+    start = _char_offset(reference_src, line_starts, lit.lineno, lit.col_offset)
+    end = _char_offset(reference_src, line_starts, lit.end_lineno or lit.lineno, lit.end_col_offset or 0)
+    value, src = lit.value, reference_src
+    while static_input_elements(src) > max_elements:
+        if value <= 1:
+            return None
+        value //= 2
+        src = reference_src[:start] + str(value) + reference_src[end:]
+    return src
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,6 @@ CUDA-error probe that decides whether the worker must be replaced (``fatal``).
 
 from __future__ import annotations
 
-import ast
 import builtins
 import copy
 import dis
@@ -49,6 +48,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dice_ray import launch
+from dice_ray.tasks.task import shape_constant
 from dice_ray.verify import inline, timing
 from dice_ray.verify.correctness import compare_outputs, count_mismatches, flatten_outputs
 from dice_ray.verify.rules import check_cuda_source, import_allowed
@@ -895,31 +895,3 @@ class _Mismatch(Exception):
 def _finite(out: Any) -> bool:
     return all(bool(torch.isfinite(o).all()) for o in flatten_outputs(out)
                if isinstance(o, torch.Tensor) and o.is_floating_point())
-
-
-def shape_constant(reference_src: str) -> tuple[str, int] | None:
-    """The size constant the shape trial doubles: the first module-level ``NAME = <int >= 1>`` of the
-    reference that ``get_inputs`` reads and nothing else in the module does (so ``Model`` and
-    ``get_init_inputs``, hence the weights, are unchanged).  None when there is none.
-    """
-    try:
-        tree = ast.parse(reference_src)
-    except SyntaxError:
-        return None
-    consts: list[tuple[str, int]] = []
-    for node in tree.body:
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                and isinstance(node.value, ast.Constant) and type(node.value.value) is int and node.value.value >= 1):
-            consts.append((node.targets[0].id, node.value.value))
-    inside: set[str] = set()
-    outside: set[str] = set()
-    for node in tree.body:
-        names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-        if isinstance(node, ast.FunctionDef) and node.name == "get_inputs":
-            inside |= names
-        else:
-            outside |= names
-    for name, value in consts:
-        if name in inside and name not in outside:
-            return name, value
-    return None

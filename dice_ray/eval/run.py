@@ -1,0 +1,299 @@
+"""``dice-ray eval``: verify candidates of a task set, from a policy or a solutions folder, and report.
+
+Candidates come from one of two sources:
+
+* ``--model PATH`` (a folder written by :meth:`DiffusionPolicy.save`): for every task, the prompt
+  of ``phase`` (:func:`dice_ray.tasks.prompts.build_prompt`, template ``tasks.prompt_template``),
+  ``samples`` completions (:func:`dice_ray.policy.sampler.sample_group`, ``sampling`` section,
+  seed ``rl.seed + task index``), each turned into a candidate by
+  :func:`~dice_ray.tasks.prompts.assemble_candidate`; on cuda:0 when there is a GPU.  ``infill`` needs the task's solution to cut:
+  tasks without one are skipped (listed, not counted);
+* ``--solutions DIR``: given files, no model.  Layout: ``DIR/<key>.py`` is one sample of a task,
+  or ``DIR/<key>/*.py`` several (in file-name order), where ``<key>`` is the task id with every
+  ``/`` replaced by ``__`` (``builtin__L1__relu.py``, ``dice-e2e__17.py``) or the task's name
+  (``relu.py``) when no other task of the set shares it.  Tasks without a file count as failed
+  (KernelBench); files that match no task are listed as ``unmatched``.
+
+Verification: with a Ray cluster (``cluster.address`` or ``RAY_ADDRESS``) that has GPUs, a
+:class:`~dice_ray.cluster.verifier_pool.VerifierPool` sized as the trainer sizes it; otherwise an
+in-process :class:`~dice_ray.verify.verifier.Verifier` (GPU when ``torch.cuda.is_available()``,
+else compile-only: then correctness and speed are not measured, and the report says so).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dice_ray.config import DiceConfig
+from dice_ray.eval.metrics import DEFAULT_KS, DEFAULT_PS, compute_metrics
+from dice_ray.eval.report import hardware_name, write_report
+from dice_ray.tasks.loaders import load_tasks
+from dice_ray.tasks.task import Task
+from dice_ray.verify.verdict import Verdict
+
+#: ``[(candidate_id, task, source), ...] -> verdicts in order``
+VerifyFn = Callable[[list[tuple[str, Task, str]]], list[Verdict]]
+
+
+class EvalInputError(ValueError):
+    """Unusable eval or curate input (no task accepted, unreadable solution file, bad phase ...)."""
+
+
+@dataclass
+class Candidate:
+    """One candidate to verify: its task, sample index, source and where it came from."""
+
+    task: Task
+    sample: int
+    source: str
+    origin: str  # a file path, or "model"
+
+    @property
+    def candidate_id(self) -> str:
+        return f"{self.task.task_id}#{self.sample}"
+
+
+def load_eval_tasks(spec: str, cfg: DiceConfig) -> list[Task]:
+    """The tasks of ``spec`` (``tasks.max_input_elements`` cap), the first ``tasks.max_tasks`` of them.
+
+    Raises:
+        EvalInputError: no task was accepted.
+        ValueError, FileNotFoundError: see :func:`dice_ray.tasks.loaders.load_tasks`.
+    """
+    report = load_tasks(spec, max_input_elements=cfg.tasks.max_input_elements)
+    tasks = report.tasks[: cfg.tasks.max_tasks] if cfg.tasks.max_tasks else report.tasks
+    if not tasks:
+        raise EvalInputError(f"tasks {spec!r}: no task accepted ({report.summary()})")
+    return tasks
+
+
+def solution_key(task: Task) -> str:
+    """The file stem of ``task`` in a solutions folder: its id with ``/`` replaced by ``__``."""
+    return task.task_id.replace("/", "__")
+
+
+def solution_candidates(tasks: list[Task], folder: str | Path) -> tuple[list[Candidate], list[str]]:
+    """Candidates read from a solutions folder (layout in the module docstring).
+
+    Returns:
+        (candidates in task order, unmatched file or folder names).
+    Raises:
+        FileNotFoundError: ``folder`` is not a directory.
+        EvalInputError: a solution file is not UTF-8 text.
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        raise FileNotFoundError(f"solutions folder {root} does not exist")
+    names: dict[str, int] = {}
+    for t in tasks:
+        names[t.name] = names.get(t.name, 0) + 1
+    by_key: dict[str, Task] = {solution_key(t): t for t in tasks}
+    by_key.update({t.name: t for t in tasks if names[t.name] == 1 and t.name not in by_key})
+    files: dict[str, list[Path]] = {}
+    unmatched = []
+    for entry in sorted(root.iterdir()):
+        key = entry.stem if entry.is_file() and entry.suffix == ".py" else entry.name if entry.is_dir() else None
+        task = by_key.get(key) if key is not None else None
+        if task is None:
+            if not entry.name.startswith((".", "_")):
+                unmatched.append(entry.name)
+            continue
+        paths = [entry] if entry.is_file() else sorted(p for p in entry.glob("*.py") if p.is_file())
+        files.setdefault(task.task_id, []).extend(paths)
+    out = []
+    for task in tasks:
+        for j, path in enumerate(files.get(task.task_id, [])):
+            try:
+                src = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as e:
+                raise EvalInputError(f"solution file {path} is not UTF-8: {e}") from None
+            out.append(Candidate(task, j, src, str(path)))
+    return out, unmatched
+
+
+def model_candidates(
+    tasks: list[Task], model: str | Path, samples: int, phase: str, cfg: DiceConfig
+) -> tuple[list[Candidate], dict[str, str], dict[str, str]]:
+    """Sample ``samples`` completions a task from the policy saved in ``model``.
+
+    Returns:
+        (candidates, skipped, failed): ``skipped`` maps the tasks ``phase`` cannot pose (infill
+        without a solution) to the reason, they leave the evaluated set; ``failed`` maps tasks
+        whose sampling raised (e.g. prompt longer than the model's positions) to the error,
+        they stay in the set and count as failed.
+    Raises:
+        FileNotFoundError: ``model`` is not a saved policy folder.
+        EvalInputError: ``samples < 1`` or an unknown ``phase``.
+    """
+    from dice_ray.policy.policy import DiffusionPolicy
+    from dice_ray.policy.sampler import sample_group
+    from dice_ray.tasks.prompts import PHASES, assemble_candidate, build_prompt
+
+    if phase not in PHASES:
+        raise EvalInputError(f"--phase must be one of {PHASES}, got {phase!r}")
+    if samples < 1:
+        raise EvalInputError(f"--samples must be >= 1, got {samples}")
+    policy = DiffusionPolicy.load(model)
+    import torch
+
+    if torch.cuda.is_available():  # sampling on the GPU the verifier times on: the tiny policy is small
+        policy.to("cuda")
+    out: list[Candidate] = []
+    skipped: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    for i, task in enumerate(tasks):
+        if phase == "infill" and task.solution_src is None:
+            skipped[task.task_id] = "infill needs a solution to cut; the task has none"
+            continue
+        try:
+            group = sample_group(policy, build_prompt(task, phase, cfg.tasks.prompt_template,
+                                                      cfg.phase.scaffold_granularity), samples,
+                                 cfg.sampling, cfg.rl.seed + i)
+        except ValueError as e:
+            failed[task.task_id] = f"sampling failed: {e}"
+            continue
+        out += [Candidate(task, j, assemble_candidate(task, phase, r.text, cfg.phase.scaffold_granularity), "model")
+                for j, r in enumerate(group)]
+    return out, skipped, failed
+
+
+def ray_address(cfg: DiceConfig) -> str | None:
+    """The Ray cluster to use: ``cluster.address``, else ``RAY_ADDRESS``, else None (no Ray)."""
+    return cfg.cluster.address or os.environ.get("RAY_ADDRESS") or None
+
+
+def ray_gpus(cfg: DiceConfig) -> int:
+    """GPUs of the configured Ray cluster (connecting to it); 0 without a cluster or in compile-only mode."""
+    address = ray_address(cfg)
+    if address is None or cfg.verify.mode == "compile_only":
+        return 0
+    import ray
+
+    from dice_ray.cluster.scheduler import NAMESPACE
+
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
+    return int(ray.cluster_resources().get("GPU", 0))
+
+
+@contextmanager
+def open_verifier(cfg: DiceConfig) -> Iterator[tuple[VerifyFn, str]]:
+    """A verify function and its description, closed on exit.
+
+    A Ray cluster with GPUs (:func:`ray_gpus`) gets an unnamed VerifierPool sized like the
+    trainer's (``cluster.num_verifiers`` or one a GPU, ``cluster.verifier_gpus`` each, the same
+    call timeout); anything else an in-process Verifier (``verify`` section).
+
+    Raises:
+        RuntimeError: ``verify.mode == "gpu"`` and no GPU is visible.
+    """
+    gpus = ray_gpus(cfg)
+    if gpus:
+        import ray
+
+        from dice_ray.cluster.verifier_pool import VerifierPool
+        from dice_ray.verify.verifier import AUTO_GPU_WORKERS
+
+        n = cfg.cluster.num_verifiers or gpus
+        workers = cfg.verify.workers or AUTO_GPU_WORKERS
+        call_timeout = cfg.verify.compile_timeout_s + (3 + workers) * cfg.verify.run_timeout_s + 60
+        pool = VerifierPool.remote(cfg.verify, cfg.reward, n, cfg.cluster.verifier_gpus, call_timeout, None,
+                                   "dice-ray-eval")
+        try:
+            yield (lambda items: ray.get(pool.verify_batch.remote(items))), (
+                f"Ray VerifierPool ({n} actor(s), {cfg.cluster.verifier_gpus:g} GPU each)")
+        finally:
+            try:
+                ray.get(pool.close.remote(), timeout=60)
+            finally:
+                ray.kill(pool)
+        return
+    from dice_ray.verify.verifier import Verifier
+
+    verifier = Verifier(cfg.verify, cfg.reward)
+    try:
+        where = f"GPU cuda:{verifier.device}" if verifier.mode == "gpu" else "compile-only"
+        yield (lambda items: verifier.verify_many([(t, src, cid) for cid, t, src in items])), (
+            f"in-process Verifier ({where}, {verifier.workers} worker(s))")
+    finally:
+        verifier.close()
+
+
+def evaluate(
+    tasks_spec: str,
+    cfg: DiceConfig,
+    out_dir: str | Path,
+    *,
+    model: str | Path | None = None,
+    solutions: str | Path | None = None,
+    samples: int = 1,
+    phase: str = "e2e",
+    log: Callable[[str], None] = lambda s: None,
+) -> dict[str, Any]:
+    """Evaluate a policy (``model``) or a solutions folder (``solutions``) on ``tasks_spec``.
+
+    Exactly one of ``model`` and ``solutions`` is given.  Writes ``results.json``, ``results.md``
+    and ``results.png`` into ``out_dir`` (:func:`dice_ray.eval.report.write_report`).
+
+    Returns:
+        The result dict written to ``results.json`` (``metrics``, ``candidates`` with one verdict
+        each, ``hardware``, ``verifier``, ``missing``, ``skipped``, ``unmatched``, ...).
+    Raises:
+        EvalInputError: neither or both sources, no task, bad phase / samples, unreadable solution.
+        FileNotFoundError: the tasks path, the model or the solutions folder does not exist.
+        RuntimeError: ``verify.mode == "gpu"`` without a GPU.
+    """
+    if (model is None) == (solutions is None):
+        raise EvalInputError("give exactly one of --model PATH and --solutions DIR")
+    tasks = load_eval_tasks(tasks_spec, cfg)
+    skipped: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    unmatched: list[str] = []
+    if model is not None:
+        log(f"sampling {samples} completion(s) a task from {model} ({phase}) on {len(tasks)} task(s)")
+        cands, skipped, failed = model_candidates(tasks, model, samples, phase, cfg)
+        source = f"model {model} ({phase}, {samples} sample(s) a task)"
+    else:
+        cands, unmatched = solution_candidates(tasks, solutions)
+        if unmatched:
+            log(f"note: {len(unmatched)} entr(ies) of {solutions} match no task: {', '.join(unmatched[:5])}")
+        source = f"solutions {solutions}"
+        samples = max([c.sample + 1 for c in cands], default=0)
+    evaluated = [t for t in tasks if t.task_id not in skipped]
+    if not evaluated:
+        raise EvalInputError(f"no task of {tasks_spec!r} can be evaluated in phase {phase!r} ({len(skipped)} skipped)")
+    log(f"verifying {len(cands)} candidate(s) of {len(evaluated)} task(s)")
+    with open_verifier(cfg) as (verify, verifier_desc):
+        verdicts = verify([(c.candidate_id, c.task, c.source) for c in cands])
+    by_task: dict[str, list[Verdict]] = {}
+    for v in verdicts:
+        by_task.setdefault(v.task_id, []).append(v)
+    metrics = compute_metrics([(t.task_id, t.level) for t in evaluated], by_task, DEFAULT_PS,
+                              [k for k in DEFAULT_KS if k <= max(samples, 1)])
+    result = {
+        "source": source,
+        "tasks_spec": tasks_spec,
+        "hardware": hardware_name(verdicts),
+        "verifier": verifier_desc,
+        "verify_config": cfg.verify.model_dump(mode="json"),
+        "samples_per_task": samples,
+        "tasks": [{"task_id": t.task_id, "name": t.name, "level": t.level} for t in evaluated],
+        "candidates": [
+            {"task_id": c.task.task_id, "sample": c.sample, "candidate_id": c.candidate_id, "origin": c.origin,
+             "source": c.source, "verdict": v.model_dump(mode="json")}
+            for c, v in zip(cands, verdicts)
+        ],
+        "metrics": metrics,
+        "missing": sorted({t.task_id for t in evaluated} - set(by_task)),
+        "sampling_failed": failed,
+        "skipped": skipped,
+        "unmatched": unmatched,
+    }
+    paths = write_report(result, out_dir)
+    log(f"wrote {', '.join(str(p) for p in paths.values())}")
+    return result

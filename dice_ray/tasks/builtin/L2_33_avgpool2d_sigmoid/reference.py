@@ -1,0 +1,27 @@
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, kernel_size: int, stride: int):
+        super().__init__()
+        self.pool = nn.AvgPool2d(kernel_size=kernel_size, stride=stride)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.pool(x))
+
+
+batch_size = 16
+channels = 64
+height = 128
+width = 128
+kernel_size = 2
+stride = 2
+
+
+def get_inputs():
+    return [torch.randn(batch_size, channels, height, width)]
+
+
+def get_init_inputs():
+    return [kernel_size, stride]

@@ -1,0 +1,210 @@
+"""``dice-ray eval`` / ``dice-ray curate``: metrics against hand-computed values, reports, CLI end to end (CPU)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dice_ray.cli import main
+from dice_ray.eval.metrics import compute_metrics, group_metrics, pass_at_k
+from dice_ray.eval.report import COMPILE_ONLY_HARDWARE, markdown, write_report
+from dice_ray.tasks.loaders import BUILTIN_DIR
+from dice_ray.verify.verdict import Verdict
+
+
+def V(kind: str = "ok", speedup: float | None = None, correct: bool | None = True, mode: str = "gpu",
+      task: str = "t") -> Verdict:
+    """A verdict with only the fields the metrics read set meaningfully."""
+    compiled = kind not in ("compile_error",)
+    return Verdict(candidate_id="c", task_id=task, verdict=kind, compiled=compiled,
+                   correct=correct if kind in ("ok", "incorrect") else None,
+                   speedup=speedup if kind == "ok" else None, reward=0.0, reason="", mode=mode, seconds=0.0)
+
+
+# -- pass@k ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n,c,k,expected", [
+    (5, 2, 1, 0.4),         # 1 - C(3,1)/C(5,1) = 1 - 3/5
+    (5, 2, 2, 0.7),         # 1 - C(3,2)/C(5,2) = 1 - 3/10
+    (10, 3, 5, 1 - 21 / 252),  # 1 - C(7,5)/C(10,5)
+    (5, 0, 3, 0.0),         # no correct sample
+    (4, 2, 3, 1.0),         # n - c < k: every draw of 3 holds a correct one
+    (1, 1, 1, 1.0),
+])
+def test_pass_at_k_hand_computed(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("n,c,k", [(3, 1, 4), (0, 0, 1), (3, 4, 1), (3, -1, 1), (3, 1, 0)])
+def test_pass_at_k_rejects_bad_input(n, c, k):
+    with pytest.raises(ValueError, match="pass_at_k"):
+        pass_at_k(n, c, k)
+
+
+def test_pass_at_k_rejects_non_int():
+    with pytest.raises(TypeError, match="k must be an int"):
+        pass_at_k(3, 1, 1.0)
+
+
+@given(st.integers(1, 40).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))))
+def test_pass_at_k_equals_binomial_form(nck):
+    n, c, k = nck
+    assert pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k), abs=1e-9)
+
+
+# -- group and level metrics ------------------------------------------------------------------------
+def _four_tasks():
+    """A and B level 1, C and D level 2; D got no candidate."""
+    return {
+        "A": [V("ok", 3.0), V("compile_error")],
+        "B": [V("ok", 1.5), V("ok", 0.5)],
+        "C": [V("incorrect", correct=False), V("ok", 4.0)],
+    }, [("A", 1), ("B", 1), ("C", 2), ("D", 2)]
+
+
+def test_metrics_hand_computed():
+    verdicts, tasks = _four_tasks()
+    m = compute_metrics(tasks, verdicts, ps=(0, 1, 2), ks=(1, 2, 5))
+    o = m["overall"]
+    assert (o["tasks"], o["samples"], o["measured"]) == (4, 6, True)
+    assert o["compiled"] == pytest.approx(3 / 4)           # first samples of A, B, C
+    assert o["correct"] == pytest.approx(2 / 4)            # A, B (C's first sample is incorrect)
+    assert o["fast_p"] == pytest.approx({"0": 0.5, "1": 0.5, "2": 0.25})  # speedups 3.0, 1.5; strict >
+    assert o["geomean_speedup"] == pytest.approx(math.sqrt(3.0 * 1.5))  # C's 4.0 is a second sample: ignored
+    # pass@1: A 1/2, B 1, C 1/2, D 0 -> 2/4; pass@2: A, B, C 1, D 0 -> 3/4; pass@5: k > n
+    assert o["pass_at_k"]["1"] == pytest.approx(0.5)
+    assert o["pass_at_k"]["2"] == pytest.approx(0.75)
+    assert o["pass_at_k"]["5"] is None
+    l1, l2 = m["levels"]["1"], m["levels"]["2"]
+    assert (l1["compiled"], l1["correct"], l1["fast_p"]["2"]) == (1.0, 1.0, 0.5)
+    assert (l2["compiled"], l2["correct"], l2["fast_p"]["1"], l2["geomean_speedup"]) == (0.5, 0.0, 0.0, None)
+    assert list(m["levels"]) == ["1", "2"]
+
+
+def test_metrics_no_correct_solution():
+    g = group_metrics([[V("incorrect", correct=False)], [V("compile_error")]], ps=(0, 1), ks=(1,))
+    assert g["compiled"] == 0.5 and g["correct"] == 0.0
+    assert g["fast_p"] == {"0": 0.0, "1": 0.0} and g["geomean_speedup"] is None and g["pass_at_k"]["1"] == 0.0
+
+
+def test_metrics_compile_only_are_not_measured_not_zero():
+    g = group_metrics([[V("ok", correct=None, mode="compile_only")], [V("compile_error", mode="compile_only")]],
+                      ps=(0, 1), ks=(1,))
+    assert g["measured"] is False and g["compiled"] == 0.5
+    assert g["correct"] is None and g["fast_p"] == {"0": None, "1": None}
+    assert g["geomean_speedup"] is None and g["pass_at_k"]["1"] is None
+
+
+def test_metrics_bad_input():
+    with pytest.raises(ValueError, match="not in tasks"):
+        compute_metrics([("A", 1)], {"B": [V()]})
+    with pytest.raises(ValueError, match="unique"):
+        compute_metrics([("A", 1), ("A", 1)], {})
+    with pytest.raises(ValueError, match=">= 0"):
+        group_metrics([[V()]], ps=(-1,))
+
+
+# -- report ---------------------------------------------------------------------------------------
+def _result(verdicts, tasks):
+    cands = [{"task_id": tid, "sample": j, "candidate_id": f"{tid}#{j}", "origin": "test", "source": "",
+              "verdict": v.model_dump(mode="json")} for tid, vs in verdicts.items() for j, v in enumerate(vs)]
+    return {"source": "test", "tasks_spec": "builtin", "hardware": "NVIDIA H200", "verifier": "test",
+            "samples_per_task": 2, "tasks": [{"task_id": t, "name": t, "level": lvl} for t, lvl in tasks],
+            "candidates": cands, "metrics": compute_metrics(tasks, verdicts, ks=(1, 2)), "missing": ["D"]}
+
+
+def test_report_files_written_and_parseable(tmp_path):
+    verdicts, tasks = _four_tasks()
+    paths = write_report(_result(verdicts, tasks), tmp_path / "r")
+    data = json.loads(paths["json"].read_text())
+    assert data["metrics"]["overall"]["fast_p"]["2"] == pytest.approx(0.25)
+    assert len(data["candidates"]) == 6
+    md = paths["md"].read_text()
+    assert "| Level 1 | 2 | 4 | 100.0% | 100.0% |" in md and "| Overall | 4 | 6 | 75.0% | 50.0% |" in md
+    assert "not measured" not in md
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_compile_only_says_not_measured():
+    vs = {"A": [V("ok", correct=None, mode="compile_only")], "B": [V("compile_error", mode="compile_only")]}
+    res = _result(vs, [("A", 1), ("B", 1)])
+    res["hardware"] = COMPILE_ONLY_HARDWARE
+    md = markdown(res)
+    assert "NOT measured" in md
+    assert "| Overall | 2 | 2 | 50.0% | not measured | not measured |" in md
+    assert "| 0.0%" not in md  # no unmeasured metric printed as a measured 0
+
+
+# -- CLI end to end (compile-only, forced so that a GPU machine runs the same path) -------------------
+@pytest.fixture
+def no_ray(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+
+def test_eval_solutions_cli(tmp_path, capsys, no_ray):
+    sol = tmp_path / "sol"
+    sol.mkdir()
+    shutil.copy(BUILTIN_DIR / "L1_01_relu" / "solution.py", sol / "relu.py")          # by task name
+    (sol / "builtin__L1__gelu_tanh.py").write_text("import torch\nthis is not python(\n")  # by task id
+    (sol / "not_a_task.py").write_text("x = 1\n")
+    out = tmp_path / "out"
+    rc = main(["eval", "--tasks", "builtin", "--solutions", str(sol), "--out", str(out),
+               "tasks.max_tasks=3", "verify.mode=compile_only"])
+    assert rc == 0
+    data = json.loads((out / "results.json").read_text())
+    got = {c["task_id"]: c["verdict"]["verdict"] for c in data["candidates"]}
+    assert got == {"builtin/L1/relu": "ok", "builtin/L1/gelu_tanh": "compile_error"}
+    assert data["missing"] == ["builtin/L1/gelu_erf"] and data["unmatched"] == ["not_a_task.py"]
+    o = data["metrics"]["overall"]
+    assert o["compiled"] == pytest.approx(1 / 3) and o["correct"] is None and o["fast_p"]["1"] is None
+    assert data["hardware"] == COMPILE_ONLY_HARDWARE
+    assert "not measured" in (out / "results.md").read_text() and (out / "results.png").is_file()
+    assert "NOT measured" in capsys.readouterr().out
+
+
+def test_eval_needs_one_source(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["eval", "--tasks", "builtin", "--out", str(tmp_path)])
+    assert e.value.code == 2
+    assert main(["eval", "--tasks", "builtin", "--solutions", str(tmp_path / "none")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_eval_model_cli(tmp_path, no_ray):
+    from dice_ray.config import ModelConfig
+    from dice_ray.policy.policy import DiffusionPolicy
+
+    DiffusionPolicy.build(ModelConfig()).save(tmp_path / "policy")
+    out = tmp_path / "out"
+    rc = main(["eval", "--tasks", "builtin", "--model", str(tmp_path / "policy"), "--samples", "1", "--out", str(out),
+               "tasks.max_tasks=2", "sampling.max_new_tokens=16", "verify.mode=compile_only"])
+    assert rc == 0
+    data = json.loads((out / "results.json").read_text())
+    ids = [c["candidate_id"] for c in data["candidates"]]
+    assert sorted(ids) == ["builtin/L1/gelu_tanh#0", "builtin/L1/relu#0"]
+    assert all(c["verdict"]["candidate_id"] == c["candidate_id"] for c in data["candidates"])
+    assert {c["verdict"]["task_id"] for c in data["candidates"]} == {"builtin/L1/relu", "builtin/L1/gelu_tanh"}
+    assert (out / "results.md").is_file() and (out / "results.png").is_file()
+
+
+def test_curate_without_gpu_exits_2(tmp_path, capsys, no_ray):
+    out = tmp_path / "cuke.jsonl"
+    rc = main(["curate", "--tasks", "builtin", "--min-speedup", "2.0", "--out", str(out), "verify.mode=compile_only"])
+    err = capsys.readouterr().err
+    assert rc == 2 and not out.exists()
+    assert len(err.strip().splitlines()) == 1 and "speedups need a GPU verifier" in err
+
+
+def test_curate_allow_compile_only(tmp_path, no_ray):
+    out = tmp_path / "cuke.jsonl"
+    rc = main(["curate", "--tasks", "builtin", "--out", str(out), "--allow-compile-only",
+               "tasks.max_tasks=2", "verify.mode=compile_only"])
+    assert rc == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["task_id"] for r in rows] == ["builtin/L1/relu", "builtin/L1/gelu_tanh"]
+    assert all(r["speedup"] is None and r["mode"] == "compile_only" and r["hardware"] == COMPILE_ONLY_HARDWARE
+               and r["verifier_config"]["mode"] == "compile_only" and "ModelNew" in r["solution"] for r in rows)
