@@ -1,4 +1,4 @@
-"""``dice-ray`` command line: train, verify, status, verifiers.
+"""``dice-ray`` command line: train, verify, status, verifiers, scaffold.
 
 Exit status: 0 on success; 2 for unusable input (bad config, unreadable file), with a one-line error.
 """
@@ -12,6 +12,8 @@ import socket
 import sys
 
 USAGE_ERROR = 2
+TASKS_HELP = ("task set: 'builtin', 'dice:PATH' (DICE JSON file or folder), 'kernelbench:DIR', "
+              "'kernelbench-json:PATH', 'alpaca:PATH' (CuKe / Alpaca pairs) or 'jsonl:PATH'")
 
 
 def _fail(msg: str) -> int:
@@ -42,6 +44,52 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _fail(_config_error(exc))
     except (FileNotFoundError, ValueError) as exc:
         return _fail(str(exc))
+    return 0
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    """``sft``: masked-diffusion SFT warm start on a task set's solutions; writes a policy to --out."""
+    from pydantic import ValidationError
+
+    from dice_ray.policy.sft import run_sft
+
+    try:
+        summary = run_sft(args.data, args.out, args.config, args.overrides, args.resume,
+                          log=lambda s: print(f"dice-ray sft: {s}", file=sys.stderr, flush=True))
+    except ValidationError as exc:
+        return _fail(_config_error(exc))
+    except (FileNotFoundError, ValueError) as exc:  # SFTInputError is a ValueError
+        return _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """Print the resolved config as YAML, or with ``--describe`` one line a key: value and meaning."""
+    import yaml
+    from pydantic import BaseModel, ValidationError
+
+    from dice_ray.config import load_config
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ValidationError as exc:
+        return _fail(_config_error(exc))
+    except (FileNotFoundError, ValueError) as exc:
+        return _fail(str(exc))
+    if not args.describe:
+        print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
+        return 0
+
+    def describe(model: BaseModel, prefix: str) -> None:
+        for name, field in type(model).model_fields.items():
+            value = getattr(model, name)
+            if isinstance(value, BaseModel):
+                describe(value, f"{prefix}{name}.")
+            else:
+                print(f"{prefix}{name} = {json.dumps(value, default=str)}" + (f"  # {field.description}" if field.description else ""))
+
+    describe(cfg, "")
     return 0
 
 
@@ -146,6 +194,72 @@ def cmd_verifiers(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_scaffold(args: argparse.Namespace) -> int:
+    """``scaffold FILE``: cut a solution into prefix / middle / suffix (the infilling phase's split)."""
+    from dice_ray.tasks.scaffold import ScaffoldError, detect_format, make_scaffold
+    from dice_ray.verify.command import InputFileError, read_source_file
+
+    try:
+        src = read_source_file(args.file)
+        fmt = detect_format(src)
+        sc = make_scaffold(src, fmt, args.granularity, args.kernel)
+    except (InputFileError, ScaffoldError) as exc:
+        return _fail(f"{args.file}: {exc}" if isinstance(exc, ScaffoldError) else str(exc))
+    if args.json:
+        print(json.dumps({"prefix": sc.prefix, "middle": sc.middle, "suffix": sc.suffix}))
+    else:
+        what = f"{args.granularity} granularity" + (f", kernel {args.kernel}" if args.kernel else "")
+        for part in ("prefix", "middle", "suffix"):
+            text = getattr(sc, part)
+            print(f"----- {part} ({len(text)} chars; {fmt} format, {what}) -----")
+            print(text, end="" if text.endswith("\n") else "\n")
+    return 0
+
+
+def _eval_config(args: argparse.Namespace):
+    from dice_ray.config import load_config
+
+    return load_config(args.config, args.overrides)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """``eval``: verify a policy's samples or a solutions folder on a task set; write results.{json,md,png}."""
+    from pydantic import ValidationError
+
+    from dice_ray.eval.report import markdown
+    from dice_ray.eval.run import EvalInputError, evaluate
+
+    try:
+        cfg = _eval_config(args)
+        result = evaluate(args.tasks, cfg, args.out, model=args.model, solutions=args.solutions,
+                          samples=args.samples, phase=args.phase, log=lambda s: print(f"dice-ray eval: {s}", file=sys.stderr))
+    except ValidationError as exc:
+        return _fail(_config_error(exc))
+    except (EvalInputError, FileNotFoundError, ValueError) as exc:
+        return _fail(str(exc))
+    print(markdown(result))
+    return 0
+
+
+def cmd_curate(args: argparse.Namespace) -> int:
+    """``curate``: keep the tasks whose solution is correct and at least --min-speedup fast (JSONL)."""
+    from pydantic import ValidationError
+
+    from dice_ray.eval.curate import NoGpuVerifier, curate
+    from dice_ray.eval.run import EvalInputError
+
+    try:
+        cfg = _eval_config(args)
+        summary = curate(args.tasks, cfg, args.min_speedup, args.out, args.allow_compile_only,
+                         log=lambda s: print(f"dice-ray curate: {s}", file=sys.stderr))
+    except ValidationError as exc:
+        return _fail(_config_error(exc))
+    except (NoGpuVerifier, EvalInputError, FileNotFoundError, ValueError) as exc:
+        return _fail(str(exc))
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dice-ray", description="DICE bi-phase RL of diffusion LLMs writing CUDA kernels, on Ray")
     sub = p.add_subparsers(dest="command", required=True)
@@ -154,9 +268,18 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", help="YAML config (see configs/)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     t.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a new local cluster)")
-    t.add_argument("--tasks", help="task set: 'builtin' (default) or 'dice:PATH' (DICE JSON file or folder)")
+    t.add_argument("--tasks", help=TASKS_HELP + " (default: builtin)")
     t.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. rl.steps=10")
     t.set_defaults(fn=cmd_train)
+
+    ft = sub.add_parser("sft", help="masked-diffusion SFT warm start on a task set's solutions (the policy RL starts from)")
+    ft.add_argument("--data", help=TASKS_HELP + "; required unless --resume")
+    ft.add_argument("--out", required=True, metavar="DIR",
+                    help="folder for the policy, sft_metrics.jsonl and checkpoints/ (then: dice-ray train model.path=DIR)")
+    ft.add_argument("--config", help="YAML config (its model, sft, tasks sections and rl.seed apply)")
+    ft.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    ft.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. sft.steps=200")
+    ft.set_defaults(fn=cmd_sft)
 
     v = sub.add_parser("verify", help="one verdict for one candidate")
     v.add_argument("--task", required=True, help="KernelBench-format reference .py (Model, get_inputs, get_init_inputs)")
@@ -165,6 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--config", help="YAML config (its verify and reward sections apply)")
     v.add_argument("overrides", nargs="*", metavar="key=value")
     v.set_defaults(fn=cmd_verify)
+
+    c = sub.add_parser("config", help="print the resolved config (YAML), or every key with its meaning (--describe)")
+    c.add_argument("--config", help="YAML config (see configs/)")
+    c.add_argument("--describe", action="store_true", help="one line a key: dotted name = value  # meaning")
+    c.add_argument("overrides", nargs="*", metavar="key=value")
+    c.set_defaults(fn=cmd_config)
 
     s = sub.add_parser("status", help="phase, step, pool and last rewards of a running job")
     s.add_argument("--address", help="Ray address (default: RAY_ADDRESS or auto)")
@@ -175,6 +304,36 @@ def build_parser() -> argparse.ArgumentParser:
     vs.add_argument("n", nargs="?", type=int, help="new pool size (scale; an integer >= 1)")
     vs.add_argument("--address", help="Ray address (default: RAY_ADDRESS or auto)")
     vs.set_defaults(fn=cmd_verifiers)
+
+    sc = sub.add_parser("scaffold", help="cut a solution file into prefix / middle / suffix (infilling)")
+    sc.add_argument("file", help="solution .py (fast or load_inline format, detected from its loader call)")
+    sc.add_argument("--granularity", choices=["source", "body"], default="source",
+                    help="source: the whole CUDA source (DICE's split); body: one __global__ kernel's body")
+    sc.add_argument("--kernel", metavar="NAME", help="with --granularity body: the kernel to cut (default the first)")
+    sc.add_argument("--json", action="store_true", help='print {"prefix", "middle", "suffix"} as one JSON object')
+    sc.set_defaults(fn=cmd_scaffold)
+    ev = sub.add_parser("eval", help="KernelBench metrics of a policy or a solutions folder on a task set")
+    ev.add_argument("--tasks", required=True, help=TASKS_HELP)
+    src = ev.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", metavar="PATH", help="saved policy folder (DiffusionPolicy.save) to sample from")
+    src.add_argument("--solutions", metavar="DIR",
+                     help="solution files: DIR/<task id, '/' -> '__'>.py or DIR/<task name>.py (or a folder of .py samples)")
+    ev.add_argument("--samples", type=int, default=1, help="with --model: completions a task (pass@k uses them all)")
+    ev.add_argument("--phase", choices=["e2e", "infill"], default="e2e", help="with --model: which prompt to pose")
+    ev.add_argument("--out", default="eval_out", help="folder for results.json, results.md, results.png")
+    ev.add_argument("--config", help="YAML config (tasks, sampling, verify, reward, cluster sections apply)")
+    ev.add_argument("overrides", nargs="*", metavar="key=value")
+    ev.set_defaults(fn=cmd_eval)
+
+    cu = sub.add_parser("curate", help="keep tasks whose solution is correct and fast enough (needs a GPU verifier)")
+    cu.add_argument("--tasks", required=True, help=TASKS_HELP)
+    cu.add_argument("--min-speedup", type=float, default=2.0, help="keep solutions at least this many times faster than eager")
+    cu.add_argument("--out", required=True, help="JSONL file of the accepted tasks")
+    cu.add_argument("--allow-compile-only", action="store_true",
+                    help="without a GPU: write compile-checked tasks with speedup null instead of failing")
+    cu.add_argument("--config", help="YAML config (tasks, verify, reward, cluster sections apply)")
+    cu.add_argument("overrides", nargs="*", metavar="key=value")
+    cu.set_defaults(fn=cmd_curate)
     return p
 
 

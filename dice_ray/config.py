@@ -26,7 +26,9 @@ class TasksConfig(_Section):
     """Which problems the run trains and evaluates on."""
 
     spec: str = Field(
-        "builtin", description="'builtin', 'dice:PATH' (a DICE JSON file or folder) or 'kernelbench:DIR'."
+        "builtin",
+        description="'builtin', 'dice:PATH' (a DICE JSON file or folder), 'kernelbench:DIR', 'kernelbench-json:PATH' "
+        "(KernelBench's dataset rows), 'alpaca:PATH' (CuKe / Alpaca pairs) or 'jsonl:PATH'; see dice_ray.tasks.loaders.",
     )
     heldout_fraction: float = Field(
         0.2, ge=0.0, lt=1.0, description="Share of tasks kept out of SFT and RL, for compile-rate reports."
@@ -35,8 +37,9 @@ class TasksConfig(_Section):
     max_input_elements: int | None = Field(
         2**28,
         ge=1,
-        description="Refuse references whose get_inputs() allocates more elements than this, by a static "
-        "lower bound (DICE's data holds references of up to 17 GB of inputs); None: no cap.",
+        description="References whose get_inputs() allocates more elements than this, by a static lower bound "
+        "(DICE's data holds references of up to 17 GB of inputs), get their size constant halved until they fit "
+        "(KernelBench#146) or are refused when they have none; None: no cap.",
     )
     prompt_template: Literal["compact", "dice"] = Field(
         "compact",
@@ -108,6 +111,7 @@ class SFTConfig(_Section):
         "so RL groups have differing rewards.",
     )
     log_every: int = Field(50, ge=1, description="Record the loss every this many steps (SFTReport.losses).")
+    checkpoint_every: int = Field(100, ge=1, description="dice-ray sft: steps between checkpoints (and one at the end).")
     cache_dir: str = Field("~/.cache/dice-ray/sft", description="Where warm-started weights are cached.")
 
 
@@ -191,9 +195,9 @@ class VerifyConfig(_Section):
     )
     timing_window_ms: float = Field(
         1.0, ge=0.0,
-        description="Least GPU time (ms) in one timed window: shorter calls are timed k..2k-1 to a window (k secret, "
-        "each call on fresh inputs, every output checked), which divides the synchronize's host jitter by k; "
-        "0: one call a window.",
+        description="Least GPU time (ms) in one timed window: calls shorter than this are timed k..2k-1 to a window, "
+        "k = ceil(timing_window_ms / the faster side's call time), each window's size drawn in secret and each call on "
+        "fresh inputs, which divides the synchronize's host jitter by k; 0: one call a window.",
     )
     output_checks: int = Field(
         5, ge=1, description="Outputs over 64 MiB: timed calls (drawn in secret, plus the last) whose outputs are checked; "
@@ -267,7 +271,10 @@ class PhaseConfig(_Section):
     infill_steps: int = Field(3, ge=0, description="Steps with infill fraction 1.0 (DICE: 20).")
     ramp_steps: int = Field(3, ge=0, description="Steps over which the infill fraction falls linearly to final.")
     final_infill_fraction: float = Field(0.0, ge=0.0, le=1.0)
-    scaffold_granularity: Literal["source"] = "source"
+    scaffold_granularity: Literal["source", "body"] = Field(
+        "source", description="Where infill scaffolds are cut: 'source' (DICE's: the whole CUDA source is the middle) or "
+        "'body' (the first __global__ kernel's body; signature, braces and the rest kept). The SFT warm start trains 'source'.",
+    )
 
 
 class RLConfig(_Section):
@@ -282,6 +289,16 @@ class RLConfig(_Section):
     scale_rewards: bool = Field(True, description="Divide group-centred rewards by the group std (GRPO z-score).")
     max_grad_norm: float = Field(1.0, gt=0.0)
     ppo_epochs: int = Field(1, ge=1)
+    logprob_estimator: Literal["tracerl", "coupled", "diffu_grpo"] = Field(
+        "tracerl",
+        description="Per-token log-prob estimator of the RL loss (dice_ray.policy.logprobs). 'tracerl' (TraceRL, "
+        "Wang et al. 2025; DICE's): each token scored in the denoising state the sampler drew it in, the ratio "
+        "against the sampler's log-probs. 'coupled' (DiffuCoder's coupled-GRPO, Gong et al. 2025, arXiv "
+        "2506.20639): a seeded random mask (ratio ~ U(0.2, 0.8)) within each block and its complement, two "
+        "passes, each token scored where it is masked. 'diffu_grpo' (d1, Zhao et al. 2025, arXiv 2504.12216): "
+        "one pass with the whole response masked. The last two recompute the old log-probs at the start of "
+        "each step (pre-update weights, same masks).",
+    )
     seed: int = 0
 
 

@@ -89,3 +89,20 @@ def test_status_with_an_address_nobody_answers_fails_fast():
                           "status", "--address", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and time.monotonic() - t0 < 60
     assert "no Ray cluster answers" in run.stderr
+
+
+def test_config_prints_the_resolved_config_and_describes_every_key(capsys):
+    import yaml
+
+    from dice_ray.cli import main
+
+    assert main(["config", "rl.steps=3", "verify.timing_window_ms=0.5"]) == 0
+    tree = yaml.safe_load(capsys.readouterr().out)
+    assert tree["rl"]["steps"] == 3 and tree["verify"]["timing_window_ms"] == 0.5
+    assert main(["config", "--describe"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    keys = {line.split(" = ")[0] for line in lines}
+    assert {"rl.steps", "verify.timing_window_ms", "cluster.num_verifiers", "run_dir"} <= keys
+    assert any(line.startswith("verify.timing_window_ms = 1.0  # Least GPU time (ms)") for line in lines)
+    assert main(["config", "verify.nope=1"]) == 2
+    assert capsys.readouterr().err.strip() == "dice-ray: error: config: verify.nope: unknown key"

@@ -1,10 +1,14 @@
-"""The learner: DeepSpeed ranks as Ray actors taking GRPO-family steps on TraceRL log-probs.
+"""The learner: DeepSpeed ranks as Ray actors taking GRPO-family steps on diffusion-policy log-probs.
 
 Each rank builds the policy, warm-starts it (masked-diffusion SFT, cached), wraps it in a DeepSpeed
 engine (ZeRO stage from config; gloo on CPU with ``DS_ACCELERATOR=cpu``, NCCL on GPU; client
-``torch.optim.AdamW``) and, each RL step, computes TraceRL per-denoising-step log-probs of every
-rollout (Wang et al. 2025; DICE's estimator) and the clipped policy loss of
+``torch.optim.AdamW``) and, each RL step, computes per-token log-probs of every rollout with
+``rl.logprob_estimator`` (:mod:`dice_ray.policy.logprobs`; default TraceRL's per-denoising-step
+log-probs, Wang et al. 2025, DICE's estimator) and the clipped policy loss of
 :func:`dice_ray.rl.loss.clipped_policy_loss`. Groups are micro-batches; one optimizer step a call.
+TraceRL's ratio uses the behaviour log-probs the sampler recorded; the ``coupled`` and ``diffu_grpo``
+estimators score a state the sampler never saw, so their old log-probs are recomputed at the start of
+the step under the pre-update weights, with the same masks (:func:`estimator_seed`).
 """
 
 from __future__ import annotations
@@ -55,6 +59,12 @@ def make_train_group(prompt_ids: list[int], rollouts: list, advantages: torch.Te
         mask[i, :n] = True
         blp[i, :n] = torch.tensor(x.behaviour_logprobs)
     return TrainGroup(torch.tensor(prompt_ids, dtype=torch.long), ids, steps, mask, blp, advantages.float())
+
+
+def estimator_seed(base: int, step: int, group: int) -> int:
+    """Seed of a group's log-prob estimator masks (``coupled``) at one learner step: fixed per run seed,
+    step and group, so the old-policy and new-policy log-probs of the step use the same masks."""
+    return (base * 1_000_003 + step) * 65_537 + group
 
 
 def learner_env(use_gpu: bool) -> dict:
@@ -139,7 +149,7 @@ class Learner:
         Returns:
             loss, clip fraction, KL, ratio mean, tokens, seconds, tokens/s.
         """
-        from dice_ray.policy.logprobs import tracerl_logprobs
+        from dice_ray.policy.logprobs import response_logprobs
         from dice_ray.rl.loss import clipped_policy_loss
 
         t0 = time.perf_counter()
@@ -149,18 +159,27 @@ class Learner:
         n_micro = 0
         tokens = 0
         self.engine.train()
+        dev, est = self.device, rl.logprob_estimator
+        seeds = [estimator_seed(rl.seed, self.step_count, i) for i in range(len(groups))]
+
+        def logprobs_of(model, g: TrainGroup, seed: int) -> torch.Tensor:
+            return response_logprobs(est, model, g.prompt_ids.to(dev), g.response_ids.to(dev), g.unmask_step.to(dev),
+                                     g.mask.to(dev), block, mask_id, seed=seed)
+
+        old = [g.behaviour_logprobs.to(dev) for g in groups]
+        if est != "tracerl":  # the ratio's old log-probs: same estimator and masks, pre-update weights
+            with torch.no_grad():
+                old = [logprobs_of(self.engine.module, g, s) for g, s in zip(groups, seeds)]
         for _ in range(rl.ppo_epochs):
             for i, g in enumerate(groups):
                 self.engine.set_gradient_accumulation_boundary(i == len(groups) - 1)
-                dev = self.device
-                args = (g.prompt_ids.to(dev), g.response_ids.to(dev), g.unmask_step.to(dev), g.mask.to(dev), block, mask_id)
-                logprobs = tracerl_logprobs(self.engine.module, *args)
+                logprobs = logprobs_of(self.engine.module, g, seeds[i])
                 ref = None
                 if self.ref_model is not None:
                     with torch.no_grad():
-                        ref = tracerl_logprobs(self.ref_model, *args)
+                        ref = logprobs_of(self.ref_model, g, seeds[i])
                 loss, stats = clipped_policy_loss(
-                    logprobs, g.behaviour_logprobs.to(dev), g.advantages.to(dev), g.mask.to(dev),
+                    logprobs, old[i], g.advantages.to(dev), g.mask.to(dev),
                     epsilon=rl.epsilon, beta=rl.beta, ref_logprobs=ref,
                 )
                 self.engine.backward(loss / len(groups), scale_wrt_gas=False)

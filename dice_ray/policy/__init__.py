@@ -1,4 +1,4 @@
-"""dice_ray.policy: the block-diffusion policy (SDAR shape), its sampler, TraceRL log-probs and SFT warm start.
+"""dice_ray.policy: the block-diffusion policy (SDAR shape), its sampler, RL log-prob estimators and SFT warm start.
 
 Modules (import from them directly; importing this package does not load torch or transformers):
 
@@ -7,7 +7,7 @@ Modules (import from them directly; importing this package does not load torch o
 * ``model``: Qwen3ForCausalLM with block-causal attention, the ``x_t ‖ x_0`` mask rule, KV cache.
 * ``policy``: :class:`DiffusionPolicy` (build / save / load / encode / decode / state_dict).
 * ``sampler``: :func:`sample_group` (block diffusion, static / dynamic low-confidence remasking).
-* ``logprobs``: :func:`tracerl_logprobs` (TraceRL per-step log-probs).
+* ``logprobs``: :func:`response_logprobs` (TraceRL / coupled-GRPO / diffu-GRPO log-probs, ``rl.logprob_estimator``).
 * ``sft``: :func:`warm_start` (masked-diffusion SFT, cached by content hash).
 * ``memorization``: ``python -m dice_ray.policy.memorization``, how well the warm start reproduces its targets.
 """

@@ -12,9 +12,15 @@ Loss: cross-entropy of the masked tokens, **mean over masked tokens** of the bat
 in BD3-LM / MDLM: the warm start only has to make the policy reproduce its targets, and the plain mean is
 the steadier objective for that). Optimiser: AdamW, linear warm-up, cosine decay to ``min_lr_ratio``.
 
-Results are cached under ``cfg.cache_dir / <key>`` where the key hashes the pairs, the model config, the
-tokenizer, the initial weights, the SFT config (less bookkeeping fields) and the seed; a second call with
-the same inputs loads the weights instead of training.
+The loop is :class:`SFTRun`, a resumable state (weights, AdamW moments, data order, mask RNG). Two callers:
+
+* :func:`warm_start`, the trainer's warm start (inside the Learner actor, before its DeepSpeed engine):
+  results are cached under ``cfg.cache_dir / <key>`` where the key hashes the pairs, the model config, the
+  tokenizer, the initial weights, the SFT config (less bookkeeping fields) and the seed; a second call with
+  the same inputs loads the weights instead of training.
+* :func:`run_sft`, ``dice-ray sft`` / ``jobs/sft.py``: the same training on a task spec's pairs as a command,
+  with checkpoints, ``--resume`` and per-step metrics; its output folder is a saved policy that
+  ``dice-ray train model.path=OUT`` starts RL from.
 """
 
 from __future__ import annotations
@@ -26,19 +32,22 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import yaml
 from safetensors.torch import load_model, save_model
 
-from dice_ray.config import SFTConfig
+from dice_ray.config import DiceConfig, SFTConfig, load_config
 from dice_ray.policy.model import KVCache, block_mask, forward_hidden, token_logits
 from dice_ray.policy.policy import DiffusionPolicy
 
 SFT_VERSION = "1"  # bump when the training recipe changes: old cache entries stop matching
-_BOOKKEEPING = {"enabled", "cache_dir", "num_threads", "log_every"}
+_BOOKKEEPING = {"enabled", "cache_dir", "num_threads", "log_every", "checkpoint_every"}
 
 
 @dataclass
@@ -195,10 +204,127 @@ def _lr_at(step: int, cfg: SFTConfig) -> float:
     return cfg.learning_rate * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cos)
 
 
+class SFTRun:
+    """One masked-diffusion SFT run as a resumable state: weights, AdamW moments, data order, mask RNG.
+
+    :func:`warm_start` (the trainer's warm start) and ``dice-ray sft`` (:func:`run_sft`) both step it.
+    One generator, seeded with ``seed``, draws the epochs' batch orders (:func:`length_batches`) and the
+    masks (:func:`diffusion_loss`); :meth:`state_dict` holds everything that decides the next steps, so a
+    run restored with :meth:`load_state_dict` takes the same steps (bit for bit on the same machine and
+    thread count) as one that never stopped.
+
+    Args:
+        policy: trained in place (its model is put in train mode by :meth:`train_step`).
+        pairs: (prompt, target) texts.
+        cfg: steps, batch size, AdamW and schedule (see :class:`~dice_ray.config.SFTConfig`).
+        seed: seed of the data order and the masks.
+
+    Attributes:
+        step: optimizer steps taken.
+        stopped: ``cfg.target_loss`` was reached (the run ends before ``cfg.steps``).
+        losses: ``(step, mean loss of the window ending there)`` every ``cfg.log_every`` steps.
+
+    Raises:
+        ValueError: ``pairs`` is empty or a pair is too long (see :func:`tokenize_pairs`).
+    """
+
+    def __init__(self, policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTConfig, seed: int):
+        if not pairs:
+            raise ValueError("pairs: need at least one (prompt, target) pair")
+        self.policy, self.cfg = policy, cfg
+        self.items = tokenize_pairs(policy, pairs)
+        self._costs = [len(p) + 3 * len(t) for p, t in self.items]
+        self.gen = torch.Generator().manual_seed(seed)
+        self.opt = torch.optim.AdamW(policy.model.parameters(), lr=cfg.learning_rate, betas=(0.9, 0.98),
+                                     weight_decay=cfg.weight_decay)
+        self.step = 0
+        self.stopped = False
+        self.losses: list[tuple[int, float]] = []
+        self._window: list[float] = []
+        self._batches: list[list[int]] = []
+        self._ema: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        """True once ``cfg.steps`` steps are taken or ``cfg.target_loss`` stopped the run."""
+        return self.stopped or self.step >= self.cfg.steps
+
+    def train_step(self) -> dict:
+        """One optimizer step on the next batch.
+
+        Returns:
+            ``{"step", "loss", "lr", "tokens", "seconds", "tokens_per_s"}``: the step number (1-based),
+            its masked-token cross-entropy (nats), the lr it used, the prompt + target tokens of its
+            batch, its wall time (s) and tokens / s.
+
+        Raises:
+            RuntimeError: the run is already :attr:`finished`.
+        """
+        if self.finished:
+            raise RuntimeError(f"SFT run finished at step {self.step}: no step left")
+        t0 = time.perf_counter()
+        cfg, model = self.cfg, self.policy.model
+        if not self._batches:
+            self._batches = length_batches(self._costs, cfg.batch_size, self.gen)
+        batch = [self.items[i] for i in self._batches.pop()]
+        lr = _lr_at(self.step, cfg)
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        model.train()
+        loss, _ = diffusion_loss(self.policy, batch, self.gen, cfg.complementary_mask)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        self.opt.step()
+        value = loss.item()
+        self._window.append(value)
+        self._ema = value if self._ema is None else 0.9 * self._ema + 0.1 * value
+        self.stopped = cfg.target_loss is not None and self.step >= 20 and self._ema < cfg.target_loss
+        self.step += 1
+        if self.step % cfg.log_every == 0 or self.step == cfg.steps or self.stopped:
+            self.losses.append((self.step, sum(self._window) / len(self._window)))
+            self._window = []
+        seconds = time.perf_counter() - t0
+        tokens = sum(len(p) + len(t) for p, t in batch)
+        return {"step": self.step, "loss": value, "lr": lr, "tokens": tokens, "seconds": seconds,
+                "tokens_per_s": tokens / max(seconds, 1e-9)}
+
+    def state_dict(self) -> dict:
+        """Everything that decides the next steps: model, optimizer, generator, pending batches, loss window."""
+        return {
+            "step": self.step, "stopped": self.stopped, "losses": [list(x) for x in self.losses],
+            "window": list(self._window), "batches": [list(b) for b in self._batches], "ema": self._ema,
+            "generator": self.gen.get_state(), "model": self.policy.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a :meth:`state_dict` (of a run on the same pairs, config and seed)."""
+        self.policy.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.gen.set_state(state["generator"])
+        self.step, self.stopped, self._ema = int(state["step"]), bool(state["stopped"]), state["ema"]
+        self.losses = [(int(s), float(v)) for s, v in state["losses"]]
+        self._window = [float(v) for v in state["window"]]
+        self._batches = [[int(i) for i in b] for b in state["batches"]]
+
+
+@contextmanager
+def _torch_threads(n: int | None):
+    """torch CPU threads set to ``n`` (None: every core this process may use) for the block."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n or len(os.sched_getaffinity(0)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTConfig, seed: int) -> SFTReport:
     """Masked-diffusion SFT of ``policy`` (in place) on (prompt, target) pairs, cached by content hash.
 
     The model is left in eval mode. With ``cfg.enabled`` False or ``cfg.steps == 0`` nothing is trained.
+    The weights equal those ``dice-ray sft`` (:func:`run_sft`) writes for the same pairs, config and seed.
 
     Returns:
         :class:`SFTReport` (steps, final loss, seconds, cache_hit).
@@ -221,50 +347,215 @@ def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTCo
         return SFTReport(0, saved["final_loss"], time.perf_counter() - t0, True, key, len(pairs),
                          [tuple(x) for x in saved["losses"]])
 
-    items = tokenize_pairs(policy, pairs)
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(cfg.num_threads or len(os.sched_getaffinity(0)))
-    gen = torch.Generator().manual_seed(seed)
-    model = policy.model
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, betas=(0.9, 0.98),
-                            weight_decay=cfg.weight_decay)
-    losses: list[tuple[int, float]] = []
-    window: list[float] = []
-    batches: list[list[int]] = []
-    ema: float | None = None
+    run = SFTRun(policy, pairs, cfg, seed)
     try:
-        for step in range(cfg.steps):
-            if not batches:
-                batches = length_batches([len(p) + 3 * len(t) for p, t in items], cfg.batch_size, gen)
-            batch = batches.pop()
-            for g in opt.param_groups:
-                g["lr"] = _lr_at(step, cfg)
-            loss, _ = diffusion_loss(policy, [items[i] for i in batch], gen, cfg.complementary_mask)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-            opt.step()
-            window.append(loss.item())
-            ema = window[-1] if ema is None else 0.9 * ema + 0.1 * window[-1]
-            done = cfg.target_loss is not None and step >= 20 and ema < cfg.target_loss
-            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps or done:
-                losses.append((step + 1, sum(window) / len(window)))
-                window = []
-            if done:
-                break
+        with _torch_threads(cfg.num_threads):
+            while not run.finished:
+                run.train_step()
     finally:
-        torch.set_num_threads(threads_before)
-        model.eval()
-    final = losses[-1][1]
-    steps_done = losses[-1][0]
+        policy.model.eval()
+    model = policy.model
+    final = run.losses[-1][1]
+    steps_done = run.losses[-1][0]
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{key}."))
     save_model(model, str(tmp / "model.safetensors"))
-    report = SFTReport(steps_done, final, time.perf_counter() - t0, False, key, len(pairs), losses)
+    report = SFTReport(steps_done, final, time.perf_counter() - t0, False, key, len(pairs), run.losses)
     (tmp / "report.json").write_text(json.dumps(asdict(report)))
     try:
         tmp.rename(entry)
     except OSError:  # another process wrote the same entry first: keep theirs
         shutil.rmtree(tmp, ignore_errors=True)
     return report
+
+
+# ---------------------------------------------------------------------------------------------
+# dice-ray sft: the warm start as a command, resumable
+# ---------------------------------------------------------------------------------------------
+
+SFT_CONFIG_FILE = "sft_config.yaml"
+SFT_METRICS_FILE = "sft_metrics.jsonl"
+SFT_SUMMARY_FILE = "sft_summary.json"
+_STATE_FILE = "sft_state.pt"
+
+
+class SFTInputError(ValueError):
+    """Unusable input to :func:`run_sft`; the message is one line naming the input and the rule."""
+
+
+def sft_data_pairs(spec: str, cfg: DiceConfig, log: Callable[[str], None] = lambda s: None) -> list[tuple[str, str]]:
+    """The (prompt, target) pairs the trainer's warm start learns for task spec ``spec`` under ``cfg``.
+
+    Same selection as :meth:`dice_ray.cluster.trainer.Trainer._warm_start`: the first ``tasks.max_tasks``
+    accepted tasks, less the held-out split (``tasks.heldout_fraction``), those with a reference solution,
+    each giving :func:`dice_ray.tasks.prompts.sft_pairs` in template ``tasks.prompt_template``.
+
+    Raises:
+        SFTInputError: ``spec`` is unknown, names no readable file, or yields no pair.
+    """
+    from dice_ray.cluster.trainer import split_tasks
+    from dice_ray.tasks.loaders import load_tasks
+    from dice_ray.tasks.prompts import sft_pairs
+    from dice_ray.tasks.scaffold import ScaffoldError
+
+    try:
+        report = load_tasks(spec, max_input_elements=cfg.tasks.max_input_elements)
+    except (ValueError, FileNotFoundError) as e:
+        raise SFTInputError(f"--data {spec}: {e}") from None
+    log(f"tasks {report.summary()}")
+    tasks = report.tasks[: cfg.tasks.max_tasks] if cfg.tasks.max_tasks else report.tasks
+    train, heldout = split_tasks(tasks, cfg)
+    pairs: list[tuple[str, str]] = []
+    uncut = 0
+    for t in train:
+        if t.solution_src is None:
+            continue
+        try:
+            pairs += sft_pairs(t, cfg.tasks.prompt_template)
+        except ScaffoldError:
+            uncut += 1
+    if not pairs:
+        first = f"; first rejection: {report.rejected[0].source}: {report.rejected[0].reason}" if report.rejected else ""
+        why = (f"{len(train)} training task(s), none with a reference solution to learn" if train
+               else "no task accepted")
+        raise SFTInputError(f"--data {spec}: {why} ({report.summary()}{first})".replace("\n", " "))
+    log(f"pairs {len(pairs)} from {len(train)} training task(s); {len(heldout)} held out "
+        f"(tasks.heldout_fraction={cfg.tasks.heldout_fraction})" + (f"; {uncut} without CUDA source skipped" if uncut else ""))
+    return pairs
+
+
+def _checkpoints(out: Path) -> list[Path]:
+    ckpt = out / "checkpoints"
+    return sorted(ckpt.glob(f"step_*/{_STATE_FILE}")) if ckpt.is_dir() else []
+
+
+def _save_checkpoint(run: SFTRun, out: Path, key: str, keep: int) -> Path:
+    """``out/checkpoints/step_NNNNNN/sft_state.pt`` (written atomically); older ones beyond ``keep`` deleted."""
+    ckpt = out / "checkpoints"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    final = ckpt / f"step_{run.step:06d}"
+    tmp = Path(tempfile.mkdtemp(dir=ckpt, prefix=f".{final.name}."))
+    torch.save({"key": key, **run.state_dict()}, tmp / _STATE_FILE)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    for old in [p.parent for p in _checkpoints(out)][:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def run_sft(
+    data: str | None,
+    out: str | Path,
+    config_path: str | None = None,
+    overrides: list[str] | None = None,
+    resume: bool = False,
+    log: Callable[[str], None] = lambda s: None,
+) -> dict:
+    """``dice-ray sft``: masked-diffusion SFT of the policy on a task set's solutions, written to ``out``.
+
+    The same training as the trainer's warm start (:func:`warm_start` on the pairs of
+    :func:`sft_data_pairs`, initial weights ``DiffusionPolicy.from_config(model)``, seed ``rl.seed``), as a
+    command of its own: no cache, a checkpoint every ``sft.checkpoint_every`` steps and at the end, and
+    ``resume`` to continue from the last one with the same data order and RNG. ``out`` receives the policy
+    (``DiffusionPolicy.save``: start RL from it with ``dice-ray train model.path=OUT``), ``sft_config.yaml``
+    (the resolved config), ``sft_metrics.jsonl`` (one record a step: step, loss, lr, tokens, seconds,
+    tokens_per_s), ``sft_summary.json``, ``sft_run.json`` (the data spec and the content hash a resume must
+    match) and ``checkpoints/step_NNNNNN/`` (the last ``keep_checkpoints``).
+
+    Args:
+        data: task spec of :func:`dice_ray.tasks.loaders.load_tasks` (``builtin``, ``alpaca:PATH``,
+            ``dice:PATH``, ...); with ``resume`` None means the spec the run was started with.
+        out: the run folder.
+        config_path, overrides: YAML config and ``key=value`` overrides (:func:`dice_ray.config.load_config`);
+            with ``resume`` the run's ``sft_config.yaml`` replaces ``config_path``.
+        resume: continue the run in ``out`` from its last checkpoint.
+        log: receives one progress line at a time.
+
+    Returns:
+        the summary (also in ``sft_summary.json``): out, data, pairs, steps, final_loss, stopped_early,
+        seconds, resumed_from, train_command.
+
+    Raises:
+        SFTInputError: bad spec, no pair, ``out`` already holds a run (without ``resume``) or none (with it),
+            a run started on other pairs / model / SFT config / seed (with ``resume``), ``sft.steps`` 0,
+            a pair longer than ``model.max_position_embeddings``.
+        FileNotFoundError: ``config_path`` does not exist.
+        pydantic.ValidationError: a bad config key or value.
+    """
+    t0 = time.perf_counter()
+    out = Path(out).expanduser().resolve()
+    overrides = list(overrides or [])
+    if out.exists() and not out.is_dir():
+        raise SFTInputError(f"--out {out}: exists and is not a folder")
+    run_file = out / "sft_run.json"
+    if resume:
+        if config_path is not None:
+            raise SFTInputError(f"--resume reads {out / SFT_CONFIG_FILE}; pass overrides, not --config")
+        if not (out / SFT_CONFIG_FILE).is_file() or not run_file.is_file():
+            raise SFTInputError(f"--resume {out}: no {SFT_CONFIG_FILE} (not a dice-ray sft run folder)")
+        saved = json.loads(run_file.read_text())
+        data = data or saved["data"]
+        cfg = load_config(out / SFT_CONFIG_FILE, overrides)
+    else:
+        if not data:
+            raise SFTInputError("--data is required (a task spec such as 'builtin' or 'alpaca:PATH')")
+        if (out / SFT_CONFIG_FILE).exists() or _checkpoints(out):
+            raise SFTInputError(f"--out {out}: holds a dice-ray sft run already; pass --resume to continue it "
+                                "or choose another folder")
+        cfg = load_config(config_path, overrides)
+    if cfg.sft.steps < 1:
+        raise SFTInputError(f"sft.steps={cfg.sft.steps}: nothing to train (need >= 1)")
+
+    pairs = sft_data_pairs(data, cfg, log)
+    policy = DiffusionPolicy.from_config(cfg.model)
+    key = sft_cache_key(policy, pairs, cfg.sft, cfg.rl.seed)
+    try:
+        run = SFTRun(policy, pairs, cfg.sft, cfg.rl.seed)
+    except ValueError as e:  # a pair too long for the model
+        raise SFTInputError(f"--data {data}: {e} (raise model.max_position_embeddings or cap tasks.max_tasks)") from None
+    metrics = out / SFT_METRICS_FILE
+    resumed_from = None
+    if resume:
+        if saved.get("key") != key:
+            raise SFTInputError(f"--resume {out}: the run was started on other pairs, model, SFT config or seed "
+                                f"than --data {data} with this config gives")
+        ckpts = _checkpoints(out)
+        if ckpts:
+            state = torch.load(ckpts[-1], map_location="cpu", weights_only=True)
+            state.pop("key")
+            run.load_state_dict(state)
+            log(f"resumed from {ckpts[-1].parent} at step {run.step}")
+        else:
+            log("no checkpoint yet: starting again from step 0")
+        resumed_from = run.step
+        kept = [ln for ln in (metrics.read_text().splitlines() if metrics.exists() else [])
+                if ln.strip() and json.loads(ln)["step"] <= run.step]
+        metrics.write_text("".join(ln + "\n" for ln in kept))
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / SFT_CONFIG_FILE).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        run_file.write_text(json.dumps({"data": data, "key": key, "pairs": len(pairs)}, indent=1))
+        metrics.write_text("")
+
+    log(f"training {policy.num_parameters()} parameters, {cfg.sft.steps} steps at most, batch {cfg.sft.batch_size}")
+    with _torch_threads(cfg.sft.num_threads), metrics.open("a") as f:
+        while not run.finished:
+            rec = run.train_step()
+            f.write(json.dumps(rec) + "\n")
+            f.flush()
+            if run.step % cfg.sft.log_every == 0 or run.finished:
+                log(f"step {run.step}/{cfg.sft.steps} loss {rec['loss']:.4f} lr {rec['lr']:.2e} "
+                    f"tokens/s {rec['tokens_per_s']:.0f}")
+            if run.step % cfg.sft.checkpoint_every == 0 and not run.finished:
+                log(f"checkpoint {_save_checkpoint(run, out, key, cfg.keep_checkpoints)}")
+    policy.model.eval()
+    _save_checkpoint(run, out, key, cfg.keep_checkpoints)
+    policy.save(out)
+    summary = {
+        "out": str(out), "data": data, "pairs": len(pairs), "steps": run.step,
+        "final_loss": run.losses[-1][1] if run.losses else None, "stopped_early": run.stopped,
+        "seconds": time.perf_counter() - t0, "resumed_from": resumed_from,
+        "train_command": f"dice-ray train model.path={out}",
+    }
+    (out / SFT_SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
+    return summary
