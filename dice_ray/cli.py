@@ -1,4 +1,4 @@
-"""``dice-ray`` command line: train, verify, status, verifiers, scaffold.
+"""``dice-ray`` command line: train, sft, eval, curate, verify, scaffold, config, report, status, verifiers.
 
 Exit status: 0 on success; 2 for unusable input (bad config, unreadable file), with a one-line error.
 """
@@ -260,6 +260,21 @@ def cmd_curate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """``report RUN_DIR``: curves.png and report.md of a run (finished or still going); prints the Markdown."""
+    from dice_ray.report import NotARunDir, write_report
+
+    try:
+        png, md, text = write_report(args.run_dir, args.out)
+    except NotARunDir as exc:
+        return _fail(str(exc))
+    except OSError as exc:
+        return _fail(f"report: cannot write to {args.out or args.run_dir} ({exc.strerror or exc})")
+    print(text, end="")
+    print(f"dice-ray report: wrote {md} and {png}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dice-ray", description="DICE bi-phase RL of diffusion LLMs writing CUDA kernels, on Ray")
     sub = p.add_subparsers(dest="command", required=True)
@@ -334,6 +349,11 @@ def build_parser() -> argparse.ArgumentParser:
     cu.add_argument("--config", help="YAML config (tasks, verify, reward, cluster sections apply)")
     cu.add_argument("overrides", nargs="*", metavar="key=value")
     cu.set_defaults(fn=cmd_curate)
+
+    rp = sub.add_parser("report", help="curves.png and report.md of a run directory (also of a run still going)")
+    rp.add_argument("run_dir", metavar="RUN_DIR", help="a dice-ray train run directory (config.yaml, metrics.jsonl)")
+    rp.add_argument("--out", metavar="DIR", help="folder for curves.png and report.md (default: RUN_DIR)")
+    rp.set_defaults(fn=cmd_report)
     return p
 
 

@@ -51,16 +51,16 @@ class TasksConfig(_Section):
 class ModelConfig(_Section):
     """The tiny SDAR-shape block-diffusion policy (Qwen3 architecture, block-causal attention)."""
 
-    hidden_size: int = Field(128, ge=16)
-    intermediate_size: int = Field(384, ge=16)
+    hidden_size: int = Field(128, ge=16, description="Transformer width (Qwen3 hidden_size).")
+    intermediate_size: int = Field(384, ge=16, description="MLP width (Qwen3 intermediate_size).")
     num_hidden_layers: int = Field(
         2, ge=1, description="2: the SFT warm start reaches its target loss ~2x sooner than with 4 layers (per step "
         "and in steps) on CPU; SDAR-1.7B has 28."
     )
-    num_attention_heads: int = Field(4, ge=1)
-    num_key_value_heads: int = Field(2, ge=1)
-    head_dim: int = Field(32, ge=8)
-    max_position_embeddings: int = Field(4096, ge=128)
+    num_attention_heads: int = Field(4, ge=1, description="Query heads.")
+    num_key_value_heads: int = Field(2, ge=1, description="Key/value heads (grouped-query attention).")
+    head_dim: int = Field(32, ge=8, description="Channels a head.")
+    max_position_embeddings: int = Field(4096, ge=128, description="Longest prompt + response (tokens).")
     block_size: int = Field(4, ge=1, description="Tokens per diffusion block (SDAR / DICE: 4).")
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Parameter dtype; bf16 matmul is ~85x slower than fp32 on AVX2-only CPUs."
@@ -73,21 +73,21 @@ class ModelConfig(_Section):
 class SamplingConfig(_Section):
     """Block-diffusion decoding (SDAR / Fast-dLLM low-confidence remasking)."""
 
-    max_new_tokens: int = Field(512, ge=4)
+    max_new_tokens: int = Field(512, ge=4, description="Response length cap (tokens; a multiple of model.block_size).")
     steps_per_block: int = Field(4, ge=1, description="Denoising steps a block for static remasking.")
     remasking: Literal["static", "dynamic"] = Field(
         "dynamic", description="static: k tokens a step; dynamic: every token above the threshold (>=1)."
     )
     threshold: float = Field(0.9, gt=0.0, le=1.0, description="Confidence threshold for dynamic remasking.")
-    temperature: float = Field(1.0, ge=0.0)
-    top_k: int | None = Field(None, ge=1)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (0: greedy).")
+    top_k: int | None = Field(None, ge=1, description="Keep the k most likely tokens when drawing (None: all).")
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description="Nucleus sampling mass (None: off).")
 
 
 class SFTConfig(_Section):
     """Masked-diffusion SFT warm start on the suite's reference solutions (cached by content hash)."""
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="Warm-start the policy by SFT before RL (skipped when model.path is set).")
     steps: int = Field(800, ge=0, description="Optimizer steps at most (see target_loss); sets the cosine schedule.")
     batch_size: int = Field(8, ge=1, description="(prompt, target) pairs a step.")
     learning_rate: float = Field(3e-3, gt=0.0, description="AdamW peak lr (linear warm-up, cosine decay).")
@@ -124,11 +124,11 @@ class RewardConfig(_Section):
     gets ``compile_only_reward``.
     """
 
-    correct_reward: float = 1.0
-    speedup_weight: float = 0.5
-    speedup_clip_low: float = Field(1.0, ge=0.0)
-    speedup_clip_high: float = Field(3.0, ge=0.0)
-    compile_only_reward: float = 1.0
+    correct_reward: float = Field(1.0, description="Reward of a compiled, correct candidate that broke no rule.")
+    speedup_weight: float = Field(0.5, description="Weight of clip(log2(speedup)) added to correct_reward.")
+    speedup_clip_low: float = Field(1.0, ge=0.0, description="log2(speedup) is clipped below at -this.")
+    speedup_clip_high: float = Field(3.0, ge=0.0, description="log2(speedup) is clipped above at this.")
+    compile_only_reward: float = Field(1.0, description="Reward of an ok verdict from a compile-only verifier (no GPU: nothing timed).")
 
 
 class VerifyConfig(_Section):
@@ -270,7 +270,7 @@ class PhaseConfig(_Section):
 
     infill_steps: int = Field(3, ge=0, description="Steps with infill fraction 1.0 (DICE: 20).")
     ramp_steps: int = Field(3, ge=0, description="Steps over which the infill fraction falls linearly to final.")
-    final_infill_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    final_infill_fraction: float = Field(0.0, ge=0.0, le=1.0, description="Infill share of prompts after the ramp.")
     scaffold_granularity: Literal["source", "body"] = Field(
         "source", description="Where infill scaffolds are cut: 'source' (DICE's: the whole CUDA source is the middle) or "
         "'body' (the first __global__ kernel's body; signature, braces and the rest kept). The SFT warm start trains 'source'.",
@@ -287,8 +287,8 @@ class RLConfig(_Section):
     beta: float = Field(0.0, ge=0.0, description="k3 KL coefficient against the reference policy (DICE: 0.01).")
     epsilon: float = Field(0.2, gt=0.0, description="PPO clip range.")
     scale_rewards: bool = Field(True, description="Divide group-centred rewards by the group std (GRPO z-score).")
-    max_grad_norm: float = Field(1.0, gt=0.0)
-    ppo_epochs: int = Field(1, ge=1)
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient-norm clip of the RL update.")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over a step's groups (PPO epochs).")
     logprob_estimator: Literal["tracerl", "coupled", "diffu_grpo"] = Field(
         "tracerl",
         description="Per-token log-prob estimator of the RL loss (dice_ray.policy.logprobs). 'tracerl' (TraceRL, "
@@ -299,7 +299,7 @@ class RLConfig(_Section):
         "one pass with the whole response masked. The last two recompute the old log-probs at the start of "
         "each step (pre-update weights, same masks).",
     )
-    seed: int = 0
+    seed: int = Field(0, description="Seed of sampling, data order, the learner and the SFT warm start.")
 
 
 class EvalConfig(_Section):
@@ -313,11 +313,11 @@ class ClusterConfig(_Section):
     """Ray resources and the DeepSpeed learner."""
 
     address: str | None = Field(None, description="Ray address; None: RAY_ADDRESS or a new local cluster.")
-    num_rollout_workers: int = Field(1, ge=1)
+    num_rollout_workers: int = Field(1, ge=1, description="RolloutWorker actors.")
     num_verifiers: int | None = Field(None, ge=1, description="None: one per GPU, or 2 CPU actors without GPUs.")
     zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage of the learner.")
     learner_gpus: float = Field(0.0, ge=0.0, description="GPUs for the learner actor (0: CPU, gloo; a fraction shares one).")
-    rollout_gpus: float = Field(0.0, ge=0.0)
+    rollout_gpus: float = Field(0.0, ge=0.0, description="GPUs a rollout worker asks Ray for (0: CPU).")
     verifier_gpus: float = Field(1.0, ge=0.0, description="GPUs per verifier actor when GPUs exist.")
     # -- verifier pool autoscaling (dice_ray.cluster.verifier_pool) --
     verifier_autoscale: bool = Field(
@@ -360,8 +360,8 @@ class DiceConfig(_Section):
     """Top-level config of ``dice-ray train``."""
 
     run_dir: str = Field("runs", description="Parent folder of run directories.")
-    run_name: str | None = None
-    checkpoint_every: int = Field(1, ge=1)
+    run_name: str | None = Field(None, description="Run folder name under run_dir (None: a timestamp).")
+    checkpoint_every: int = Field(1, ge=1, description="RL steps between checkpoints of dice-ray train.")
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept (oldest deleted first).")
     tasks: TasksConfig = TasksConfig()
     model: ModelConfig = ModelConfig()

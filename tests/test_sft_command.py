@@ -134,3 +134,12 @@ def test_bad_input_exits_2_with_one_error_line(tmp_path, capsys, case, message):
     assert message in line, line
     if case == "unreadable-file":
         assert "bad-json" in line  # the loader's reason is named
+
+
+def test_resume_with_changed_settings_names_the_keys(tmp_path, capsys):
+    out = tmp_path / "sft"
+    assert _sft(out, "--data", "builtin", *SMALL, "sft.steps=2") == 0
+    capsys.readouterr()
+    assert _sft(out, "--resume", "sft.steps=3", "sft.learning_rate=0.02") == 2
+    line = _error_line(capsys.readouterr().err)
+    assert "sft.learning_rate, sft.steps differ(s) from the run's" in line, line

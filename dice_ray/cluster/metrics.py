@@ -1,6 +1,13 @@
-"""Ray custom metrics of a run (``ray.util.metrics``), shown in the Ray dashboard / Prometheus.
+"""Ray custom metrics of a run (``ray.util.metrics``), shown in the Ray dashboard / Prometheus / Grafana.
 
-One gauge per per-step figure, tagged with the run name. Names and meanings:
+One gauge per per-step figure, set by the driver after each RL step from the same record it appends
+to ``metrics.jsonl`` (the key is the name without ``dice_ray_``). Each gauge carries the tag ``run``
+(the run directory's name). Ray's Prometheus export prefixes application metrics with ``ray_``, so
+the Prometheus name is ``ray_`` + the name below (``ray_dice_ray_reward_mean``), with Ray's own
+labels added (``SessionName``, ``NodeAddress``, ``WorkerId``, ...). ``dashboards/dice_ray_grafana.json``
+plots them all (``tests/test_report.py`` keeps this table, :data:`METRICS` and that dashboard in step).
+A figure that was not measured in a step (``None``, e.g. ``correct_rate`` without GPU verifiers)
+is not set, so its series keeps its last value. Names and meanings:
 
 =====================================  ==========================================================
 ``dice_ray_reward_mean``               mean reward of the step's rollouts
@@ -24,9 +31,14 @@ One gauge per per-step figure, tagged with the run name. Names and meanings:
 
 from __future__ import annotations
 
+import math
+
 from ray.util.metrics import Gauge
 
 PHASE_CODE = {"infill": 0, "ramp": 1, "e2e": 2}
+NAME_PREFIX = "dice_ray_"  # what RunMetrics registers: NAME_PREFIX + key
+PROMETHEUS_PREFIX = "ray_"  # what Ray's Prometheus export adds in front of every application metric
+RUN_TAG = "run"
 
 METRICS = {
     "reward_mean": "mean reward of the step's rollouts",
@@ -49,11 +61,18 @@ METRICS = {
 
 
 class RunMetrics:
-    """Gauges for one run; :meth:`publish` sets every known key present in a step record."""
+    """Gauges for one run (one :class:`ray.util.metrics.Gauge` a key of :data:`METRICS`, tag ``run``).
+
+    :meth:`publish` sets every known key present in a step record. Creating it needs no Ray
+    connection; values reach the node's metrics export port once Ray is initialised.
+
+    Args:
+        run_name: the value of the ``run`` tag (the trainer passes the run directory's name).
+    """
 
     def __init__(self, run_name: str):
-        self.tags = {"run": run_name}
-        self.gauges = {k: Gauge(f"dice_ray_{k}", description=d, tag_keys=("run",)) for k, d in METRICS.items()}
+        self.tags = {RUN_TAG: run_name}
+        self.gauges = {k: Gauge(NAME_PREFIX + k, description=d, tag_keys=(RUN_TAG,)) for k, d in METRICS.items()}
 
     def publish(self, record: dict) -> None:
         """Export a step record (keys as in :data:`METRICS`; ``phase`` may be its name)."""
@@ -61,5 +80,5 @@ class RunMetrics:
             value = record.get(key)
             if key == "phase" and isinstance(value, str):
                 value = PHASE_CODE.get(value)
-            if isinstance(value, (int, float)) and value == value:
+            if isinstance(value, (int, float)) and not math.isnan(value):
                 gauge.set(float(value), tags=self.tags)

@@ -76,7 +76,7 @@ def curate(
         raise NoGpuVerifier("curate: speedups need a GPU verifier (none found: no CUDA device, no Ray GPUs, or "
                             "verify.mode=compile_only); pass --allow-compile-only to write compile-checked tasks "
                             "without speedups")
-    tasks = load_eval_tasks(tasks_spec, cfg)
+    tasks = load_eval_tasks(tasks_spec, cfg, log)
     solved = [t for t in tasks if t.solution_src is not None]
     if not solved:
         raise EvalInputError(f"tasks {tasks_spec!r}: no task has a solution to curate")

@@ -58,14 +58,25 @@ class Candidate:
         return f"{self.task.task_id}#{self.sample}"
 
 
-def load_eval_tasks(spec: str, cfg: DiceConfig) -> list[Task]:
+#: rejected records listed one a line by :func:`load_eval_tasks` (the rest are counted)
+SHOWN_REJECTIONS = 20
+
+
+def load_eval_tasks(spec: str, cfg: DiceConfig, log: Callable[[str], None] = lambda s: None) -> list[Task]:
     """The tasks of ``spec`` (``tasks.max_input_elements`` cap), the first ``tasks.max_tasks`` of them.
+    ``log`` gets the load summary and one line a rejected record (file, index or line, reason; the
+    first :data:`SHOWN_REJECTIONS`).
 
     Raises:
         EvalInputError: no task was accepted.
         ValueError, FileNotFoundError: see :func:`dice_ray.tasks.loaders.load_tasks`.
     """
     report = load_tasks(spec, max_input_elements=cfg.tasks.max_input_elements)
+    log(f"tasks {report.summary()}")
+    for r in report.rejected[:SHOWN_REJECTIONS]:
+        log(f"  rejected {r.source}[{r.index}]: {r.reason[:200]}")
+    if len(report.rejected) > SHOWN_REJECTIONS:
+        log(f"  ... and {len(report.rejected) - SHOWN_REJECTIONS} more rejected")
     tasks = report.tasks[: cfg.tasks.max_tasks] if cfg.tasks.max_tasks else report.tasks
     if not tasks:
         raise EvalInputError(f"tasks {spec!r}: no task accepted ({report.summary()})")
@@ -250,7 +261,7 @@ def evaluate(
     """
     if (model is None) == (solutions is None):
         raise EvalInputError("give exactly one of --model PATH and --solutions DIR")
-    tasks = load_eval_tasks(tasks_spec, cfg)
+    tasks = load_eval_tasks(tasks_spec, cfg, log)
     skipped: dict[str, str] = {}
     failed: dict[str, str] = {}
     unmatched: list[str] = []

@@ -443,6 +443,18 @@ def _save_checkpoint(run: SFTRun, out: Path, key: str, keep: int) -> Path:
     return final
 
 
+def _changed_keys(old: DiceConfig, new: DiceConfig) -> list[str]:
+    """Dotted config keys whose values differ between two :class:`~dice_ray.config.DiceConfig`."""
+    def flat(tree: dict, prefix: str = "") -> dict[str, object]:
+        out: dict[str, object] = {}
+        for k, v in tree.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    a, b = flat(old.model_dump(mode="json")), flat(new.model_dump(mode="json"))
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+
+
 def run_sft(
     data: str | None,
     out: str | Path,
@@ -517,8 +529,11 @@ def run_sft(
     resumed_from = None
     if resume:
         if saved.get("key") != key:
-            raise SFTInputError(f"--resume {out}: the run was started on other pairs, model, SFT config or seed "
-                                f"than --data {data} with this config gives")
+            changed = _changed_keys(load_config(out / SFT_CONFIG_FILE), cfg)
+            what = (f"{', '.join(changed)} differ(s) from the run's" if changed
+                    else f"the pairs --data {data} gives differ from the run's")
+            raise SFTInputError(f"--resume {out}: {what}; a run continues with the data and settings it started "
+                                "with (train longer or differently in a new --out)")
         ckpts = _checkpoints(out)
         if ckpts:
             state = torch.load(ckpts[-1], map_location="cpu", weights_only=True)
