@@ -14,9 +14,11 @@ the step under the pre-update weights, with the same masks (:func:`estimator_see
 from __future__ import annotations
 
 import os
+import random
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import ray
 import torch
 
@@ -125,6 +127,9 @@ class Learner:
         if not torch.distributed.is_initialized():
             torch.distributed.init_process_group(backend, rank=self.rank, world_size=self.world_size)
         model = self.policy.model.to(self.device)
+        # the SFT warm start leaves its last step's gradients on the parameters (a cache hit or a resume
+        # does not), and DeepSpeed's first backward would add the RL gradient to them: start from none
+        model.zero_grad(set_to_none=True)
         if self.cfg.rl.beta > 0:
             import copy
 
@@ -187,12 +192,25 @@ class Learner:
                     sums[k] += getattr(stats, k)
                 n_micro += 1
                 tokens += int(g.mask.sum())
+            grad_norm = self._grad_norm()
             self.engine.step()
+        if grad_norm is None:  # ZeRO >= 1: DeepSpeed's optimizer computed it in the step
+            norm = self.engine.get_global_grad_norm()
+            grad_norm = None if norm is None else float(norm)
         self.step_count += 1
         seconds = time.perf_counter() - t0
         out = {k: v / max(n_micro, 1) for k, v in sums.items()}
-        out.update(tokens=tokens, seconds=seconds, tokens_per_s=tokens / max(seconds, 1e-9), step=self.step_count)
+        out.update(tokens=tokens, grad_norm=grad_norm, seconds=seconds, tokens_per_s=tokens / max(seconds, 1e-9),
+                   step=self.step_count)
         return out
+
+    def _grad_norm(self) -> float | None:
+        """L2 norm of the accumulated gradients before clipping (last PPO epoch); None under ZeRO >= 1,
+        where the gradients are partitioned and DeepSpeed's optimizer reports its own norm in the step."""
+        if self.cfg.cluster.zero_stage:
+            return None
+        grads = [p.grad.detach().float().norm() for p in self.engine.module.parameters() if p.grad is not None]
+        return float(torch.stack(grads).norm()) if grads else None
 
     def get_weights(self) -> dict:
         """The policy's weights as CPU tensors (the object-store weight sync)."""
@@ -200,18 +218,55 @@ class Learner:
         return {k: v.detach().to("cpu") for k, v in module.state_dict().items()}
 
     def save(self, ckpt_dir: str, tag: str) -> str:
-        """DeepSpeed checkpoint (model, optimizer, LR schedule) + the policy for eval; returns its folder."""
-        self.engine.save_checkpoint(ckpt_dir, tag=tag)
+        """DeepSpeed checkpoint (model, optimizer, LR schedule) + the policy for eval; returns its folder.
+
+        For an exact resume it also keeps, in DeepSpeed's ``client_state``, the learner's step count (it
+        seeds the ``coupled`` estimator's masks, :func:`estimator_seed`) and the torch / numpy / python RNG
+        states; and, with ``rl.beta > 0``, the frozen KL reference (``reference.pt``): it is the
+        warm-started policy, which a resumed learner no longer has (it loads the RL weights instead).
+        """
+        client_state = {"dice_ray": {"step_count": self.step_count, "rng": _rng_state()}}
+        self.engine.save_checkpoint(ckpt_dir, tag=tag, client_state=client_state)
         if self.rank == 0:
             self.policy.save(os.path.join(ckpt_dir, tag, "policy"))
+            if self.ref_model is not None:
+                torch.save(self.ref_model.state_dict(), os.path.join(ckpt_dir, tag, "reference.pt"))
         return os.path.join(ckpt_dir, tag)
 
     def load(self, ckpt_dir: str, tag: str) -> None:
-        """Restore a checkpoint written by :meth:`save`.
+        """Restore a checkpoint written by :meth:`save` (after :meth:`init_engine`): weights, optimizer,
+        LR schedule, step count, RNG states and the KL reference.
 
         Raises:
-            FileNotFoundError: no checkpoint ``tag`` under ``ckpt_dir``.
+            FileNotFoundError: no checkpoint ``tag`` under ``ckpt_dir``, or its KL reference is missing
+                while ``rl.beta > 0``.
         """
-        path, _ = self.engine.load_checkpoint(ckpt_dir, tag=tag)
+        path, client_state = self.engine.load_checkpoint(ckpt_dir, tag=tag)
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} under {ckpt_dir}")
+        extra = (client_state or {}).get("dice_ray")
+        if extra is not None:  # checkpoints of older dice-ray versions lack it: step count 0, RNG as is
+            self.step_count = extra["step_count"]
+            _set_rng_state(extra["rng"])
+        if self.ref_model is not None:
+            ref = os.path.join(ckpt_dir, tag, "reference.pt")
+            if not os.path.exists(ref):
+                raise FileNotFoundError(f"rl.beta={self.cfg.rl.beta} needs the KL reference {ref}, which is missing")
+            self.ref_model.load_state_dict(torch.load(ref, map_location=self.device, weights_only=True))
+
+
+def _rng_state() -> dict:
+    """The process's torch (CPU and, if present, CUDA), numpy and python RNG states."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    """Restore what :func:`_rng_state` took (CUDA states only where CUDA is up)."""
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

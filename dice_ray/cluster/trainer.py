@@ -288,6 +288,7 @@ class Trainer:
         learned = learned or {}
         rec.update(
             loss=learned.get("loss"), clip_fraction=learned.get("clip_fraction"), kl=learned.get("kl"),
+            ratio_mean=learned.get("ratio_mean"), grad_norm=learned.get("grad_norm"), learner_tokens=learned.get("tokens", 0),
             learner_step_seconds=learned.get("seconds", 0.0),
             rollout_seconds=t_roll - t0, verify_seconds=t_ver - t_roll, learn_seconds=t_learn - t_ver, sync_seconds=sync_s,
             rollout_tokens_per_s=sum(g.tokens for g in groups) / max(t_roll - t0, 1e-9),

@@ -353,6 +353,7 @@ def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTCo
             while not run.finished:
                 run.train_step()
     finally:
+        policy.model.zero_grad(set_to_none=True)  # a cache hit leaves none either: RL must start the same
         policy.model.eval()
     model = policy.model
     final = run.losses[-1][1]
