@@ -363,6 +363,13 @@ class DiceConfig(_Section):
     run_name: str | None = Field(None, description="Run folder name under run_dir (None: a timestamp).")
     checkpoint_every: int = Field(1, ge=1, description="RL steps between checkpoints of dice-ray train.")
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept (oldest deleted first).")
+    storage_path: str | None = Field(
+        None,
+        description="Where checkpoints persist, as Ray Train's storage_path: a folder or an fsspec URL "
+        "(s3://bucket/runs, gs://bucket/runs, file:///abs/path, memory://x; s3/gs need s3fs/gcsfs). "
+        "Each checkpoint is staged in RUN_DIR/checkpoints, then copied to STORAGE_PATH/RUN_NAME/step_NNNNNN; "
+        "keep_checkpoints applies there and only the newest stays staged. None: RUN_DIR/checkpoints only.",
+    )
     tasks: TasksConfig = TasksConfig()
     model: ModelConfig = ModelConfig()
     sampling: SamplingConfig = SamplingConfig()
@@ -376,6 +383,10 @@ class DiceConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> "DiceConfig":
+        if self.storage_path is not None:
+            from dice_ray.cluster.storage import check_storage_url
+
+            check_storage_url(self.storage_path)
         if self.sampling.max_new_tokens % self.model.block_size:
             raise ValueError(
                 f"sampling.max_new_tokens={self.sampling.max_new_tokens} must be a multiple of "

@@ -3,6 +3,7 @@ NVRTC compile-only verifiers; then `--resume` continues from the last checkpoint
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -27,7 +28,8 @@ def _train(args, env, timeout=600):
 
 def test_train_covers_both_phases_then_resumes(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PYTHONUNBUFFERED": "1"}
-    out = _train([f"run_dir={tmp_path}", "run_name=r", f"sft.cache_dir={tmp_path / 'sft'}", *SMALL], env)
+    store = tmp_path / "store"  # storage_path (issue 6): checkpoints copied there, the last 2 kept
+    out = _train([f"run_dir={tmp_path}", "run_name=r", f"sft.cache_dir={tmp_path / 'sft'}", f"storage_path=file://{store}", *SMALL], env)
     run = tmp_path / "r"
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "curves.png"):
         assert (run / name).is_file(), name
@@ -40,9 +42,13 @@ def test_train_covers_both_phases_then_resumes(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 3 and "e2e" in summary["phases_seen"]
     assert summary["heldout_start"] is not None and summary["heldout_end"] is not None
+    assert sorted(p.name for p in (store / "r").iterdir()) == ["step_000002", "step_000003"]
+    assert (store / "r" / "step_000003" / "state.json").is_file()
+    shutil.rmtree(run / "checkpoints")  # resume must fetch the newest checkpoint from storage_path
 
     out2 = _train(["--resume", str(run), "rl.steps=4"], env)
-    assert "resumed" in out2
+    assert "resumed" in out2 and "step_000003" in out2
+    assert sorted(p.name for p in (store / "r").iterdir()) == ["step_000003", "step_000004"]
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     assert records[-1]["phase"] == "e2e"

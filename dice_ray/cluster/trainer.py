@@ -28,6 +28,7 @@ from dice_ray.cluster.learner import Learner, TrainGroup, learner_env, make_trai
 from dice_ray.cluster.metrics import RunMetrics
 from dice_ray.cluster.rollout import GroupRollout, RolloutWorker
 from dice_ray.cluster.scheduler import NAMESPACE, SCHEDULER_NAME, PhaseSchedulerActor
+from dice_ray.cluster.storage import CheckpointStore, run_store_url
 from dice_ray.cluster.verifier_pool import POOL_NAME, VerifierPool
 from dice_ray.config import DiceConfig, load_config
 from dice_ray.report import plot_curves, read_metrics
@@ -123,7 +124,8 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.resume = resume
         self.console = console or Console(width=None if Console().is_terminal else 132)
-        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.ckpt_dir = self.run_dir / "checkpoints"  # the checkpoints, or their staging folder with storage_path
+        self.store = CheckpointStore(run_store_url(cfg.storage_path, self.run_dir.name)) if cfg.storage_path else None
         self.start_step = 0
         self.weights_version = 0
 
@@ -199,7 +201,13 @@ class Trainer:
         con.print(f"[bold]warm start[/] {report} (loss {losses[0][1]:.2f} -> {losses[-1][1]:.3f})" if losses else f"[bold]warm start[/] {report}")
 
     def _restore(self) -> None:
-        state_path = latest_checkpoint(self.ckpt_dir)
+        if self.store is not None:
+            tag = self.store.latest()
+            if tag is None:
+                raise FileNotFoundError(f"--resume {self.run_dir}: no complete checkpoint under {self.store.url}")
+            state_path = self.store.fetch(tag, self.ckpt_dir) / "state.json"
+        else:
+            state_path = latest_checkpoint(self.ckpt_dir)
         if state_path is None:
             raise FileNotFoundError(f"--resume {self.run_dir}: no checkpoint under {self.ckpt_dir}")
         state = json.loads(state_path.read_text())
@@ -256,9 +264,14 @@ class Trainer:
         tag = f"step_{step:06d}"
         ray.get(self.learner.save.remote(str(self.ckpt_dir), tag))
         state = {"step": step, "schedule": ray.get(self.scheduler.get_state.remote()), "time": time.time()}
-        (self.ckpt_dir / tag / "state.json").write_text(json.dumps(state, indent=1))
+        (self.ckpt_dir / tag / "state.json").write_text(json.dumps(state, indent=1))  # the completeness marker, last
+        keep_local = self.cfg.keep_checkpoints
+        if self.store is not None:  # storage_path: copy it there, keep the last K there, only the newest staged
+            self.store.upload(self.ckpt_dir / tag)
+            self.store.prune(self.cfg.keep_checkpoints)
+            keep_local = 1
         tags = sorted(p for p in self.ckpt_dir.iterdir() if p.is_dir() and (p / "state.json").exists())
-        for old in tags[: -self.cfg.keep_checkpoints]:
+        for old in tags[:-keep_local]:
             shutil.rmtree(old, ignore_errors=True)
 
     def train_step(self, show) -> dict:
@@ -375,7 +388,7 @@ class Trainer:
             "heldout_start": heldout_start,
             "heldout_end": heldout_end,
             "seconds": time.perf_counter() - t_run,
-            "checkpoints": str(self.ckpt_dir),
+            "checkpoints": self.store.url if self.store is not None else str(self.ckpt_dir),
             "metrics": str(self.run_dir / "metrics.jsonl"),
             "plot": str(plot),
             "dashboard": self.ray_info.get("dashboard"),
