@@ -206,6 +206,7 @@ class Trainer:
             if tag is None:
                 raise FileNotFoundError(f"--resume {self.run_dir}: no complete checkpoint under {self.store.url}")
             state_path = self.store.fetch(tag, self.ckpt_dir) / "state.json"
+            self.console.print(f"[bold]storage[/] fetched {tag} from {self.store.url}")
         else:
             state_path = latest_checkpoint(self.ckpt_dir)
         if state_path is None:
