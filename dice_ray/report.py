@@ -39,7 +39,7 @@ RATES = [
     ("loss", "policy loss", "{:+.3e}"),
 ]
 CONFIG_KEYS = [
-    "model.path", "tasks.spec", "tasks.max_tasks", "rl.steps", "rl.prompts_per_step", "rl.num_generations",
+    "run_name", "storage_path", "model.path", "tasks.spec", "tasks.max_tasks", "sft.steps", "rl.steps", "rl.prompts_per_step", "rl.num_generations",
     "rl.learning_rate", "rl.logprob_estimator", "phase.infill_steps", "phase.ramp_steps",
     "phase.final_infill_fraction", "verify.mode", "cluster.num_rollout_workers", "cluster.num_verifiers",
 ]
@@ -178,6 +178,7 @@ def plot_curves(records: list[dict], out_png: str | Path, title: str = "") -> Pa
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(2, 4, figsize=(16, 6.5))
     steps = [r["step"] for r in records]
@@ -191,7 +192,8 @@ def plot_curves(records: list[dict], out_png: str | Path, title: str = "") -> Pa
 
     for ax, (key, label) in zip(axes.flat, PANELS):
         if not curve(ax, key, "total" if key == "step_seconds" else None):
-            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, color="grey")
+            empty = "no learner update (every group dropped)" if key == "loss" else "not measured"
+            ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes, color="grey")
         stage_drawn = [curve(ax, k, name) for k, name in STAGES] if key == "step_seconds" else []
         if any(stage_drawn):
             ax.legend(fontsize=7)
@@ -201,6 +203,7 @@ def plot_curves(records: list[dict], out_png: str | Path, title: str = "") -> Pa
             ax.set_ylim(-0.03, 1.03)
         ax.set_title(label)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     fig.suptitle(title + ("  (shading: infill blue, ramp orange, end-to-end green)" if spans else ""))
     fig.tight_layout()
@@ -224,7 +227,8 @@ def markdown_report(run: Run, curves_png: str | None = "curves.png") -> str:
     lines = [f"# dice-ray run `{run.name}`" + ("" if run.summary else " (still running)"), ""]
     if run.summary:
         secs = run.summary.get("seconds")
-        lines.append("Status: finished" + (f" in {secs / 60:.1f} min" if _num(secs) else "") + " (summary.json).")
+        lines.append("Status: finished" + (f", the last session in {secs / 60:.1f} min" if _num(secs) else "")
+                     + " (summary.json).")
     else:
         metrics = run.path / "metrics.jsonl"
         age = f"; last step written {(time.time() - metrics.stat().st_mtime) / 60:.1f} min ago" if metrics.is_file() else ""

@@ -70,7 +70,7 @@ def test_report_of_a_finished_run(tmp_path, capsys):
     assert md == stdout
     assert (out / "curves.png").read_bytes()[:8] == PNG_MAGIC
     assert not (run / "report.md").exists()  # --out was honoured
-    assert "# dice-ray run `done`" in md and "still running" not in md and "finished in 2.0 min" in md
+    assert "# dice-ray run `done`" in md and "still running" not in md and "finished, the last session in 2.0 min" in md
     assert "Steps done: **4** / 4 planned (100%)" in md
     assert "| infill | 0-1 (2) | 1.00 -> 1.00 | 0.300 |" in md
     assert "| e2e | 2-3 (2) | 0.00 -> 0.00 | 0.700 |" in md
