@@ -38,8 +38,9 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from dice_ray.tasks.task import SourcePositions, call_name
+
 _TRIPLE_OPEN = re.compile(r"""\A([rRuU]?)(\"\"\"|''')""")
-_NEWLINE = re.compile(r"\r\n|\r|\n")
 _STRING_PREFIX = re.compile(r"\A([rRuU]?)(\"\"\"|'''|\"|')")
 _SIMPLE_ESCAPES = {"\\": "\\", "'": "'", '"': '"', "a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r",
                    "t": "\t", "v": "\v"}
@@ -73,40 +74,11 @@ class Scaffold:
         return self.prefix + self.middle + self.suffix
 
 
-class _Positions:
-    """Maps ast (line, UTF-8 byte column) positions to str offsets."""
-
-    def __init__(self, src: str):
-        self.src = src
-        self.line_starts = [0] + [m.end() for m in _NEWLINE.finditer(src)]
-
-    def offset(self, lineno: int, col_byte: int) -> int:
-        start = self.line_starts[lineno - 1]
-        end = self.line_starts[lineno] if lineno < len(self.line_starts) else len(self.src)
-        line = self.src[start:end]
-        return start + len(line.encode("utf-8")[:col_byte].decode("utf-8", errors="strict"))
-
-    def span(self, node: ast.AST) -> tuple[int, int]:
-        return (
-            self.offset(node.lineno, node.col_offset),  # type: ignore[attr-defined]
-            self.offset(node.end_lineno, node.end_col_offset),  # type: ignore[attr-defined]
-        )
-
-
-def _call_name(call: ast.Call) -> str | None:
-    f = call.func
-    if isinstance(f, ast.Name):
-        return f.id
-    if isinstance(f, ast.Attribute):
-        return f.attr
-    return None
-
-
 def _source_argument(tree: ast.Module, fmt: str) -> tuple[ast.expr, ast.Call]:
     """The expression passed as the CUDA source to the format's loader call."""
     loader, keyword, position = ("load_cuda", "source", 0) if fmt == "fast" else ("load_inline", "cuda_sources", 2)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and _call_name(node) == loader:
+        if isinstance(node, ast.Call) and call_name(node) == loader:
             for kw in node.keywords:
                 if kw.arg == keyword:
                     return kw.value, node
@@ -159,7 +131,7 @@ def _single_string_token(text: str) -> bool:
     return len(toks) == 1 and toks[0].string == text
 
 
-def _locate(solution_src: str, fmt: str) -> tuple[ast.expr, ast.stmt | None, _Positions]:
+def _locate(solution_src: str, fmt: str) -> tuple[ast.expr, ast.stmt | None, SourcePositions]:
     """The CUDA source literal of ``solution_src``, its assignment (or None) and a position map."""
     if fmt not in ("fast", "load_inline"):
         raise ScaffoldError(f"fmt must be 'fast' or 'load_inline', got {fmt!r}")
@@ -171,7 +143,7 @@ def _locate(solution_src: str, fmt: str) -> tuple[ast.expr, ast.stmt | None, _Po
         raise ScaffoldError(f"solution_src does not parse: {e}") from None
     expr, call = _source_argument(tree, fmt)
     literal, assign = _resolve(tree, expr, call)
-    return literal, assign, _Positions(solution_src)
+    return literal, assign, SourcePositions(solution_src)
 
 
 def make_scaffold(
@@ -239,7 +211,7 @@ def detect_format(solution_src: str) -> str:
         tree = ast.parse(solution_src)
     except (SyntaxError, ValueError) as e:
         raise ScaffoldError(f"solution_src does not parse: {e}") from None
-    names = {_call_name(n) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    names = {call_name(n) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     for fmt, loader in (("fast", "load_cuda"), ("load_inline", "load_inline")):
         if loader in names:
             return fmt

@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+_NEWLINE = re.compile(r"\r\n|\r|\n")  # Python's line ends
+
 SolutionFormat = Literal["fast", "load_inline"]
 SOLUTION_FORMATS: tuple[str, ...] = ("fast", "load_inline")
 
@@ -119,12 +121,35 @@ def validate_solution(src: object, fmt: object, field: str = "solution_src") -> 
     if not _has_method(classes["ModelNew"], "forward"):
         raise TaskError("no-forward", f"{field}: class ModelNew must define forward()")
     loader = "load_cuda" if fmt == "fast" else "load_inline"
-    if not any(isinstance(n, ast.Call) and _call_name(n) == loader for n in ast.walk(tree)):
+    if not any(isinstance(n, ast.Call) and call_name(n) == loader for n in ast.walk(tree)):
         raise TaskError("no-loader-call", f"{field} in format {fmt!r} must call {loader}()")
     return tree
 
 
-def _call_name(call: ast.Call) -> str | None:
+class SourcePositions:
+    """Maps :mod:`ast` positions (1-based line, UTF-8 byte column) of ``src`` to ``str`` offsets, with
+    Python's line ends (``\\r\\n``, ``\\r``, ``\\n``); sources with non-ASCII text cut exactly."""
+
+    def __init__(self, src: str):
+        self.src = src
+        self.line_starts = [0] + [m.end() for m in _NEWLINE.finditer(src)]
+
+    def offset(self, lineno: int, col_byte: int) -> int:
+        """The ``str`` offset of line ``lineno`` (1-based), UTF-8 byte column ``col_byte``."""
+        start = self.line_starts[lineno - 1]
+        end = self.line_starts[lineno] if lineno < len(self.line_starts) else len(self.src)
+        return start + len(self.src[start:end].encode("utf-8")[:col_byte].decode("utf-8", errors="strict"))
+
+    def span(self, node: ast.AST) -> tuple[int, int]:
+        """``(start, end)`` ``str`` offsets of ``node`` (it must carry end positions)."""
+        return (
+            self.offset(node.lineno, node.col_offset),  # type: ignore[attr-defined]
+            self.offset(node.end_lineno, node.end_col_offset),  # type: ignore[attr-defined]
+        )
+
+
+def call_name(call: ast.Call) -> str | None:
+    """The called name of ``call``: ``f`` for ``f(...)`` and ``m.f(...)``; None for anything else."""
     f = call.func
     if isinstance(f, ast.Name):
         return f.id
@@ -220,7 +245,7 @@ def static_input_elements(reference_src: str) -> int:
     )
     total = 0
     for call in ast.walk(get_inputs) if get_inputs is not None else ():
-        if not (isinstance(call, ast.Call) and _call_name(call) in _TENSOR_FACTORIES):
+        if not (isinstance(call, ast.Call) and call_name(call) in _TENSOR_FACTORIES):
             continue
         try:
             dims: list[object] = []
@@ -275,13 +300,6 @@ def shape_constant(reference_src: str) -> tuple[str, int] | None:
     return None if node is None else (node.targets[0].id, node.value.value)  # type: ignore[union-attr]
 
 
-def _char_offset(src: str, line_starts: list[int], lineno: int, byte_col: int) -> int:
-    """Offset in ``src`` of an :mod:`ast` position (1-based line, UTF-8 byte column)."""
-    start = line_starts[lineno - 1]
-    end = line_starts[lineno] if lineno < len(line_starts) else len(src)
-    return start + len(src[start:end].encode("utf-8")[:byte_col].decode("utf-8"))
-
-
 def scale_down_inputs(reference_src: str, max_elements: int) -> str | None:
     """Shrink a reference whose inputs exceed ``max_elements`` by halving its size constant.
 
@@ -310,9 +328,7 @@ def scale_down_inputs(reference_src: str, max_elements: int) -> str | None:
     if node is None:
         return None
     lit = node.value
-    line_starts = [0] + [m.end() for m in re.finditer(r"\r\n|\r|\n", reference_src)]  # Python's line ends
-    start = _char_offset(reference_src, line_starts, lit.lineno, lit.col_offset)
-    end = _char_offset(reference_src, line_starts, lit.end_lineno or lit.lineno, lit.end_col_offset or 0)
+    start, end = SourcePositions(reference_src).span(lit)
     value, src = lit.value, reference_src
     while static_input_elements(src) > max_elements:
         if value <= 1:
