@@ -208,3 +208,22 @@ def test_curate_allow_compile_only(tmp_path, no_ray):
     assert [r["task_id"] for r in rows] == ["builtin/L1/relu", "builtin/L1/gelu_tanh"]
     assert all(r["speedup"] is None and r["mode"] == "compile_only" and r["hardware"] == COMPILE_ONLY_HARDWARE
                and r["verifier_config"]["mode"] == "compile_only" and "ModelNew" in r["solution"] for r in rows)
+    assert (tmp_path / "cuke.jsonl.rejected.jsonl").read_text() == ""  # both kept: nothing left out
+
+
+def test_curate_writes_why_each_left_out_solution_was_left_out(tmp_path, no_ray):
+    """A cheating solution is not kept; the sidecar names its verdict and rule (compile-only verifier)."""
+    from dice_ray.tasks.loaders import load_tasks
+
+    relu = next(t for t in load_tasks("builtin").tasks if t.task_id == "builtin/L1/relu")
+    cheat = relu.solution_src.replace("class ModelNew", "import threading\nclass ModelNew", 1)
+    spec = tmp_path / "two.jsonl"
+    spec.write_text("".join(json.dumps({"reference": relu.reference_src, "solution": sol, "id": i, "name": "relu"}) + "\n"
+                            for i, sol in (("honest", relu.solution_src), ("threads", cheat))))
+    out = tmp_path / "kept.jsonl"
+    rc = main(["curate", "--tasks", f"jsonl:{spec}", "--out", str(out), "--allow-compile-only", "verify.mode=compile_only"])
+    assert rc == 0
+    assert [json.loads(line)["task_id"] for line in out.read_text().splitlines()] == ["jsonl-two/honest"]
+    (left,) = [json.loads(line) for line in (tmp_path / "kept.jsonl.rejected.jsonl").read_text().splitlines()]
+    assert left["task_id"] == "jsonl-two/threads" and left["verdict"] == "cheat" and left["why"] == "cheat"
+    assert left["rule"] and left["reason"]

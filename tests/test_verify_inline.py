@@ -433,3 +433,28 @@ def test_launch_count_sums_the_current_modules_until_reset():
         assert inline.launch_count() == 0
     finally:
         inline.reset()
+
+
+def test_static_rules_from_many_threads_at_first_use(dice_data):
+    """Verifier threads check load_inline candidates concurrently: the first checks in a fresh process
+    must not race on the rules' lazily built name tables (once an AssertionError on the H200)."""
+    import subprocess
+
+    code = f"""
+import json, sys, threading
+sys.setswitchinterval(1e-6)
+from dice_ray.verify.rules import check_candidate
+recs = json.load(open({str(dice_data / "kernel_infilling_evaluation.json")!r}))
+srcs = [r["cuda_code"] for r in recs[:16]]
+errors, results = [], []
+def check(src):
+    try:
+        results.append(check_candidate(src).first())
+    except Exception as e:
+        errors.append(repr(e))
+threads = [threading.Thread(target=check, args=(s,)) for s in srcs]
+[t.start() for t in threads]; [t.join() for t in threads]
+print(json.dumps({{"errors": errors, "checked": len(results)}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"errors": [], "checked": 16}

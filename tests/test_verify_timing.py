@@ -14,7 +14,8 @@ from dice_ray.config import RewardConfig, VerifyConfig
 from dice_ray.tasks.task import Task
 from dice_ray.verify.harness import shape_constant
 from dice_ray.verify.runner import GpuGate
-from dice_ray.verify.timing import MAX_CALLS_PER_WINDOW, SLOW_WINDOW_FACTOR, InputSchedule, calls_per_window, spread_stats, window_sizes
+from dice_ray.verify.timing import (HEADROOM_CYCLES, MAX_CALLS_PER_WINDOW, MAX_SPIN_CYCLES, SPIN_CYCLES_PER_S, InputSchedule,
+                                    calls_per_window, spin_cycles, spread_stats, window_sizes)
 from dice_ray.verify.verifier import Verifier
 
 
@@ -52,16 +53,22 @@ def test_spread_stats():
 
 
 def test_calls_per_window_fills_the_window_within_its_limits():
-    assert calls_per_window(0.04, 0.06, 0.5, limit=100) == 13  # a 40 us kernel: 13 calls make 0.5 ms
-    assert calls_per_window(2.0, 3.0, 0.5, limit=100) == 1  # already longer than a window
-    assert calls_per_window(0.001, 0.001, 0.5, limit=100) == MAX_CALLS_PER_WINDOW
-    assert calls_per_window(0.04, 0.06, 0.5, limit=4) == 4  # few pool slots or large outputs
-    # a slow candidate (0.5 ms) next to a fast reference: its window stays within 4 x window_ms
-    assert calls_per_window(0.05, 0.5, 0.5, limit=100) == int(SLOW_WINDOW_FACTOR * 0.5 / 0.5)
-    assert calls_per_window(0.3, 2.1, 1.0, limit=100) == 1
-    assert calls_per_window(0.04, 0.06, 0.0, limit=100) == 1  # windowing off
-    assert calls_per_window(-0.01, 0.05, 0.5, limit=100) == 1  # the probe saw no GPU time
-    assert calls_per_window(float("nan"), 0.05, 0.5, limit=100) == 1
+    assert calls_per_window(0.04, 0.5, limit=100) == 13  # a 40 us kernel: 13 calls make 0.5 ms
+    assert calls_per_window(0.5, 0.5, limit=100) == 1  # a slow side: its own window, not the fast side's count
+    assert calls_per_window(2.0, 0.5, limit=100) == 1  # already longer than a window
+    assert calls_per_window(0.001, 0.5, limit=100) == MAX_CALLS_PER_WINDOW
+    assert calls_per_window(0.04, 0.5, limit=4) == 4  # few pool slots or large outputs
+    assert calls_per_window(0.04, 0.0, limit=100) == 1  # windowing off
+    assert calls_per_window(-0.01, 0.5, limit=100) == 1  # the probe saw no GPU time
+    assert calls_per_window(float("nan"), 0.5, limit=100) == 1
+
+
+def test_spin_covers_the_hosts_enqueue_deficit():
+    # the GPU is slower than the host (40 us a call, 20 us to enqueue): covering the first enqueue is enough
+    assert spin_cycles(20e-6, 0.04, 50) == HEADROOM_CYCLES
+    # the host is slower (30 us to enqueue a 5 us kernel): the spin covers 1.5 x (first call + 64 x 25 us)
+    assert spin_cycles(30e-6, 0.005, 64) == int(1.5 * (30e-6 + 64 * 25e-6) * SPIN_CYCLES_PER_S)
+    assert spin_cycles(5e-3, 0.0, 64) == MAX_SPIN_CYCLES  # bounded
 
 
 def test_window_sizes_are_secret_and_bounded():

@@ -6,7 +6,9 @@ anti-cheat rules) and keep those that are ``ok``, correct and at least ``min_spe
 faster than PyTorch eager.  Each kept task is one JSON line: ``task_id``, ``name``, ``level``,
 ``reference``, ``solution``, ``solution_format``, ``speedup``, ``ref_ms``, ``candidate_ms``,
 ``hardware``, ``mode``, ``min_speedup`` and ``verifier_config`` (the ``verify`` section used), so
-the file says how it was made and can be rebuilt with the same config.
+the file says how it was made and can be rebuilt with the same config.  Every solution not kept
+gets a line in ``<out>.rejected.jsonl`` (``task_id``, ``verdict``, ``rule``, ``reason``,
+``speedup``): why it was left out, in the verifier's words.
 
 Speedups need a GPU.  Without one, :func:`curate` raises :class:`NoGpuVerifier` (the CLI exits 2)
 unless ``allow_compile_only`` is set: then every task whose solution compiles and passes the static
@@ -17,6 +19,8 @@ compile-checked set, not a speed-filtered one).
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -60,8 +64,10 @@ def curate(
         allow_compile_only: without a GPU, write compile-checked tasks (speedup null) instead of failing.
 
     Returns:
-        Summary: ``tasks``, ``with_solution``, ``accepted``, ``verdicts`` (count by kind),
-        ``hardware``, ``verifier``, ``mode``, ``out``.
+        Summary: ``tasks``, ``with_solution``, ``correct`` (ok verdicts, measured correct on a GPU),
+        ``accepted``, ``verdicts`` (count by kind), ``speedup_median`` and ``speedup_geomean`` over
+        the correct solutions (x eager; None without any), ``hardware``, ``verifier``, ``mode``,
+        ``out`` and ``rejected_out`` (the sidecar of left-out solutions).
     Raises:
         ValueError: ``min_speedup <= 0``.
         NoGpuVerifier: no GPU verifier and not ``allow_compile_only``.
@@ -84,11 +90,18 @@ def curate(
     with open_verifier(cfg) as (verify, verifier_desc):
         verdicts = verify([(f"{t.task_id}#solution", t, t.solution_src) for t in solved])
     hardware = hardware_name(verdicts)
-    rows = []
+    rows, rejected, speedups = [], [], []
     for task, v in zip(solved, verdicts):
+        if v.verdict == "ok" and v.correct is True and v.speedup is not None:
+            speedups.append(v.speedup)
+        why = None
         if v.verdict != "ok":
-            continue
-        if v.mode == "gpu" and not (v.correct is True and v.speedup is not None and v.speedup >= min_speedup):
+            why = v.verdict
+        elif v.mode == "gpu" and not (v.correct is True and v.speedup is not None and v.speedup >= min_speedup):
+            why = "below-min-speedup"
+        if why is not None:
+            rejected.append({"task_id": task.task_id, "verdict": v.verdict, "why": why, "rule": v.rule,
+                             "reason": (v.reason or "")[:2000], "speedup": v.speedup})
             continue
         rows.append({
             "task_id": task.task_id, "name": task.name, "level": task.level,
@@ -100,10 +113,15 @@ def curate(
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rejected_path = path.with_name(path.name + ".rejected.jsonl")
+    rejected_path.write_text("".join(json.dumps(r) + "\n" for r in rejected))
     summary = {
-        "tasks": len(tasks), "with_solution": len(solved), "accepted": len(rows),
-        "verdicts": dict(Counter(v.verdict for v in verdicts).most_common()), "hardware": hardware,
-        "verifier": verifier_desc, "mode": "gpu" if gpu else "compile_only", "out": str(path),
+        "tasks": len(tasks), "with_solution": len(solved), "correct": len(speedups), "accepted": len(rows),
+        "verdicts": dict(Counter(v.verdict for v in verdicts).most_common()),
+        "speedup_median": statistics.median(speedups) if speedups else None,
+        "speedup_geomean": math.exp(statistics.fmean(math.log(x) for x in speedups)) if speedups else None,
+        "hardware": hardware, "verifier": verifier_desc, "mode": "gpu" if gpu else "compile_only", "out": str(path),
+        "rejected_out": str(rejected_path),
     }
     log(f"kept {len(rows)} of {len(solved)} solution(s) -> {path}")
     return summary

@@ -85,8 +85,6 @@ _STAGE_BUDGET_FRACTION = 0.3  # timing of one side may use this share of run_tim
 _CHECK_ALL_BYTES = 64 * 2**20  # outputs up to this size: _CHECKED_CALLS and window ends checked; larger: output_checks
 _CHECKED_CALLS = 64  # timed calls (besides each window's last) whose outputs are checked, drawn in secret
 _WINDOW_OUTPUT_BYTES = 2**30  # a timed window's outputs (alive until checked) stay under this
-_SPIN_CYCLES_PER_S = 2.0e9  # GPU clock assumed when spinning (H100/H200 boost ~1.98 GHz; slower clocks spin longer)
-_MAX_SPIN_CYCLES = 40_000_000  # ~20 ms
 _SELF_TEST_REFERENCE = """
 import torch
 import torch.nn as nn
@@ -769,30 +767,35 @@ class Harness:
         make = lambda seed: self._inputs(ref, seed, dev)  # noqa: E731
         probe = timing.InputSchedule(make, base - 2, 2, pool_bytes)
         t0 = _perf()
-        p = timing.time_calls(ref_model, model, probe, [1, 1], 1, self.flush, self.device, ref_mutates=ref_mutates)
+        p = timing.time_calls(ref_model, model, probe, {"reference": [1, 1], "candidate": [1, 1]}, 1, self.flush,
+                              self.device, ref_mutates=ref_mutates)
         per_call = (_perf() - t0) / 4  # host seconds of one call in its own window (either side)
-        fast_ms, slow_ms = sorted((p["reference"][0] - p["empty"][0], p["candidate"][0] - p["empty"][0]))
-        enqueue_s = self._enqueue_seconds((ref_model, model), probe(1))
+        call_ms = {k: p[k][0] - p["empty"][0] for k in ("reference", "candidate")}
+        enqueue_s = {k: self._enqueue_seconds(m, probe(1)) for k, m in (("reference", ref_model), ("candidate", model))}
         in_bytes = timing.input_bytes(probe(1))
         with torch.no_grad():
             out_bytes = timing.input_bytes(flatten_outputs(ref_model(*[_clone(x) for x in probe(1)])))
         del probe
-        limit = min(pool_bytes // max(in_bytes, 1), _WINDOW_OUTPUT_BYTES // max(out_bytes, 1))
-        k = timing.calls_per_window(fast_ms, slow_ms, float(s.get("timing_window_ms", 0.0)), (limit + 1) // 2)
+        limit = min(pool_bytes // max(in_bytes, 1), _WINDOW_OUTPUT_BYTES // max(2 * out_bytes, 1))
+        window_ms = float(s.get("timing_window_ms", 0.0))
+        k = {side: timing.calls_per_window(ms, window_ms, (limit + 1) // 2) for side, ms in call_ms.items()}
         budget = s["run_timeout_s"] * _STAGE_BUDGET_FRACTION
-        trials = max(3, min(s["timing_trials"], int(budget / max(1.5 * k * per_call, 1e-6))))
-        warmup = -(-warmup // k)  # warm-up windows: at least `warmup` calls
+        trials = max(3, min(s["timing_trials"], int(budget / max(1.5 * max(k.values()) * per_call, 1e-6))))
+        warmup = -(-warmup // min(k.values()))  # warm-up windows: at least `warmup` calls a side
         secret = random.Random(os.urandom(8))  # window sizes and checked calls: unknowable to the candidate
-        sizes = timing.window_sizes(k, warmup + trials, secret)
-        calls = sum(sizes)
+        sizes = {side: timing.window_sizes(n, warmup + trials, secret) for side, n in k.items()}
+        spans = [max(r, c) for r, c in zip(sizes["reference"], sizes["candidate"])]
+        calls = sum(spans)
         schedule = timing.InputSchedule(make, base, calls, pool_bytes)
-        spin = int(min(max(timing.HEADROOM_CYCLES, 1.5 * max(sizes) * enqueue_s * _SPIN_CYCLES_PER_S), _MAX_SPIN_CYCLES))
+        spin = {side: timing.spin_cycles(enqueue_s[side], call_ms[side], max(sizes[side])) for side in k}
+        firsts = [sum(spans[:w]) for w in range(len(spans))]
+        ends = {j0 + n - 1 for j0, n in zip(firsts, sizes["candidate"])}  # each candidate window's last call
+        cand_calls = [j0 + i for j0, n in zip(firsts, sizes["candidate"]) for i in range(n)]
         if out_bytes <= _CHECK_ALL_BYTES:  # each window's last call (deferred work) and a secret sample
-            ends = {sum(sizes[: w + 1]) - 1 for w in range(len(sizes))}
-            checked = ends | set(secret.sample(range(calls), min(calls, _CHECKED_CALLS)))
+            checked = ends | set(secret.sample(cand_calls, min(len(cand_calls), _CHECKED_CALLS)))
         else:
-            n = min(calls - 1, int(s.get("output_checks", 5)))
-            checked = {calls - 1, *secret.sample(range(calls - 1), n)}
+            n = min(len(cand_calls) - 1, int(s.get("output_checks", 5)))
+            checked = {cand_calls[-1], *secret.sample(cand_calls[:-1], n)}
         counts = [_launch_count()]
         bad: dict[int, torch.Tensor] = {}
 
@@ -805,17 +808,16 @@ class Harness:
             counts[0] = _launch_count()
 
         def check(j: int, ref_out: Any, out: Any) -> None:
-            if j in checked:
-                _check_output_types(out)
-                n_bad = count_mismatches(out, ref_out, rtol=s["rtol"], atol=s["atol"], half_rtol=s["half_rtol"],
-                                         half_atol=s["half_atol"])
-                if isinstance(n_bad, str):
-                    raise _Mismatch(f"timed call {j} (inputs of seed {base + j}): {n_bad}")
-                bad[j] = n_bad
+            _check_output_types(out)
+            n_bad = count_mismatches(out, ref_out, rtol=s["rtol"], atol=s["atol"], half_rtol=s["half_rtol"],
+                                     half_atol=s["half_atol"])
+            if isinstance(n_bad, str):
+                raise _Mismatch(f"timed call {j} (inputs of seed {base + j}): {n_bad}")
+            bad[j] = n_bad
 
         try:
             times = timing.time_calls(ref_model, model, schedule, sizes, warmup, self.flush, self.device, check,
-                                      ref_mutates, self._compiled(ref_model, schedule(0)), spin_cycles=spin,
+                                      checked, ref_mutates, self._compiled(ref_model, schedule(0)), spin=spin,
                                       each_call=launched)
         except _Mismatch as e:
             return JobResult("incorrect", compiled=True, correct=False, reason=str(e))
@@ -827,21 +829,25 @@ class Harness:
                 return JobResult("incorrect", compiled=True, correct=False,
                                  reason=f"timed call {j} (inputs of seed {base + j}): {n} elements differ from the "
                                  f"reference's; {len(wrong)} of {len(bad)} checked timed calls wrong")
-        timed = sizes[warmup:]
-        overhead_ms, _ = timing.spread_stats([t * n for t, n in zip(times["empty"], timed)])  # one window's
-        net = {k: timing.spread_stats([max(t - overhead_ms / n, 1e-4) for t, n in zip(v, timed)])
-               for k, v in times.items() if k != "empty"}
+        overhead_ms, _ = timing.spread_stats(times["empty"])  # one window's synchronize and event records
+        net = {side: timing.spread_stats([max(t - overhead_ms / n, 1e-4)
+                                          for t, n in zip(v, sizes["candidate" if side == "candidate" else "reference"][warmup:])])
+               for side, v in times.items() if side != "empty"}
         (ref_ms, ref_spread), (cand_ms, cand_spread) = net["reference"], net["candidate"]
         speedup = ref_ms / max(cand_ms, 1e-6)
+        timed = {side: v[warmup:] for side, v in sizes.items()}
         note = (f"candidate {cand_ms:.4f} ms (IQR {cand_spread:.0%}), reference {ref_ms:.4f} ms (IQR {ref_spread:.0%}), "
-                f"speedup {speedup:.3f}x over {trials} timed windows of {min(timed)}-{max(timed)} calls "
-                f"({sum(timed)} calls) on {schedule.slots} input slots "
+                f"speedup {speedup:.3f}x over {trials} timed windows a side of "
+                f"{min(timed['reference'])}-{max(timed['reference'])} reference and "
+                f"{min(timed['candidate'])}-{max(timed['candidate'])} candidate calls on {schedule.slots} input slots "
                 f"(window overhead {overhead_ms * 1e3:.1f} us subtracted), "
                 f"{len(checked)} outputs checked")
         if speedup > s.get("audit_speedup", 10.0):
-            audit = sizes[warmup: warmup + min(trials, 10)]
-            ref_wall, _ = timing.spread_stats(timing.wall_times(ref_model, schedule, audit, self.flush, self.device, spin))
-            cand_wall, _ = timing.spread_stats(timing.wall_times(model, schedule, audit, self.flush, self.device, spin))
+            audit = {side: v[warmup: warmup + min(trials, 10)] for side, v in sizes.items()}
+            ref_wall, _ = timing.spread_stats(timing.wall_times(ref_model, schedule, audit["reference"], self.flush,
+                                                                self.device, spin["reference"]))
+            cand_wall, _ = timing.spread_stats(timing.wall_times(model, schedule, audit["candidate"], self.flush,
+                                                                 self.device, spin["candidate"]))
             wall_speedup = ref_wall / max(cand_wall, 1e-6)
             factor = s.get("audit_factor", 3.0)
             if speedup > factor * wall_speedup:
@@ -856,22 +862,19 @@ class Harness:
             fields["note"] += f"; torch.compile reference {compiled_ms:.4f} ms"
         return fields
 
-    def _enqueue_seconds(self, models: tuple[Any, ...], args: list[Any]) -> float:
-        """Host seconds to enqueue one forward (no synchronize), the slowest of ``models``: the GPU
-        spin before a timed window must outlast enqueuing the window's calls."""
-        worst = 0.0
-        for m in models:
-            times = []
-            for _ in range(3):
-                call_args = [_clone(x) for x in args]
-                _synchronize(self.device)
-                t0 = _perf()
-                with torch.no_grad():
-                    m(*call_args)
-                times.append(_perf() - t0)
-            worst = max(worst, sorted(times)[1])
+    def _enqueue_seconds(self, model: Any, args: list[Any]) -> float:
+        """Host seconds to enqueue one forward of ``model`` (no synchronize; the median of 3): what
+        :func:`~dice_ray.verify.timing.spin_cycles` sizes the GPU spin before a timed window from."""
+        times = []
+        for _ in range(3):
+            call_args = [_clone(x) for x in args]
+            _synchronize(self.device)
+            t0 = _perf()
+            with torch.no_grad():
+                model(*call_args)
+            times.append(_perf() - t0)
         _synchronize(self.device)
-        return worst
+        return sorted(times)[1]
 
     def _compiled(self, ref_model: Any, example: list[Any]) -> Callable[..., Any] | None:
         """``torch.compile(reference)`` when ``compile_baseline`` is on, compiled and warmed here

@@ -30,6 +30,7 @@ operator checks apply there only (device code cannot call ATen).
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import threading
 from typing import Any
@@ -101,8 +102,6 @@ _TORCH_OP_HEADERS = re.compile(r"^(ATen/native/.*|torch/nn\.h|torch/nn/.*|torch/
                                r"torch/special\.h|ATen/cuda/CUDABlas\.h|ATen/cudnn/.*|ATen/cuda/tunable/.*)$")
 
 _PARSERS = threading.local()  # a tree-sitter Parser is not thread-safe: one per thread
-_TORCH_NAMES: frozenset[str] | None = None
-_TENSOR_COMPUTE: frozenset[str] | None = None
 
 
 def parse_cuda(data: bytes | str) -> Any:
@@ -130,20 +129,22 @@ def function_qualifiers(fn: Any) -> set[str]:
     return {c.type for c in fn.children if c.type in ("__global__", "__device__", "__host__")}
 
 
+@functools.cache
 def _torch_names() -> tuple[frozenset[str], frozenset[str]]:
-    """(torch / torch.nn.functional function names, Tensor methods that compute)."""
-    global _TORCH_NAMES, _TENSOR_COMPUTE
-    if _TORCH_NAMES is None:
-        import torch
-        import torch.nn.functional as F
+    """(torch / torch.nn.functional function names, Tensor methods that compute), built once.
 
-        # vars(), not getattr(): no lazy submodule (torch._dynamo, torch.onnx...) is imported here
-        names = {n for n, v in vars(torch).items() if not n.startswith("_") and callable(v)}
-        names |= {n for n, v in vars(F).items() if not n.startswith("_") and callable(v)}
-        _TORCH_NAMES = frozenset(names - ALLOWED_CPP_TORCH_CALLS)
-        _TENSOR_COMPUTE = frozenset(n for n in dir(torch.Tensor) if not n.startswith("_")) - ALLOWED_CPP_TENSOR_METHODS
-    assert _TENSOR_COMPUTE is not None
-    return _TORCH_NAMES, _TENSOR_COMPUTE
+    Cached as one value: verifier threads check candidates concurrently, and two module globals
+    filled one after the other let a thread see the first set and not the second (a DICE infilling
+    reference got ``internal verifier error: AssertionError`` on the H200 that way).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    # vars(), not getattr(): no lazy submodule (torch._dynamo, torch.onnx...) is imported here
+    names = {n for n, v in vars(torch).items() if not n.startswith("_") and callable(v)}
+    names |= {n for n, v in vars(F).items() if not n.startswith("_") and callable(v)}
+    compute = frozenset(n for n in dir(torch.Tensor) if not n.startswith("_")) - ALLOWED_CPP_TENSOR_METHODS
+    return frozenset(names - ALLOWED_CPP_TORCH_CALLS), compute
 
 
 def _qualified_parts(node: Any) -> list[str]:

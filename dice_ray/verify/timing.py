@@ -7,6 +7,10 @@ One timed window (:func:`time_calls`) is::
     torch.cuda.synchronize()                             # device-wide: side streams cannot hide
     end.record()
 
+with ``k`` chosen per side (:func:`calls_per_window`: each side's window is about
+``timing_window_ms`` of its own GPU time, so a slow candidate does not stretch the fast
+reference's windows, nor the other way round).
+
 on the stream the candidate launches on (``torch.cuda.current_stream()``, which
 ``dice_ray.launch`` uses).  The spin lets the host's launch overhead (Python, up to ~100 us a call)
 overlap GPU work instead of being timed; the synchronize costs a fixed few microseconds on both
@@ -33,12 +37,13 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Container
 from typing import Any, Callable
 
 import torch
 
-__all__ = ["HEADROOM_CYCLES", "MAX_CALLS_PER_WINDOW", "SLOW_WINDOW_FACTOR", "InputSchedule", "calls_per_window", "spread_stats", "time_calls",
-           "wall_times", "window_sizes"]
+__all__ = ["HEADROOM_CYCLES", "MAX_CALLS_PER_WINDOW", "InputSchedule", "calls_per_window", "spin_cycles", "spread_stats",
+           "time_calls", "wall_times", "window_sizes"]
 
 # Bound at import, before any candidate runs (patching these later cannot fool the timer).
 _Event = torch.cuda.Event
@@ -52,8 +57,10 @@ _gpu_sleep = getattr(torch.cuda, "_sleep", None)  # spins the GPU for N clock cy
 HEADROOM_CYCLES = 200_000
 #: most calls one timed window holds (:func:`calls_per_window`)
 MAX_CALLS_PER_WINDOW = 64
-#: the slower side's window may be this many times ``window_ms`` (:func:`calls_per_window`)
-SLOW_WINDOW_FACTOR = 4.0
+#: GPU clock assumed when converting seconds to spin cycles (H100/H200 boost ~1.98 GHz; slower clocks spin longer)
+SPIN_CYCLES_PER_S = 2.0e9
+#: the longest spin (~20 ms at 2 GHz)
+MAX_SPIN_CYCLES = 40_000_000
 
 
 def spread_stats(times: list[float]) -> tuple[float, float]:
@@ -120,105 +127,143 @@ def time_calls(
     ref_fn: Callable[..., Any],
     cand_fn: Callable[..., Any],
     schedule: InputSchedule,
-    sizes: list[int],
+    sizes: dict[str, list[int]],
     warmup: int,
     flush: torch.Tensor,
     device: int,
     after: Callable[[int, Any, Any], None] | None = None,
+    checked: Container[int] = (),
     ref_mutates: bool = False,
     baseline: Callable[..., Any] | None = None,
-    spin_cycles: int = HEADROOM_CYCLES,
+    spin: dict[str, int] | None = None,
     each_call: Callable[[str, int], None] | None = None,
 ) -> dict[str, list[float]]:
     """CUDA-event times (ms a call) of reference and candidate, interleaved window by window on the same inputs.
 
-    Window ``w`` holds ``sizes[w]`` calls, numbered on from the previous window's, each on its own
-    input set ``schedule(j)``, back to back; the reference's window, the candidate's (which goes first
-    alternates with ``w``), an empty window and ``baseline``'s when given follow each other, so
-    clock and thermal drift hit every side alike.  Several calls a window (:func:`calls_per_window`)
-    make the synchronize's few microseconds of host jitter a small share of a tiny kernel's time.
+    Window ``w`` of a side holds ``sizes[side][w]`` calls, each on its own input set, back to back.
+    The window set ``w`` starts at call ``j0`` (the sum of the larger side's sizes before it) and
+    each side calls ``j0, j0 + 1, ...`` (``schedule(j)``): both read the same input sets, the side
+    with the shorter window a prefix of them.  The reference's window, the candidate's (which goes
+    first alternates with ``w``), an empty window and ``baseline``'s (with the reference's sizes)
+    follow each other, so clock and thermal drift hit every side alike.  Several calls a window
+    (:func:`calls_per_window`) make the synchronize's few microseconds of host jitter a small share
+    of a tiny kernel's time.
 
     Args:
         ref_fn, cand_fn: the forwards, called under ``torch.no_grad()``.
-        schedule: inputs of call ``j``; needs ``schedule.slots >= max(sizes)`` (a window's input
-            sets are all alive at once).
-        sizes: calls in each window (>= 1 each; :func:`window_sizes`), the first ``warmup``
-            windows untimed.
+        schedule: inputs of call ``j``; needs ``schedule.slots >=`` every window size.
+        sizes: ``{"reference": [...], "candidate": [...]}``, calls in each window (>= 1 each, the same
+            number of windows; :func:`window_sizes`), the first ``warmup`` windows untimed.
         flush: a device buffer twice the L2 size, zeroed before each window.
         device: CUDA ordinal (``torch.cuda.synchronize(device)`` waits for every stream on it).
-        after: ``after(j, ref_out, cand_out)`` runs for each call of a window once all sides' windows
-            ran (output checks); it may raise.
+        after: ``after(j, ref_out, cand_out)`` for each candidate call ``j`` in ``checked``, once the
+            window set ran (output checks); ``ref_out`` is the reference's timed output of call ``j``,
+            or, past the end of its window, one computed then (untimed) on the same inputs.  It may raise.
+        checked: the candidate calls ``after`` sees.
         ref_mutates: the reference modifies its inputs: it (and ``baseline``) get copies, made
             outside the window.
         baseline: another reference to time alongside (``torch.compile`` of it).
-        spin_cycles: GPU clock cycles spun before each window's start event, long enough for the
-            host to enqueue the window's calls (so host launch overhead is not timed).
+        spin: GPU clock cycles spun before each side's window start (``{"reference": n, "candidate": m}``,
+            :func:`spin_cycles`; default :data:`HEADROOM_CYCLES`), long enough for the host to stay
+            ahead of the GPU while it enqueues the window's calls (so host launch overhead is not timed).
         each_call: ``each_call(side, j)`` right after each call is enqueued, inside the window:
             host-only checks such as launch counters (no CUDA calls); it may raise.
 
     Returns:
-        ``len(sizes) - warmup`` times (ms a call: window time / ``sizes[w]``) a side, in window
-        order, under ``"reference"``, ``"candidate"``, ``"empty"`` (a window around no work: the
-        synchronize and event records, a few microseconds, also divided by ``sizes[w]``: the
-        share of a call the harness subtracts) and ``"baseline"`` when given.
+        ``windows - warmup`` times (ms a call: window time / its size) a side, in window order, under
+        ``"reference"``, ``"candidate"``, ``"empty"`` (a window around no work: the synchronize and
+        event records, a few microseconds, in ms a window, not divided) and ``"baseline"`` when given.
 
     Raises:
-        ValueError: a window size < 1 or more than ``schedule.slots``.
+        ValueError: window sizes < 1 or more than ``schedule.slots``, or sides with different window counts.
     """
-    if not sizes or not 1 <= min(sizes) <= max(sizes) <= schedule.slots:
-        raise ValueError(f"window sizes {min(sizes, default=0)}..{max(sizes, default=0)}: must be in "
-                         f"[1, schedule.slots={schedule.slots}]")
-    windows = len(sizes)
+    ref_sizes, cand_sizes = sizes["reference"], sizes["candidate"]
+    every = [*ref_sizes, *cand_sizes]
+    if not ref_sizes or len(ref_sizes) != len(cand_sizes) or not 1 <= min(every) <= max(every) <= schedule.slots:
+        raise ValueError(f"window sizes {min(every, default=0)}..{max(every, default=0)} over {len(ref_sizes)} and "
+                         f"{len(cand_sizes)} windows: need as many windows a side, sizes in [1, schedule.slots={schedule.slots}]")
+    windows = len(ref_sizes)
     fns = {"reference": ref_fn, "candidate": cand_fn, "empty": _nothing}
+    side_sizes = {"reference": ref_sizes, "candidate": cand_sizes, "empty": [1] * windows}
     if baseline is not None:
         fns["baseline"] = baseline
+        side_sizes["baseline"] = ref_sizes
+    spins = {k: (spin or {}).get(k, HEADROOM_CYCLES) for k in fns}
+    spins["baseline"] = spins["reference"]
     starts = {k: [_Event(enable_timing=True) for _ in range(windows)] for k in fns}
     ends = {k: [_Event(enable_timing=True) for _ in range(windows)] for k in fns}
     order = list(fns)
     first = 0
-    for w, size in enumerate(sizes):
-        calls = range(first, first + size)
-        first += size
+
+    def fresh(a: list[Any]) -> list[Any]:
+        return [x.clone() if isinstance(x, torch.Tensor) else x for x in a]
+
+    for w in range(windows):
+        span = max(ref_sizes[w], cand_sizes[w])
+        calls = range(first, first + span)
+        first += span
         args = [schedule(j) for j in calls]
         outs: dict[str, list[Any]] = {}
         for side in (order if w % 2 == 0 else [order[1], order[0], *order[2:]]):
+            n = 0 if side == "empty" else side_sizes[side][w]
             copy = ref_mutates and side in ("reference", "baseline")
-            call_args = [[x.clone() if isinstance(x, torch.Tensor) else x for x in a] for a in args] if copy else args
-            n = 1 if side == "empty" else size
+            call_args = [fresh(a) for a in args[:n]] if copy else args
             fn = fns[side]
             _zero(flush)
             if _gpu_sleep is not None:
-                _gpu_sleep(HEADROOM_CYCLES if side == "empty" else spin_cycles)
+                _gpu_sleep(spins[side])
             _record(starts[side][w])
             with torch.no_grad():
                 outs[side] = []
                 for i in range(n):
                     outs[side].append(fn(*call_args[i]))
-                    if each_call is not None and side != "empty":
+                    if each_call is not None:
                         each_call(side, calls[i])
             _synchronize(device)
             _record(ends[side][w])
         if after is not None:
-            for i, j in enumerate(calls):
-                after(j, outs["reference"][i], outs["candidate"][i])
+            for i in range(cand_sizes[w]):
+                j = calls[i]
+                if j not in checked:
+                    continue
+                if i < ref_sizes[w]:
+                    ref_out = outs["reference"][i]
+                else:
+                    with torch.no_grad():
+                        ref_out = ref_fn(*(fresh(args[i]) if ref_mutates else args[i]))
+                after(j, ref_out, outs["candidate"][i])
         del outs
     _synchronize(device)
-    return {k: [_elapsed(starts[k][w], ends[k][w]) / sizes[w] for w in range(warmup, windows)] for k in fns}
+    return {k: [_elapsed(starts[k][w], ends[k][w]) / (1 if k == "empty" else side_sizes[k][w])
+                for w in range(warmup, windows)] for k in fns}
 
 
-def calls_per_window(fast_ms: float, slow_ms: float, window_ms: float, limit: int,
-                     cap: int = MAX_CALLS_PER_WINDOW) -> int:
-    """Calls a window needs so the faster side's window reaches ``window_ms``:
-    ``ceil(window_ms / fast_ms)``, but the slower side's window at most ``SLOW_WINDOW_FACTOR x
-    window_ms`` (timing runs alone on the GPU: a slow candidate must not hold it for long); at least
-    1, at most ``cap`` and ``limit`` (pool slots, output memory).  ``fast_ms``/``slow_ms``: GPU time
-    of one call of each side (ms); ``window_ms`` <= 0 or an unknown ``fast_ms`` gives 1."""
-    if window_ms <= 0 or not fast_ms > 0:
+def calls_per_window(call_ms: float, window_ms: float, limit: int, cap: int = MAX_CALLS_PER_WINDOW) -> int:
+    """Calls a window of one side needs to reach ``window_ms`` of GPU time: ``ceil(window_ms / call_ms)``,
+    at least 1, at most ``cap`` and ``limit`` (pool slots, output memory).  ``call_ms``: GPU time of
+    one call of that side (ms); ``window_ms`` <= 0 or an unknown ``call_ms`` gives 1.  Each side gets
+    its own count, so both windows last about ``window_ms`` whatever the speedup."""
+    if window_ms <= 0 or not call_ms > 0:
         return 1
-    k = math.ceil(window_ms / fast_ms)
-    if slow_ms > 0:
-        k = min(k, max(1, math.floor(SLOW_WINDOW_FACTOR * window_ms / slow_ms)))
-    return int(max(1, min(k, cap, limit)))
+    return int(max(1, min(math.ceil(window_ms / call_ms), cap, limit)))
+
+
+def spin_cycles(enqueue_s: float, call_ms: float, calls: int) -> int:
+    """GPU cycles to spin before a window of ``calls`` calls so the host stays ahead of the GPU.
+
+    The host enqueues call ``i`` at about ``(i + 1) * enqueue_s`` while the GPU finishes it at
+    ``spin + (i + 1) * call_ms``: the spin must cover the first enqueue, plus the deficit
+    ``calls * (enqueue_s - call_ms)`` when the host is the slower (tiny kernels), with 1.5x margin.
+    At least :data:`HEADROOM_CYCLES`, at most :data:`MAX_SPIN_CYCLES`.
+
+    Args:
+        enqueue_s: host seconds to enqueue one call (no synchronize).
+        call_ms: GPU time of one call (ms).
+        calls: calls in the window.
+    """
+    deficit_s = max(0.0, enqueue_s - max(call_ms, 0.0) * 1e-3) * calls
+    need = 1.5 * (enqueue_s + deficit_s) * SPIN_CYCLES_PER_S
+    return int(min(max(HEADROOM_CYCLES, need), MAX_SPIN_CYCLES))
 
 
 def window_sizes(k: int, windows: int, rng: random.Random) -> list[int]:
