@@ -5,8 +5,10 @@ Modules (import from them directly; importing this package does not load torch o
 * ``tokenizer``: byte-level BPE with ``<|pad|>``, ``<|mask|>``, ``<|eos|>``
   (``python -m dice_ray.policy.tokenizer --retrain``).
 * ``model``: Qwen3ForCausalLM with block-causal attention, the ``x_t ‖ x_0`` mask rule, KV cache.
+* ``families``: SDAR / LLaDA / Dream on transformers-native classes, checkpoint folders (LLaDA's names renamed).
 * ``policy``: :class:`DiffusionPolicy` (build / save / load / encode / decode / state_dict).
-* ``sampler``: :func:`sample_group` (block diffusion, static / dynamic low-confidence remasking).
+* ``sampler``: :func:`sample_group` (block diffusion, static / dynamic low-confidence remasking; LLaDA / Dream
+  whole-response decoding) and :func:`infill_group` (prefix / suffix infilling, bidirectional families).
 * ``logprobs``: :func:`response_logprobs` (TraceRL / coupled-GRPO / diffu-GRPO log-probs, ``rl.logprob_estimator``).
 * ``sft``: :func:`warm_start` (masked-diffusion SFT, cached by content hash).
 * ``memorization``: ``python -m dice_ray.policy.memorization``, how well the warm start reproduces its targets.

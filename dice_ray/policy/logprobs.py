@@ -35,6 +35,7 @@ from typing import Literal
 
 import torch
 
+from dice_ray.policy.families import family_of, require_block_diffusion
 from dice_ray.policy.model import KVCache, block_mask, forward_hidden, response_blocks, token_logits
 
 Estimator = Literal["tracerl", "coupled", "diffu_grpo"]
@@ -287,7 +288,9 @@ def response_logprobs(
 
     Raises:
         ValueError: an unknown ``estimator``, or bad input (see the estimator's function).
+        NotImplementedError: ``model`` is a LLaDA / Dream model (these estimators are SDAR-only).
     """
+    require_block_diffusion(family_of(model), "RL log-probs (rl.logprob_estimator)")
     if estimator == "tracerl":
         return tracerl_logprobs(model, prompt_ids, response_ids, unmask_step, response_mask, block_size, mask_id)
     if estimator == "coupled":

@@ -29,7 +29,6 @@ from transformers import AttentionInterface, Qwen3Config, Qwen3ForCausalLM
 from dice_ray.config import ModelConfig
 
 ATTN_IMPL = "dice_block"
-_MASK_KEY = "full_attention"
 
 
 class KVCache:
@@ -185,7 +184,7 @@ def response_blocks(prompt_len: int, response_len: int, block_size: int) -> tupl
 
 
 def forward_hidden(
-    model: Qwen3ForCausalLM,
+    model: torch.nn.Module,
     input_ids: torch.Tensor,
     position_ids: torch.Tensor,
     mask: torch.Tensor,
@@ -193,6 +192,9 @@ def forward_hidden(
     keep: int | None = None,
 ) -> torch.Tensor:
     """Final hidden states of a block-masked pass (apply ``model.lm_head`` to the positions you score).
+
+    Works for every family of :mod:`dice_ray.policy.families` (Qwen3, Llama, Qwen2 built with ``dice_block``
+    attention); the bidirectional families pass a full (padding-only) mask.
 
     Args:
         input_ids: LongTensor[B, q].
@@ -215,9 +217,9 @@ def forward_hidden(
     if cache is not None:
         cache.keep = keep
         kwargs["block_kv"] = cache
-    out = model.model(
+    out = model.model(  # a 4-D mask goes through transformers' mask preparation untouched (Qwen3, Qwen2, Llama)
         input_ids=input_ids,
-        attention_mask={_MASK_KEY: mask4},
+        attention_mask=mask4,
         position_ids=position_ids,
         use_cache=False,
         **kwargs,

@@ -1,4 +1,4 @@
-"""DiffusionPolicy: the block-diffusion LM, its tokenizer and the ids the sampler and trainer need."""
+"""DiffusionPolicy: the diffusion LM (SDAR, LLaDA or Dream), its tokenizer and the ids the sampler and trainer need."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_model, save_file
 
 from dice_ray.config import ModelConfig
-from dice_ray.policy.model import build_model
+from dice_ray.policy import families
+from dice_ray.policy.families import build_model
 from dice_ray.policy.tokenizer import ASSET_PATH, DiceTokenizer
 
 _CONFIG_FILE = "model_config.json"
@@ -18,13 +19,18 @@ _TOKENIZER_FILE = "tokenizer.json"
 
 
 class DiffusionPolicy:
-    """An SDAR-shape block-diffusion policy: a Qwen3ForCausalLM with block-causal attention + tokenizer.
+    """A diffusion-LM policy of one family (``model_cfg.family``, :mod:`dice_ray.policy.families`) + tokenizer.
 
     Attributes:
-        model: ``transformers.Qwen3ForCausalLM`` (attention ``"dice_block"``; see ``dice_ray.policy.model``).
-        tokenizer: :class:`~dice_ray.policy.tokenizer.DiceTokenizer`.
-        mask_id, eos_id, pad_id: ids of ``<|mask|>``, ``<|eos|>``, ``<|pad|>``.
-        block_size: tokens a diffusion block (SDAR / DICE: 4).
+        model: SDAR ``Qwen3ForCausalLM`` (block-causal), LLaDA ``LlamaForCausalLM`` or Dream
+            ``Qwen2ForCausalLM`` (bidirectional), all with attention ``"dice_block"`` (``dice_ray.policy.model``).
+        tokenizer: :class:`~dice_ray.policy.tokenizer.DiceTokenizer`, or a checkpoint folder's
+            :class:`~dice_ray.policy.families.FolderTokenizer`.
+        mask_id, eos_id, pad_id: ids of the mask token, end of sequence and padding.
+        block_size: tokens a diffusion block (SDAR / DICE: 4; the bidirectional families' static schedule unit
+            and infill growth step).
+        family: ``"sdar"``, ``"llada"`` or ``"dream"``.
+        logit_shift: 0, or 1 for Dream (the logits at ``i - 1`` predict the token at ``i``).
         model_cfg: the :class:`ModelConfig` the model was built from.
 
     Weight sync between actors: ``policy.state_dict()`` / ``policy.load_state_dict(sd)`` (the model's,
@@ -39,6 +45,8 @@ class DiffusionPolicy:
         self.eos_id = tokenizer.eos_id
         self.pad_id = tokenizer.pad_id
         self.block_size = model_cfg.block_size
+        self.family = model_cfg.family
+        self.logit_shift = families.logit_shift(model_cfg.family)
 
     @classmethod
     def build(cls, model_cfg: ModelConfig, seed: int = 0, tokenizer_path: str | Path = ASSET_PATH) -> "DiffusionPolicy":
@@ -55,25 +63,45 @@ class DiffusionPolicy:
 
     @classmethod
     def from_config(cls, model_cfg: ModelConfig, seed: int = 0) -> "DiffusionPolicy":
-        """``load(model_cfg.path)`` when a path is set, else ``build(model_cfg, seed)``."""
-        return cls.load(model_cfg.path) if model_cfg.path else cls.build(model_cfg, seed)
+        """``load(model_cfg.path, model_cfg)`` when a path is set, else ``build(model_cfg, seed)``."""
+        return cls.load(model_cfg.path, model_cfg) if model_cfg.path else cls.build(model_cfg, seed)
 
     def save(self, path: str | Path) -> None:
-        """Write ``model_config.json``, ``model.safetensors`` and ``tokenizer.json`` into folder ``path``."""
+        """Write ``model_config.json``, ``model.safetensors`` and ``tokenizer.json`` into folder ``path``.
+
+        A policy loaded from a checkpoint folder (a non-Dice tokenizer) is written back in its family's checkpoint
+        format instead (:meth:`save_checkpoint`).
+        """
+        if not isinstance(self.tokenizer, DiceTokenizer):
+            self.save_checkpoint(path)
+            return
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         (path / _CONFIG_FILE).write_text(self.model_cfg.model_dump_json(indent=2))
         save_file(_contiguous_cpu_state(self.model), str(path / _WEIGHTS_FILE), metadata={"format": "pt"})
         self.tokenizer.save(path / _TOKENIZER_FILE)
 
+    def save_checkpoint(self, path: str | Path) -> None:
+        """Write the policy as a checkpoint folder in its family's own format (SDAR / LLaDA / Dream ``config.json``,
+        tensor names and ``tokenizer.json``; :func:`dice_ray.policy.families.save_checkpoint`)."""
+        families.save_checkpoint(self.model, self.tokenizer, self.family, path)
+
     @classmethod
-    def load(cls, path: str | Path) -> "DiffusionPolicy":
-        """Load a policy written by :meth:`save`.
+    def load(cls, path: str | Path, model_cfg: ModelConfig | None = None) -> "DiffusionPolicy":
+        """Load a policy written by :meth:`save`, or an SDAR / LLaDA / Dream checkpoint folder.
+
+        A folder with ``model_config.json`` is this project's format (``model_cfg`` is not read); one with only a
+        ``config.json`` is a checkpoint loaded by :func:`dice_ray.policy.families.load_checkpoint` (``model_cfg``
+        gives the expected family, block size and dtype).
 
         Raises:
-            FileNotFoundError: ``path`` lacks one of the three files.
+            FileNotFoundError: ``path`` lacks one of the files.
+            ValueError: see :func:`~dice_ray.policy.families.load_checkpoint`.
         """
         path = Path(path)
+        if not (path / _CONFIG_FILE).is_file() and families.is_checkpoint_folder(path):
+            model, tok, cfg = families.load_checkpoint(path, model_cfg)
+            return cls(model, tok, cfg)
         for f in (_CONFIG_FILE, _WEIGHTS_FILE, _TOKENIZER_FILE):
             if not (path / f).is_file():
                 raise FileNotFoundError(f"policy folder {path}: missing {f}")

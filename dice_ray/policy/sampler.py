@@ -19,12 +19,17 @@ holding ``<|eos|>`` or at ``max_new_tokens``.
 For every response token the rollout records its ``unmask_step`` (0-based denoising step within its block)
 and its behaviour log-prob (log-softmax of the temperature-1 logits at that step, at the chosen token):
 TraceRL needs both.
+
+The bidirectional families (LLaDA, Dream; :mod:`dice_ray.policy.families`) decode the whole masked response at
+once with the same drawing and remasking pieces (:func:`sample_masked_ids`; :func:`sample_ids` and
+:func:`sample_group` dispatch to it), and infill a masked span between a fixed prefix and suffix
+(:func:`infill_ids`, :func:`infill_group`); Dream's logits are read one position to the left (:func:`span_logits`).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,6 +49,9 @@ class Rollout:
         behaviour_logprobs: per response token, log p(token) under the temperature-1 policy at that step.
         text: the response decoded up to (not including) the first ``<|eos|>``.
         finished: True when the response holds ``<|eos|>`` (False: cut at ``max_new_tokens``).
+        suffix_ids: infilling only (:func:`infill_group`): the fixed tokens after the span ``response_ids``.
+
+    SDAR responses are a multiple of ``block_size`` long; LLaDA / Dream responses end at their first ``eos``.
     """
 
     prompt_ids: list[int]
@@ -52,6 +60,7 @@ class Rollout:
     behaviour_logprobs: list[float]
     text: str
     finished: bool
+    suffix_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -144,7 +153,7 @@ def _choose(conf: torch.Tensor, masked: torch.Tensor, cfg: SamplingConfig, k_sta
 
 
 def _decode_blocks(policy: DiffusionPolicy, prompt_ids: list[int], G: int, n_blocks: int, cfg: SamplingConfig,
-                   generator: torch.Generator):
+                   generator: torch.Generator, kv_cache: bool = True):
     """The decoding loop of :func:`sample_ids`: per sample, lists of per-block token / step / log-prob tensors."""
     model, bs, mask_id, P = policy.model, policy.block_size, policy.mask_id, len(prompt_ids)
     device = policy.device
@@ -153,9 +162,12 @@ def _decode_blocks(policy: DiffusionPolicy, prompt_ids: list[int], G: int, n_blo
     cache = KVCache()
     prompt = torch.tensor([prompt_ids], device=device)
     zeros = torch.zeros(P, dtype=torch.long, device=device)
-    forward_hidden(model, prompt, torch.arange(P, device=device), block_mask(zeros, zeros, zeros, zeros), cache)
-    cache.expand(G)
-    forwards = 1
+    forwards = 0
+    if kv_cache:
+        forward_hidden(model, prompt, torch.arange(P, device=device), block_mask(zeros, zeros, zeros, zeros), cache)
+        cache.expand(G)
+        forwards = 1
+    done = prompt.expand(G, -1)  # kv_cache=False: prompt + committed blocks of each active row, re-run every step
 
     rows = torch.arange(G, device=device)  # sample index of each active batch row
     out_tok: list[list[torch.Tensor]] = [[] for _ in range(G)]
@@ -176,16 +188,22 @@ def _decode_blocks(policy: DiffusionPolicy, prompt_ids: list[int], G: int, n_blo
             masked = x == mask_id
             if not masked.any():
                 break
-            if prev is not None:  # commit the finished block while denoising this one
-                q_block = torch.cat([cur - 1, cur])
-                q_copy = torch.cat([torch.zeros(bs), torch.ones(bs)]).long().to(device)
-                ids, keep = torch.cat([prev, x], dim=1), bs
+            if not kv_cache:  # no cache (baseline): the whole sequence, this block last, block-causal
+                blocks = torch.cat([zeros, torch.arange(done.shape[1] - P + bs, device=device) // bs + 1])
+                ids, clean = torch.cat([done, x], dim=1), torch.zeros_like(blocks)
+                h = forward_hidden(model, ids, torch.arange(blocks.numel(), device=device),
+                                   block_mask(blocks, clean, blocks, clean))
             else:
-                q_block, q_copy, ids, keep = cur, torch.ones(bs, dtype=torch.long, device=device), x, 0
-            k_copy = torch.cat([torch.zeros_like(k_block), q_copy])
-            mask = block_mask(q_block, q_copy, torch.cat([k_block, q_block]), k_copy)
-            pos = P + (q_block - 1) * bs + torch.arange(q_block.numel(), device=device) % bs
-            h = forward_hidden(model, ids, pos, mask, cache, keep=keep)
+                if prev is not None:  # commit the finished block while denoising this one
+                    q_block = torch.cat([cur - 1, cur])
+                    q_copy = torch.cat([torch.zeros(bs), torch.ones(bs)]).long().to(device)
+                    ids, keep = torch.cat([prev, x], dim=1), bs
+                else:
+                    q_block, q_copy, ids, keep = cur, torch.ones(bs, dtype=torch.long, device=device), x, 0
+                k_copy = torch.cat([torch.zeros_like(k_block), q_copy])
+                mask = block_mask(q_block, q_copy, torch.cat([k_block, q_block]), k_copy)
+                pos = P + (q_block - 1) * bs + torch.arange(q_block.numel(), device=device) % bs
+                h = forward_hidden(model, ids, pos, mask, cache, keep=keep)
             forwards += 1
             if prev is not None:
                 k_block = torch.cat([k_block, cur - 1])
@@ -203,12 +221,14 @@ def _decode_blocks(policy: DiffusionPolicy, prompt_ids: list[int], G: int, n_blo
             out_step[r].append(step_of[i])
             out_lp[r].append(lp_of[i])
         alive = ~(x == policy.eos_id).any(-1)
+        if not kv_cache:
+            done = torch.cat([done, x], dim=1)[alive]
         if not alive.all():
             rows, x = rows[alive], x[alive]
             if rows.numel() == 0:
                 break
             cache.select(alive.nonzero().squeeze(-1))
-        prev = x
+        prev = x if kv_cache else None
 
     return out_tok, out_step, out_lp, forwards
 
@@ -220,8 +240,13 @@ def sample_ids(
     num_samples: int,
     cfg: SamplingConfig,
     generator: torch.Generator,
+    kv_cache: bool = True,
 ) -> tuple[list[list[int]], list[list[int]], list[list[float]], SampleStats]:
     """Block-diffusion decoding of ``num_samples`` responses to one prompt (token level).
+
+    ``kv_cache=False`` re-runs the prompt and every committed block at each step instead of caching their
+    keys/values: the same tokens up to floating-point rounding, much slower (the baseline of
+    ``benchmarks/rollout_throughput.py``).
 
     Returns:
         (response_ids, unmask_step, behaviour_logprobs, stats): per sample, lists of equal length, a
@@ -237,6 +262,8 @@ def sample_ids(
         raise ValueError("prompt_ids: must not be empty")
     if G < 1:
         raise ValueError(f"num_samples={G}: must be >= 1")
+    if policy.family != "sdar":  # LLaDA / Dream: whole-response masked diffusion
+        return sample_masked_ids(policy, [list(prompt_ids)] * G, cfg, generator)
     n_blocks = cfg.max_new_tokens // bs
     if P + n_blocks * bs > policy.model_cfg.max_position_embeddings:
         raise ValueError(
@@ -247,7 +274,7 @@ def sample_ids(
     model.eval()
     t0 = time.perf_counter()
     try:
-        out_tok, out_step, out_lp, forwards = _decode_blocks(policy, prompt_ids, G, n_blocks, cfg, generator)
+        out_tok, out_step, out_lp, forwards = _decode_blocks(policy, prompt_ids, G, n_blocks, cfg, generator, kv_cache)
     finally:
         model.train(was_training)
     responses = [torch.cat(t).tolist() for t in out_tok]
@@ -262,7 +289,8 @@ def sample_ids(
 def sample_group(
     policy: DiffusionPolicy, prompt: str, num_samples: int, cfg: SamplingConfig, seed: int
 ) -> RolloutGroup:
-    """Sample a group of ``num_samples`` rollouts for ``prompt`` (SDAR block diffusion, Fast-dLLM remasking).
+    """Sample a group of ``num_samples`` rollouts for ``prompt`` (SDAR block diffusion, Fast-dLLM remasking;
+    LLaDA / Dream: :func:`sample_masked_ids`).
 
     Deterministic for a given policy, prompt, cfg and seed (on one device).
 
@@ -279,5 +307,238 @@ def sample_group(
     for resp, st, lp in zip(responses, steps, lps):
         cut = resp.index(policy.eos_id) if policy.eos_id in resp else len(resp)
         group.append(Rollout(list(prompt_ids), resp, st, lp, policy.decode(resp[:cut]), cut < len(resp)))
+    group.stats = stats
+    return group
+
+
+# ---- bidirectional families (LLaDA, Dream): whole-response decoding and prefix / suffix infilling -------------
+
+
+def span_logits(policy: DiffusionPolicy, rows: list[torch.Tensor], starts: list[int], lengths: list[int]) -> torch.Tensor:
+    """Logits predicting the span tokens of each row under full (bidirectional) attention, one forward pass.
+
+    Rows are right-padded to one length; a padded key is never attended (a pad query attends its row's real
+    keys, so no row of the mask is empty and nothing is NaN). The logits of span position ``j`` of row ``r`` are read at sequence position
+    ``starts[r] + j - policy.logit_shift``: the position itself for LLaDA, the one before it for Dream.
+
+    Args:
+        rows: LongTensor[T_r] token ids of each row (mask token where masked).
+        starts, lengths: where each row's span begins and how long it is (tokens).
+
+    Returns:
+        FloatTensor[B, S, V] (fp32, mask token excluded), ``S = max(lengths)``; entries past a row's length are
+        logits of clamped positions, to be ignored.
+
+    Raises:
+        ValueError: a span starting at 0 under a shifted family (Dream needs a token before the span).
+    """
+    if policy.logit_shift and min(starts) < policy.logit_shift:
+        raise ValueError("prompt / prefix: must not be empty for a shifted family (Dream reads position i-1)")
+    device = policy.device
+    lens = torch.tensor([r.numel() for r in rows], device=device)
+    T, S = int(lens.max()), max(lengths)
+    ids = torch.full((len(rows), T), policy.pad_id, dtype=torch.long, device=device)
+    for i, r in enumerate(rows):
+        ids[i, : r.numel()] = r
+    ar = torch.arange(T, device=device)
+    valid = ar[None] < lens[:, None]
+    h = forward_hidden(policy.model, ids, ar, valid[:, None, :].expand(-1, T, -1))  # a view: no [B, T, T] copy
+    at = torch.tensor(starts, device=device)[:, None] + torch.arange(S, device=device)[None] - policy.logit_shift
+    at = at.clamp(0, T - 1)
+    h = h.gather(1, at[..., None].expand(-1, -1, h.shape[-1]))
+    return token_logits(policy.model, h, policy.mask_id)
+
+
+def _denoise_spans(policy: DiffusionPolicy, prefixes: list[list[int]], suffixes: list[list[int]],
+                   span_lens: list[int], cfg: SamplingConfig, generator: torch.Generator, stop_at_eos: bool,
+                   grow_to: int | None):
+    """The decoding loop of the bidirectional families: row ``r`` is ``prefix ‖ span ‖ suffix``, span masked.
+
+    Each step one forward over the active rows; the span's masked positions are drawn (:func:`draw_tokens`) and
+    the most confident kept (:func:`_choose`; static: ``transfer_schedule(block_size, steps_per_block)`` tokens a
+    step, cycled). ``stop_at_eos``: positions after the first unmasked ``eos`` are never decoded and the span is
+    cut after it once everything before it is unmasked. ``grow_to``: a span filled without ``eos`` gets
+    ``block_size`` more masked positions (before the suffix) until it reaches ``grow_to`` tokens.
+
+    Returns:
+        (spans, steps, logprobs, forwards): per row LongTensor[n_r] tokens, LongTensor[n_r] step (0-based, over
+        the whole decoding) at which each was unmasked, FloatTensor[n_r] temperature-1 log-prob at that step.
+    """
+    device, mask_id, eos_id, bs = policy.device, policy.mask_id, policy.eos_id, policy.block_size
+    k_sched = transfer_schedule(bs, cfg.steps_per_block)
+    pre = [torch.tensor(p, dtype=torch.long, device=device) for p in prefixes]
+    suf = [torch.tensor(s, dtype=torch.long, device=device) for s in suffixes]
+    span = [torch.full((n,), mask_id, dtype=torch.long, device=device) for n in span_lens]
+    step_of = [torch.full((n,), -1, dtype=torch.long, device=device) for n in span_lens]
+    lp_of = [torch.zeros(n, device=device) for n in span_lens]
+    active, step, forwards = list(range(len(prefixes))), 0, 0
+
+    def todo(x: torch.Tensor, in_span: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(positions still to decode [A, S], index of the first unmasked eos or S [A])."""
+        S = x.shape[1]
+        is_eos = (x == eos_id) & in_span
+        first = torch.where(is_eos.any(-1), is_eos.int().argmax(-1), torch.full_like(is_eos[:, 0], S, dtype=torch.long))
+        need = in_span & (x == mask_id)
+        if stop_at_eos:
+            need &= torch.arange(S, device=device)[None] < first[:, None]
+        return need, first
+
+    while active:
+        lengths = [span[r].numel() for r in active]
+        logits = span_logits(policy, [torch.cat([pre[r], span[r], suf[r]]) for r in active],
+                             [pre[r].numel() for r in active], lengths)
+        forwards += 1
+        S = logits.shape[1]
+        in_span = torch.arange(S, device=device)[None] < torch.tensor(lengths, device=device)[:, None]
+        x = torch.full((len(active), S), mask_id, dtype=torch.long, device=device)
+        st = torch.full_like(x, -1)
+        lp_all = torch.zeros(x.shape, device=device)
+        for i, r in enumerate(active):
+            x[i, : lengths[i]], st[i, : lengths[i]], lp_all[i, : lengths[i]] = span[r], step_of[r], lp_of[r]
+        need, _ = todo(x, in_span)
+        tok, conf = draw_tokens(logits, cfg.temperature, cfg.top_k, cfg.top_p, generator)
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+        pick = _choose(conf, need, cfg, k_sched[step % len(k_sched)])
+        x, st, lp_all = torch.where(pick, tok, x), torch.where(pick, step, st), torch.where(pick, lp, lp_all)
+        need, first = todo(x, in_span)
+        still = []
+        for i, r in enumerate(active):
+            n = lengths[i]
+            span[r], step_of[r], lp_of[r] = x[i, :n], st[i, :n], lp_all[i, :n]
+            if need[i].any():
+                still.append(r)
+            elif stop_at_eos and first[i] < n:  # finished at the end marker: cut after it
+                e = int(first[i]) + 1
+                span[r], step_of[r], lp_of[r] = span[r][:e], step_of[r][:e], lp_of[r][:e]
+            elif grow_to is not None and n < grow_to:  # filled without an end marker: one more block
+                g = min(bs, grow_to - n)
+                span[r] = torch.cat([span[r], torch.full((g,), mask_id, dtype=torch.long, device=device)])
+                step_of[r] = torch.cat([step_of[r], torch.full((g,), -1, dtype=torch.long, device=device)])
+                lp_of[r] = torch.cat([lp_of[r], torch.zeros(g, device=device)])
+                still.append(r)
+        active = still
+        step += 1
+    return span, step_of, lp_of, forwards
+
+
+def _run_spans(policy: DiffusionPolicy, prefixes: list[list[int]], suffixes: list[list[int]], span_lens: list[int],
+               cfg: SamplingConfig, generator: torch.Generator, stop_at_eos: bool, grow_to: int | None):
+    """Validate, run :func:`_denoise_spans` in inference mode, convert to lists and time it."""
+    if policy.family == "sdar":
+        raise ValueError(
+            "policy: prefix/suffix infilling and whole-response decoding need a bidirectional family "
+            "(model.family 'llada' or 'dream'); SDAR decodes block by block (sample_ids)"
+        )
+    if not prefixes:
+        raise ValueError("prompts / prefixes: must not be empty")
+    longest = max(len(p) + len(s) for p, s in zip(prefixes, suffixes)) + max(grow_to or 0, max(span_lens))
+    if longest > policy.model_cfg.max_position_embeddings:
+        raise ValueError(
+            f"prefix + span + suffix ({longest} tokens) exceeds max_position_embeddings="
+            f"{policy.model_cfg.max_position_embeddings}"
+        )
+    model = policy.model
+    was_training = model.training
+    model.eval()
+    t0 = time.perf_counter()
+    try:
+        with torch.inference_mode():
+            span, steps, lps, forwards = _denoise_spans(policy, prefixes, suffixes, span_lens, cfg, generator,
+                                                        stop_at_eos, grow_to)
+    finally:
+        model.train(was_training)
+    seconds = time.perf_counter() - t0
+    out = [t.tolist() for t in span], [t.tolist() for t in steps], [t.tolist() for t in lps]
+    new = sum(map(len, out[0]))
+    stats = SampleStats(len(prefixes), sum(map(len, prefixes)), new, forwards, seconds, new / max(seconds, 1e-9))
+    return (*out, stats)
+
+
+def sample_masked_ids(
+    policy: DiffusionPolicy, prompts: list[list[int]], cfg: SamplingConfig, generator: torch.Generator
+) -> tuple[list[list[int]], list[list[int]], list[list[float]], SampleStats]:
+    """Masked-diffusion decoding of one response a prompt for LLaDA / Dream (batched prompts of any lengths).
+
+    LLaDA's low-confidence remasking (Nie et al. 2025, Alg. 5) over the whole response: ``max_new_tokens``
+    masked positions after the prompt, all attended bidirectionally; each step draws every needed masked
+    position and keeps the most confident (static: ``transfer_schedule(block_size, steps_per_block)`` tokens a
+    step, cycled, the same rate as SDAR's; dynamic: every draw with confidence >= ``threshold``, at least one,
+    Fast-dLLM). A response ends at its first ``eos``: positions after it are not decoded, and it stops once the
+    tokens before it are unmasked. Batched rows are right-padded and padding is never attended, so a batch
+    gives each row what it gets alone (greedy).
+
+    Returns:
+        (response_ids, unmask_step, behaviour_logprobs, stats): per prompt, lists of equal length (up to and
+        including the first ``eos``, else ``max_new_tokens``); ``unmask_step`` counts steps over the whole
+        response (not per block). ``stats.prompt_tokens`` sums the prompts.
+
+    Raises:
+        ValueError: an SDAR policy, an empty prompt, or prompt + max_new_tokens beyond max_position_embeddings.
+    """
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("prompt_ids: must not be empty")
+    return _run_spans(policy, prompts, [[] for _ in prompts], [cfg.max_new_tokens] * len(prompts), cfg, generator,
+                      stop_at_eos=True, grow_to=None)
+
+
+def infill_ids(
+    policy: DiffusionPolicy,
+    prefixes: list[list[int]],
+    suffixes: list[list[int]],
+    cfg: SamplingConfig,
+    generator: torch.Generator,
+    span_len: int | None = None,
+) -> tuple[list[list[int]], list[list[int]], list[list[float]], SampleStats]:
+    """Prefix / suffix infilling for LLaDA / Dream: fixed tokens around a masked span (DICE's infilling phase).
+
+    Row ``r`` is ``prefixes[r] ‖ span ‖ suffixes[r]``; only the span is decoded (as in
+    :func:`sample_masked_ids`), the prefix and suffix stay exactly as given and are attended both ways.
+
+    * ``span_len`` given: the span has exactly ``span_len`` tokens, every one decoded (an ``eos`` inside is kept).
+    * ``span_len=None`` (grown): the span starts at ``block_size`` masked tokens; when it is filled without an
+      ``eos`` (the end marker) it gets ``block_size`` more before the suffix, up to ``cfg.max_new_tokens``; once
+      an ``eos`` is unmasked the span ends there (tokens after it are dropped) when everything before it is
+      unmasked.
+
+    Returns:
+        (span_ids, unmask_step, behaviour_logprobs, stats): per row, lists of equal length (grown spans include
+        their ``eos`` when they have one).
+
+    Raises:
+        ValueError: an SDAR policy, ``span_len < 1``, prefixes and suffixes of different counts, an empty prefix
+            for Dream, or a sequence beyond max_position_embeddings.
+    """
+    if len(prefixes) != len(suffixes):
+        raise ValueError(f"prefixes ({len(prefixes)}) and suffixes ({len(suffixes)}): must be as many")
+    if span_len is not None and span_len < 1:
+        raise ValueError(f"span_len={span_len}: must be >= 1 (or None to grow the span)")
+    grow = span_len is None
+    first = min(policy.block_size, cfg.max_new_tokens) if grow else span_len
+    return _run_spans(policy, prefixes, suffixes, [first] * len(prefixes), cfg, generator, stop_at_eos=grow,
+                      grow_to=cfg.max_new_tokens if grow else None)
+
+
+def infill_group(
+    policy: DiffusionPolicy, prefix: str, suffix: str, num_samples: int, cfg: SamplingConfig, seed: int,
+    span_len: int | None = None,
+) -> RolloutGroup:
+    """Sample ``num_samples`` infills of the span between ``prefix`` and ``suffix`` (:func:`infill_ids`).
+
+    Returns:
+        :class:`RolloutGroup` of :class:`Rollout` with ``prompt_ids`` = the prefix, ``suffix_ids`` = the
+        suffix and ``response_ids`` = the span; ``text`` is the span up to its first ``eos``.
+
+    Raises:
+        ValueError: ``num_samples < 1``; see :func:`infill_ids`.
+    """
+    if num_samples < 1:
+        raise ValueError(f"num_samples={num_samples}: must be >= 1")
+    pre, suf = policy.encode(prefix), policy.encode(suffix)
+    gen = torch.Generator(device=policy.device).manual_seed(seed)
+    spans, steps, lps, stats = infill_ids(policy, [pre] * num_samples, [suf] * num_samples, cfg, gen, span_len)
+    group = RolloutGroup()
+    for span, st, lp in zip(spans, steps, lps):
+        cut = span.index(policy.eos_id) if policy.eos_id in span else len(span)
+        group.append(Rollout(list(pre), span, st, lp, policy.decode(span[:cut]), cut < len(span), list(suf)))
     group.stats = stats
     return group

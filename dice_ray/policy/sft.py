@@ -229,6 +229,9 @@ class SFTRun:
     """
 
     def __init__(self, policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTConfig, seed: int):
+        from dice_ray.policy.families import require_block_diffusion
+
+        require_block_diffusion(getattr(policy, "family", None), "SFT (dice_ray.policy.sft)")
         if not pairs:
             raise ValueError("pairs: need at least one (prompt, target) pair")
         self.policy, self.cfg = policy, cfg
@@ -338,6 +341,9 @@ def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTCo
     pairs = [(str(p), str(t)) for p, t in pairs]
     if not cfg.enabled or cfg.steps == 0:
         return SFTReport(0, float("nan"), time.perf_counter() - t0, False, "", len(pairs))
+    from dice_ray.policy.families import require_block_diffusion
+
+    require_block_diffusion(getattr(policy, "family", None), "SFT warm start (sft.enabled)")
     key = sft_cache_key(policy, pairs, cfg, seed)
     entry = Path(cfg.cache_dir).expanduser() / key
     if (entry / "model.safetensors").is_file() and (entry / "report.json").is_file():

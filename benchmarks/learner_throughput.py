@@ -1,0 +1,344 @@
+"""Learner throughput: one TraceRL update on the SDAR-1.7B shape, bf16, DeepSpeed ZeRO-2, one GPU.
+
+An update is what :class:`dice_ray.cluster.learner.Learner` does each RL step: for each group (one prompt,
+G responses) TraceRL's per-token log-probs (:func:`dice_ray.policy.logprobs.response_logprobs`,
+estimator ``tracerl``: the prompt encoded once, the clean response once, then one noisy pass per
+denoising step), the clipped policy loss (:func:`dice_ray.rl.loss.clipped_policy_loss`), a DeepSpeed
+backward, and one optimizer step (client ``torch.optim.AdamW``) at the end. The model is a random-init
+SDAR-1.7B-shape model (Qwen3-1.7B's shape; see benchmarks/rollout_throughput.py), the data random tokens
+with a one-token-a-step trace (every block's ``--steps-per-block`` steps used, so ``steps`` noisy passes).
+The process initialises ``torch.distributed`` itself (one rank; NCCL on a GPU, gloo on CPU).
+
+Counted per update (printed): ``processed tokens`` = positions the forwards run = per group
+``P`` (prompt, batch 1) + ``G*R`` (clean response) + ``steps*G*R`` (noisy copies): prompt + response,
+all positions. MFU = 6 * params * processed tokens / seconds / peak (``--peak-tflops``, H200 dense bf16
+989), with params = all parameters (tied embedding once), gradient-checkpointing recomputation not
+counted. Also printed: a stricter "matmul MFU" (6 * non-embedding params * processed tokens + 6 * V * d
+* scored tokens, as the LM head runs only where a token is scored) and attention FLOPs separately
+(12 * heads * head_dim * attended query-key pairs a layer, forward + backward, pairs the block mask
+allows). Tokens/s is given for processed and for trained (response) tokens.
+
+Gradient checkpointing (``--grad-ckpt``): ``layers`` re-computes whole decoder layers of the noisy
+passes in backward, and only the MLPs of the prompt / clean passes (they write the KV cache, so re-running
+them would append to it twice); ``mlp`` checkpoints every MLP; ``none``. Attention is the model's
+``dice_block`` SDPA with an explicit block mask (FlashAttention does not take a mask, so PyTorch's
+memory-efficient kernel serves it unless ``--sdpa-backend`` says otherwise).
+
+    python benchmarks/learner_throughput.py [--device cuda] [--groups 2] [--group-size 16] [--micro-batch 8]
+        [--prompt-len 512] [--response-len 512] [--steps-per-block 4] [--grad-ckpt layers] [--zero-stage 2]
+        [--sdpa-backend auto] [--warmup 1] [--repeats 3] [--out learner.json]
+    python benchmarks/learner_throughput.py --device cpu --tiny     # seconds; what the CPU test runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rollout_throughput import make_policy
+
+from dice_ray.policy.logprobs import response_logprobs
+from dice_ray.rl.loss import clipped_policy_loss
+
+H200_BF16_DENSE_TFLOPS = 989.0
+TARGET_MFU = 0.45
+GRAD_CKPT = ("none", "mlp", "layers")
+SDPA_BACKENDS = ("auto", "efficient", "cudnn", "math", "flash")
+
+
+class LayerCheckpointing:
+    """Activation checkpointing of the policy's decoder layers that is safe with its :class:`KVCache`.
+
+    A pass that writes the cache (``keep`` is not 0: the prompt and clean passes) must not be re-run in
+    backward, or its keys would be appended twice; for those only the MLP (no side effects) is
+    checkpointed. Read-only passes (``keep == 0``: TraceRL's noisy copies) checkpoint the whole layer.
+
+    Args:
+        model: a ``Qwen3ForCausalLM`` (``model.model.layers``), patched in place.
+        mode: ``"mlp"`` (every MLP) or ``"layers"`` (see above).
+
+    Raises:
+        ValueError: ``mode`` is not ``"mlp"`` or ``"layers"``.
+    """
+
+    def __init__(self, model, mode: str):
+        if mode not in ("mlp", "layers"):
+            raise ValueError(f"mode {mode!r}: must be 'mlp' or 'layers'")
+        self.mode = mode
+        self._in_layer = False
+        for layer in model.model.layers:
+            layer.mlp.forward = self._wrap_mlp(layer.mlp.forward)
+            if mode == "layers":
+                layer.forward = self._wrap_layer(layer.forward)
+
+    def _wrap_mlp(self, fwd):
+        def mlp(x):
+            if torch.is_grad_enabled() and not self._in_layer:
+                return checkpoint(fwd, x, use_reentrant=False)
+            return fwd(x)
+        return mlp
+
+    def _wrap_layer(self, fwd):
+        def layer(*args, **kwargs):
+            cache = kwargs.get("block_kv")
+            if not (torch.is_grad_enabled() and cache is not None and cache.keep == 0):
+                return fwd(*args, **kwargs)
+
+            def run(*a, **kw):
+                self._in_layer = True
+                try:
+                    return fwd(*a, **kw)
+                finally:
+                    self._in_layer = False
+            return checkpoint(run, *args, use_reentrant=False, **kwargs)
+        return layer
+
+
+def make_batch(groups: int, G: int, P: int, R: int, bs: int, steps: int, vocab: int, mask_id: int, seed: int) -> list[dict]:
+    """Random groups: prompt, responses, a trace using ``steps`` denoising steps in every block, behaviour
+    log-probs near ``-log V`` (ratios near 1, so the clip rarely zeroes a gradient), advantages +-1.
+
+    Returns:
+        per group a dict of CPU tensors: ``prompt_ids`` [P], ``response_ids`` / ``unmask_step`` /
+        ``mask`` / ``behaviour_logprobs`` [G, R], ``advantages`` [G].
+    """
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(groups):
+        ids = torch.randint(0, vocab - 1, (P + G * R,), generator=gen)
+        ids = torch.where(ids >= mask_id, ids + 1, ids)
+        order = torch.rand(G, R // bs, bs, generator=gen).argsort(-1)  # a permutation of a block's positions
+        out.append({
+            "prompt_ids": ids[:P], "response_ids": ids[P:].view(G, R),
+            "unmask_step": (order % steps).view(G, R), "mask": torch.ones(G, R, dtype=torch.bool),
+            "behaviour_logprobs": -math.log(vocab) + 0.1 * torch.randn(G, R, generator=gen),
+            "advantages": torch.randint(0, 2, (G,), generator=gen).float() * 2 - 1,
+        })
+    return out
+
+
+def attended_pairs(P: int, R: int, bs: int) -> int:
+    """Query-key pairs the block mask allows for one response row in one pass (clean or noisy: equal).
+
+    A response token of block ``b`` (1-based) attends the prompt and blocks ``<= b``: ``P + b * bs`` keys.
+    """
+    return sum(P + (j // bs + 1) * bs for j in range(R))
+
+
+def update_flops(args: argparse.Namespace, params: int, embed: int, vocab: int, hidden: int, layers: int,
+                 heads: int, head_dim: int) -> dict:
+    """FLOPs of one update (forward + backward) and what they count (see the module docstring)."""
+    P, R, G, n = args.prompt_len, args.response_len, args.group_size, args.groups
+    passes = 1 + args.steps_per_block  # clean + noisy copies
+    processed = n * (P + passes * G * R)
+    scored = n * G * R
+    pairs = n * (P * P + passes * G * attended_pairs(P, R, args.block_size))
+    return {
+        "processed_tokens": processed, "trained_tokens": scored, "passes_per_group": passes,
+        "model_flops": 6 * params * processed,
+        "matmul_flops": 6 * (params - embed) * processed + 6 * vocab * hidden * scored,
+        "attention_flops": 12 * heads * head_dim * pairs * layers,
+        "counted": f"per group: prompt {P} (batch 1) + clean {G}x{R} + {args.steps_per_block} noisy x {G}x{R} "
+                   f"positions; {n} groups",
+    }
+
+
+def init_distributed(device: torch.device) -> None:
+    """A one-rank ``torch.distributed`` group for DeepSpeed (NCCL on CUDA, gloo on CPU), if none exists."""
+    if torch.distributed.is_initialized():
+        return
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    if device.type == "cuda":
+        torch.cuda.set_device(device.index or 0)
+    torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
+
+
+def make_engine(model, args: argparse.Namespace, device: torch.device):
+    """DeepSpeed engine around ``model`` with the learner's optimizer (client AdamW), ZeRO ``--zero-stage``."""
+    import deepspeed
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,  # the boundary is set by hand, as the learner does
+        "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": args.zero_stage, "contiguous_gradients": True, "overlap_comm": False},
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": device.type == "cuda"},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    return engine
+
+
+def one_update(engine, batch: list[dict], args: argparse.Namespace, mask_id: int, device: torch.device) -> dict:
+    """One optimizer step over ``batch`` (micro-batches of ``--micro-batch`` rows of a group); loss stats."""
+    engine.train()
+    total_rows = sum(g["response_ids"].shape[0] for g in batch)
+    micro = [(g, rows) for g in batch for rows in torch.arange(g["response_ids"].shape[0]).split(args.micro_batch)]
+    losses, clip = [], []
+    for i, (g, rows) in enumerate(micro):
+        engine.set_gradient_accumulation_boundary(i == len(micro) - 1)
+        t = {k: (v[rows] if v.dim() and k != "prompt_ids" else v).to(device) for k, v in g.items()}
+        lp = response_logprobs("tracerl", engine.module, t["prompt_ids"], t["response_ids"], t["unmask_step"],
+                               t["mask"], args.block_size, mask_id)
+        loss, stats = clipped_policy_loss(lp, t["behaviour_logprobs"], t["advantages"], t["mask"], epsilon=0.2)
+        engine.backward(loss * (rows.numel() / total_rows), scale_wrt_gas=False)
+        losses.append(stats.loss)
+        clip.append(stats.clip_fraction)
+    engine.step()
+    return {"loss": statistics.fmean(losses), "clip_fraction": statistics.fmean(clip), "micro_batches": len(micro)}
+
+
+def _sdpa_context(name: str):
+    """``torch.nn.attention.sdpa_kernel`` for ``--sdpa-backend`` (a no-op context for ``auto``)."""
+    import contextlib
+
+    if name == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+               "math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION}[name]
+    return sdpa_kernel([backend])
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options (see the module docstring); ``--tiny`` shrinks everything for a CPU test."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--model", default="sdar-1.7b", choices=("sdar-1.7b", "tiny", "sdar-mini"),
+                    help="a model of benchmarks/rollout_throughput.py")
+    ap.add_argument("--groups", type=int, default=2, help="groups (prompts) in the update")
+    ap.add_argument("--group-size", type=int, default=16, help="G: responses a group")
+    ap.add_argument("--micro-batch", type=int, default=8, help="response rows a forward/backward (<= G)")
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--response-len", type=int, default=512, help="R, a multiple of the block size")
+    ap.add_argument("--steps-per-block", type=int, default=4,
+                    help="denoising steps the trace uses in each block = TraceRL's noisy passes (<= block size)")
+    ap.add_argument("--grad-ckpt", default="layers", choices=GRAD_CKPT)
+    ap.add_argument("--zero-stage", type=int, default=2, choices=(0, 1, 2, 3))
+    ap.add_argument("--sdpa-backend", default="auto", choices=SDPA_BACKENDS)
+    ap.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS, help="dense bf16 peak for MFU")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed updates first")
+    ap.add_argument("--repeats", type=int, default=3, help="timed updates (median)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tiny", action="store_true",
+                    help="CPU-test size: sdar-mini, 1 group of 4, micro-batch 2, prompt 16, response 16, 1 repeat")
+    ap.add_argument("--out", help="write the figures as JSON here")
+    if ap.parse_known_args(argv)[0].tiny:  # defaults only: explicit options still win
+        ap.set_defaults(model="sdar-mini", groups=1, group_size=4, micro_batch=2, prompt_len=16, response_len=16,
+                        repeats=1)
+    args = ap.parse_args(argv)
+    for flag in ("groups", "group_size", "micro_batch", "prompt_len", "response_len", "steps_per_block", "repeats"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')}: must be >= 1")
+    if args.warmup < 0:
+        ap.error("--warmup: must be >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark; returns (and with ``--out`` writes) the figures."""
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA GPU visible (use --device cpu)")
+    if device.type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/dice-ray/torch_extensions"))
+    init_distributed(device)
+    t0 = time.perf_counter()
+    policy = make_policy(args.model, device, args.seed)
+    model, cfg = policy.model, policy.model.config
+    args.block_size = policy.block_size
+    if args.response_len % args.block_size:
+        raise SystemExit(f"--response-len {args.response_len}: must be a multiple of the block size {args.block_size}")
+    if args.steps_per_block > args.block_size:
+        raise SystemExit(f"--steps-per-block {args.steps_per_block}: must be <= the block size {args.block_size}")
+    params = sum(p.numel() for p in model.parameters())
+    embed = model.model.embed_tokens.weight.numel()
+    if args.grad_ckpt != "none":
+        LayerCheckpointing(model, args.grad_ckpt)
+    model.train()
+    engine = make_engine(model, args, device)
+    batch = make_batch(args.groups, args.group_size, args.prompt_len, args.response_len, args.block_size,
+                       args.steps_per_block, cfg.vocab_size, policy.mask_id, args.seed)
+    flops = update_flops(args, params, embed, cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers,
+                         cfg.num_attention_heads, cfg.head_dim)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"device {gpu}; {args.model}: {params / 1e6:.1f} M params ({(params - embed) / 1e6:.1f} M non-embedding), "
+          f"{next(model.parameters()).dtype}; DeepSpeed ZeRO-{args.zero_stage}, "
+          f"{torch.distributed.get_backend()} x1; grad-ckpt {args.grad_ckpt}; sdpa {args.sdpa_backend}; "
+          f"set up in {time.perf_counter() - t0:.1f} s", flush=True)
+    print(f"update: {args.groups} groups x G={args.group_size} (micro-batch {args.micro_batch} rows), prompt "
+          f"{args.prompt_len}, response {args.response_len}, TraceRL {args.steps_per_block} noisy passes + 1 clean; "
+          f"processed tokens {flops['processed_tokens']} ({flops['counted']}), trained tokens {flops['trained_tokens']}",
+          flush=True)
+    secs, peaks, stats = [], [], []
+    with _sdpa_context(args.sdpa_backend):
+        for i in range(args.warmup + args.repeats):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            t = time.perf_counter()
+            st = one_update(engine, batch, args, policy.mask_id, device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+                peaks.append(torch.cuda.max_memory_allocated(device) / 2**30)
+            dt = time.perf_counter() - t
+            timed = i >= args.warmup
+            print(f"  update {i + 1}{'' if timed else ' (warm-up)'}: {dt:.3f} s, loss {st['loss']:.4f}, "
+                  f"{st['micro_batches']} micro-batches", flush=True)
+            if timed:
+                secs.append(dt)
+                stats.append(st)
+    sec = statistics.median(secs)
+    peak = args.peak_tflops * 1e12
+    result = {
+        "device": gpu, "model": args.model, "params": params, "non_embedding_params": params - embed,
+        "dtype": str(next(model.parameters()).dtype), "zero_stage": args.zero_stage,
+        "backend": torch.distributed.get_backend(), "grad_ckpt": args.grad_ckpt, "sdpa_backend": args.sdpa_backend,
+        "groups": args.groups, "group_size": args.group_size, "micro_batch": args.micro_batch,
+        "prompt_len": args.prompt_len, "response_len": args.response_len, "steps_per_block": args.steps_per_block,
+        "seconds": sec, "seconds_all": secs, **flops,
+        "processed_tokens_per_s": flops["processed_tokens"] / sec, "trained_tokens_per_s": flops["trained_tokens"] / sec,
+        "mfu": flops["model_flops"] / sec / peak, "matmul_mfu": flops["matmul_flops"] / sec / peak,
+        "attention_tflops_per_s": flops["attention_flops"] / sec / 1e12,
+        "mfu_with_attention": (flops["model_flops"] + flops["attention_flops"]) / sec / peak,
+        "peak_tflops": args.peak_tflops, "peak_gib": max(peaks) if peaks else None,
+        "loss": stats[-1]["loss"], "target_mfu": TARGET_MFU,
+    }
+    print(f"median update {sec:.3f} s: {result['processed_tokens_per_s']:.0f} processed tokens/s, "
+          f"{result['trained_tokens_per_s']:.0f} trained (response) tokens/s"
+          + (f", peak GPU memory {result['peak_gib']:.1f} GiB" if peaks else ""))
+    print(f"MFU (6 x {params / 1e6:.1f} M params x processed tokens / s / {args.peak_tflops:g} TFLOPS): "
+          f"{result['mfu']:.1%} (target >= {TARGET_MFU:.0%}: {'met' if result['mfu'] >= TARGET_MFU else 'NOT met'})")
+    print(f"  matmul MFU (non-embedding params x processed + LM head x scored tokens): {result['matmul_mfu']:.1%}; "
+          f"attention (not in the MFU above; allowed pairs, fwd+bwd): {result['attention_tflops_per_s']:.1f} TFLOP/s, "
+          f"MFU with it {result['mfu_with_attention']:.1%}; checkpoint recomputation not counted")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()

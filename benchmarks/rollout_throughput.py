@@ -1,0 +1,298 @@
+"""Rollout throughput: the dynamic-threshold + KV-cache sampler against the one-token-a-step sampler.
+
+For each model (the project's tiny policy and a random-init SDAR-1.7B-shape model: Qwen3-1.7B's
+hidden 2048, 28 layers, 16 query / 8 KV heads, head_dim 128, MLP 6144, vocab 151936, tied embeddings,
+block 4, bf16 on a GPU), one random-token prompt and a batch of G samples of it
+(:func:`dice_ray.policy.sampler.sample_ids`, greedy), three samplers side by side:
+
+* ``one-token, no cache``: static remasking, one token a step, the prompt and every finished block re-run
+  at each step (``kv_cache=False``), the naive baseline;
+* ``one-token, KV cache``: the same with the block KV cache (isolates the cache's gain);
+* ``dynamic, KV cache``: Fast-dLLM's confidence threshold (every masked token >= threshold, at least one
+  a step) with the KV cache: the sampler DICE uses.
+
+Each is warmed up, then timed ``--repeats`` times (CUDA-synchronised; the no-cache baseline
+``--nocache-repeats`` times, it is slow); figures are medians. Peak GPU memory is
+``torch.cuda.max_memory_allocated`` during the run (weights included). ``<|eos|>`` is disabled so every
+row decodes all ``--new-tokens`` (random weights would stop rows at random).
+
+Random weights predict almost uniformly (top probability ~1/V), so no token reaches the threshold and the
+dynamic sampler then unmasks one token a step, exactly the baseline algorithm. ``--logit-scales`` also
+runs the models with the final RMSNorm weight multiplied (as tests/test_policy_gpu.py does), which makes
+the predictions confident: 1 is the plain random init (dynamic = one token a step), 40 makes nearly every
+prediction certain (dynamic unmasks whole blocks: its best case). A trained policy lies between; the
+``tok/step`` column (mean tokens a row unmasked a denoising step) shows which case a row measured. The
+no-cache baseline runs at the first scale only: its cost does not depend on the weights (one token a step,
+fixed length). Agreement: greedy outputs of each sampler against ``one-token, KV cache``.
+
+    python benchmarks/rollout_throughput.py [--device cuda] [--models tiny,sdar-1.7b] [--batch 64]
+        [--prompt-len 512] [--new-tokens 512] [--threshold 0.9] [--logit-scales 1,40] [--repeats 3]
+        [--nocache-repeats 1] [--no-nocache] [--out rollout.json]
+    python benchmarks/rollout_throughput.py --device cpu --tiny     # seconds; what the CPU test runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import types
+from dataclasses import dataclass
+
+import torch
+
+from dice_ray.config import ModelConfig, SamplingConfig
+from dice_ray.policy.model import build_model
+from dice_ray.policy.policy import DiffusionPolicy
+from dice_ray.policy.sampler import sample_ids
+
+#: Qwen3-1.7B's shape (SDAR-1.7B / TraDo-1.7B are built from it); block 4 as DICE
+SDAR_1P7B = ModelConfig(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1e6,
+                        tie_word_embeddings=True, block_size=4)
+QWEN3_VOCAB = 151936
+#: the same code path as sdar-1.7b (stand-in token ids, no tokenizer) at a CPU-test size
+SDAR_MINI = ModelConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, block_size=4)
+MINI_VOCAB = 1024
+MODELS = ("tiny", "sdar-1.7b", "sdar-mini")
+NO_EOS = -1  # an id no token has: rows never stop early
+TARGET_SPEEDUP = 3.0
+TARGET_TOKENS_PER_S = {"sdar-1.7b": 2000.0}
+
+NOCACHE, STATIC, DYNAMIC = "one-token, no cache", "one-token, KV cache", "dynamic, KV cache"
+
+
+@dataclass
+class Run:
+    """Timed runs of one sampler on one model: medians over repeats.
+
+    Attributes:
+        sampler: one of the three sampler names.
+        tokens_per_s: new tokens (all rows) / median seconds.
+        seconds: median wall seconds of one ``sample_ids`` call (s).
+        new_tokens: response tokens of the call, all rows.
+        forwards: model forward passes of the call (prefill included).
+        tokens_per_step: mean tokens a row unmasked a denoising forward.
+        peak_gib: ``torch.cuda.max_memory_allocated`` during the call (GiB); None on CPU.
+        responses: the greedy response ids of the last repeat (G lists).
+    """
+
+    sampler: str
+    tokens_per_s: float
+    seconds: float
+    new_tokens: int
+    forwards: int
+    tokens_per_step: float
+    peak_gib: float | None
+    responses: list[list[int]]
+
+
+def make_policy(name: str, device: torch.device, seed: int) -> DiffusionPolicy:
+    """The benchmark's model ``name`` (see :data:`MODELS`), randomly initialised on ``device``.
+
+    bf16 on CUDA, fp32 on CPU. ``tiny`` is the project's default :class:`ModelConfig` with the shipped
+    tokenizer; ``sdar-1.7b`` / ``sdar-mini`` use stand-in special ids (``<|mask|>`` = V - 1).
+
+    Raises:
+        ValueError: an unknown ``name``.
+    """
+    dtype = "bfloat16" if device.type == "cuda" else "float32"
+    if name == "tiny":
+        policy = DiffusionPolicy.build(ModelConfig(dtype=dtype), seed=seed).to(device)
+    elif name in ("sdar-1.7b", "sdar-mini"):
+        cfg, vocab = (SDAR_1P7B, QWEN3_VOCAB) if name == "sdar-1.7b" else (SDAR_MINI, MINI_VOCAB)
+        cfg = cfg.model_copy(update={"dtype": dtype})
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
+            torch.manual_seed(seed)
+            model = build_model(cfg, vocab, pad_id=0)  # built on the device: a 1.7B init on CPU takes minutes
+        ids = types.SimpleNamespace(mask_id=vocab - 1, eos_id=vocab - 2, pad_id=0)
+        policy = DiffusionPolicy(model, ids, cfg)
+    else:
+        raise ValueError(f"model {name!r}: must be one of {MODELS}")
+    policy.eos_id = NO_EOS
+    policy.model.eval()
+    return policy
+
+
+def random_prompt(length: int, vocab: int, mask_id: int, seed: int) -> list[int]:
+    """``length`` random token ids in ``[0, vocab)``, none of them ``mask_id``."""
+    ids = torch.randint(0, vocab - 1, (length,), generator=torch.Generator().manual_seed(seed))
+    return torch.where(ids >= mask_id, ids + 1, ids).tolist()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_sampler(policy: DiffusionPolicy, prompt: list[int], batch: int, cfg: SamplingConfig, kv_cache: bool,
+                 repeats: int, warmup_tokens: int, name: str) -> Run:
+    """Warm up once (``warmup_tokens`` new tokens), then time ``repeats`` calls of ``sample_ids``."""
+    device = policy.device
+    warm = cfg.model_copy(update={"max_new_tokens": warmup_tokens})
+    sample_ids(policy, prompt, batch, warm, torch.Generator(device=device).manual_seed(0), kv_cache=kv_cache)
+    secs, peaks = [], []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        _sync(device)
+        t0 = time.perf_counter()
+        resp, _, _, stats = sample_ids(policy, prompt, batch, cfg, torch.Generator(device=device).manual_seed(0),
+                                       kv_cache=kv_cache)
+        _sync(device)
+        secs.append(time.perf_counter() - t0)
+        if device.type == "cuda":
+            peaks.append(torch.cuda.max_memory_allocated(device) / 2**30)
+    sec = statistics.median(secs)
+    steps = stats.forwards - (1 if kv_cache else 0)  # denoising forwards (the cached path adds a prefill)
+    per_row = stats.new_tokens / batch
+    return Run(name, stats.new_tokens / sec, sec, stats.new_tokens, stats.forwards, per_row / max(steps, 1),
+               max(peaks) if peaks else None, resp)
+
+
+def agreement(ref: list[list[int]], other: list[list[int]]) -> dict:
+    """How far ``other``'s greedy outputs are from ``ref``'s: identical rows and differing tokens.
+
+    Positions past the shorter of two rows count as differing.
+    """
+    rows = sum(a == b for a, b in zip(ref, other))
+    total = sum(max(len(a), len(b)) for a, b in zip(ref, other))
+    diff = sum(sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b)) for a, b in zip(ref, other))
+    return {"identical_rows": rows, "rows": len(ref), "differing_tokens": diff, "tokens": total,
+            "identical": rows == len(ref)}
+
+
+def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> dict:
+    """All samplers at all logit scales on model ``name``; prints its table, returns its JSON record."""
+    t0 = time.perf_counter()
+    policy = make_policy(name, device, args.seed)
+    bs, V = policy.block_size, policy.model.config.vocab_size
+    params = policy.num_parameters()
+    weights_gib = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    prompt = random_prompt(args.prompt_len, V, policy.mask_id, args.seed)
+    print(f"\n== {name}: {params / 1e6:.1f} M params, vocab {V}, block {bs}, "
+          f"{next(policy.model.parameters()).dtype}, built in {time.perf_counter() - t0:.1f} s"
+          + (f", weights {weights_gib:.2f} GiB" if weights_gib is not None else "")
+          + f"; batch {args.batch}, prompt {args.prompt_len}, {args.new_tokens} new tokens, threshold {args.threshold}",
+          flush=True)
+    one = SamplingConfig(max_new_tokens=args.new_tokens, remasking="static", steps_per_block=bs, temperature=0.0)
+    dyn = SamplingConfig(max_new_tokens=args.new_tokens, remasking="dynamic", threshold=args.threshold,
+                         temperature=0.0)
+    norm = policy.model.model.norm.weight
+    base_norm = norm.detach().clone()
+    record = {"model": name, "params": params, "vocab": V, "dtype": str(next(policy.model.parameters()).dtype),
+              "weights_gib": weights_gib, "scales": []}
+    nocache: Run | None = None
+    header = (f"{'scale':>5} {'sampler':22s} {'tok/s':>10} {'median s':>9} {'fwd':>6} {'tok/step':>8} "
+              f"{'peak GiB':>8} {'x no-cache':>10} {'x 1-tok':>8}  greedy vs one-token, KV cache")
+    print(header)
+    for i, scale in enumerate(args.logit_scales):
+        with torch.no_grad():
+            norm.copy_(base_norm * scale)
+        runs = []
+        if i == 0 and args.nocache:
+            nocache = time_sampler(policy, prompt, args.batch, one, False, args.nocache_repeats, args.warmup_tokens,
+                                   NOCACHE)
+            runs.append(nocache)
+        runs.append(time_sampler(policy, prompt, args.batch, one, True, args.repeats, args.warmup_tokens, STATIC))
+        runs.append(time_sampler(policy, prompt, args.batch, dyn, True, args.repeats, args.warmup_tokens, DYNAMIC))
+        ref = runs[-2]
+        rows = []
+        for run in runs:
+            agree = agreement(ref.responses, run.responses)
+            x_nc = run.tokens_per_s / nocache.tokens_per_s if nocache else None
+            x_one = run.tokens_per_s / ref.tokens_per_s
+            agree_txt = ("reference" if run is ref else
+                         f"{'identical' if agree['identical'] else 'DIFFER'}: {agree['identical_rows']}/{agree['rows']}"
+                         f" rows, {agree['differing_tokens']}/{agree['tokens']} tokens differ")
+            print(f"{scale:5g} {run.sampler:22s} {run.tokens_per_s:10.1f} {run.seconds:9.3f} {run.forwards:6d} "
+                  f"{run.tokens_per_step:8.2f} {'-' if run.peak_gib is None else f'{run.peak_gib:.2f}':>8} "
+                  f"{'-' if x_nc is None else f'{x_nc:.2f}':>10} {x_one:8.2f}  {agree_txt}", flush=True)
+            rows.append({"sampler": run.sampler, "tokens_per_s": run.tokens_per_s, "seconds": run.seconds,
+                         "new_tokens": run.new_tokens, "forwards": run.forwards,
+                         "tokens_per_step": run.tokens_per_step, "peak_gib": run.peak_gib,
+                         "speedup_vs_nocache": x_nc, "speedup_vs_one_token_cache": x_one,
+                         "agreement_vs_one_token_cache": agree})
+        record["scales"].append({"logit_scale": scale, "runs": rows})
+    dyn_rows = [(s["logit_scale"], s["runs"][-1]) for s in record["scales"]]
+    verdicts = []
+    for scale, r in dyn_rows:
+        x = r["speedup_vs_nocache"]
+        same = r["agreement_vs_one_token_cache"]["identical"]
+        verdicts.append(f"scale {scale:g}: {'-' if x is None else f'{x:.2f}x'} vs no-cache one-token "
+                        f"({'met' if x is not None and x >= TARGET_SPEEDUP else 'NOT met'}), "
+                        f"{r['speedup_vs_one_token_cache']:.2f}x vs cached one-token, greedy "
+                        f"{'identical' if same else 'differs'}")
+    target = TARGET_TOKENS_PER_S.get(name)
+    best = max(r["tokens_per_s"] for _, r in dyn_rows)
+    print(f"target >= {TARGET_SPEEDUP:g}x (dynamic + KV cache): " + "; ".join(verdicts))
+    if target:
+        plain = dyn_rows[0][1]["tokens_per_s"]
+        print(f"target >= {target:g} tokens/s: dynamic at scale {dyn_rows[0][0]:g} {plain:.0f} "
+              f"({'met' if plain >= target else 'NOT met'}), best {best:.0f} ({'met' if best >= target else 'NOT met'})")
+    record["targets"] = {"speedup": TARGET_SPEEDUP, "tokens_per_s": target}
+    record["seconds"] = time.perf_counter() - t0
+    del policy
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return record
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options (see the module docstring); ``--tiny`` shrinks everything for a CPU test."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--models", default="tiny,sdar-1.7b", help=f"comma-separated, of {', '.join(MODELS)}")
+    ap.add_argument("--batch", type=int, default=64, help="samples of the prompt decoded together (G)")
+    ap.add_argument("--prompt-len", type=int, default=512, help="random prompt tokens")
+    ap.add_argument("--new-tokens", type=int, default=512, help="response tokens a row (a multiple of the block)")
+    ap.add_argument("--threshold", type=float, default=0.9, help="dynamic remasking's confidence threshold (DICE 0.9)")
+    ap.add_argument("--logit-scales", default="1,40", help="final-norm multipliers to run (see the docstring)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs of each cached sampler (median)")
+    ap.add_argument("--nocache-repeats", type=int, default=1, help="timed runs of the no-cache baseline")
+    ap.add_argument("--no-nocache", dest="nocache", action="store_false", help="skip the no-cache baseline")
+    ap.add_argument("--warmup-tokens", type=int, default=8, help="new tokens of each sampler's warm-up call")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tiny", action="store_true",
+                    help="CPU-test size: models tiny,sdar-mini, batch 4, prompt 16, 8 new tokens, 1 repeat")
+    ap.add_argument("--out", help="write the figures as JSON here")
+    if ap.parse_known_args(argv)[0].tiny:  # defaults only: explicit options still win
+        ap.set_defaults(models="tiny,sdar-mini", batch=4, prompt_len=16, new_tokens=8, repeats=1, warmup_tokens=4)
+    args = ap.parse_args(argv)
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    args.logit_scales = [float(s) for s in args.logit_scales.split(",") if s.strip()]
+    for m in args.models:
+        if m not in MODELS:
+            ap.error(f"--models: {m!r} is not one of {MODELS}")
+    if not args.logit_scales or min(args.logit_scales) <= 0:
+        ap.error("--logit-scales: one or more positive numbers")
+    for flag in ("batch", "prompt_len", "new_tokens", "repeats", "nocache_repeats", "warmup_tokens"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')}: must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark; returns (and with ``--out`` writes) the figures."""
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA GPU visible (use --device cpu)")
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"device {gpu}; torch {torch.__version__}; samplers: {NOCACHE!r} (baseline), {STATIC!r}, {DYNAMIC!r}; "
+          f"greedy (temperature 0), no <|eos|> stop; medians of {args.repeats} (no-cache: {args.nocache_repeats})")
+    result = {"device": gpu, "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+              "threshold": args.threshold, "repeats": args.repeats, "nocache_repeats": args.nocache_repeats,
+              "models": []}
+    for name in args.models:
+        result["models"].append(bench_model(name, args, device))
+        if args.out:  # after each model, so a run cut short keeps what it measured
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
