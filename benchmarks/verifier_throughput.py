@@ -10,8 +10,14 @@ It also verifies a few of DICE's ``load_inline`` records (``--dice-data``) cold 
 cache, builds one with torch's own ``load_inline`` (KernelBench's path), and prints the fast path's
 advantage per candidate over each.
 
+With ``--pool 1,2,4,8`` it instead measures the Ray verifier pool
+(:class:`~dice_ray.cluster.verifier_pool.VerifierPool`, one actor a GPU; N compile-only CPU actors
+without GPUs) on the same candidates, one pool size after another in one run, and prints
+candidates/s for each size and its ratio to one actor (issue 6: >= 1.9x at 2, issue 8: >= 7.5x at 8).
+
     python benchmarks/verifier_throughput.py [--workers 0] [--timing-window-ms MS] [--crash-every 4] [--cheat-every 3] [--repeats 5]
-        [--inline 3] [--torch-inline 1] [--dice-data DIR] [--json OUT]
+        [--inline 3] [--torch-inline 1] [--dice-data DIR] [--tasks N] [--json OUT]
+    python benchmarks/verifier_throughput.py --pool 1,2[,4,8] [--copies K] [--tasks N] [--workers 0] [--json OUT]
 """
 
 from __future__ import annotations
@@ -46,6 +52,151 @@ def variants(src: str) -> dict[str, str]:
             "class ModelNew(nn.Module):\n    def forward(self, *args):\n        try:\n            return self._forward(*args)\n"
             "        except RuntimeError:\n            return args[0]\n\n", 1),
     }
+
+
+EXPECT = {"correct": "ok", "incorrect": "incorrect", "compile_error": "compile_error", "crash": "crash", "cheat": "cheat"}
+"""The verdict each kind of variant must get on a GPU."""
+TARGETS = {2: (1.9, "issue 6"), 8: (7.5, "issue 8")}
+"""Pool size -> (least throughput ratio to one actor, where it is asked for)."""
+
+
+def expected_verdict(kind: str, mode: str) -> str:
+    """The verdict a variant of ``kind`` (a key of :data:`EXPECT`) must get in verifier ``mode``
+    (``"gpu"`` or ``"compile_only"``): compile-only mode cannot run kernels, so the incorrect and
+    crashing variants pass there."""
+    if mode == "compile_only" and kind in ("incorrect", "crash"):
+        return "ok"
+    return EXPECT[kind]
+
+
+def build_jobs(tasks: list, crash_every: int, cheat_every: int) -> list[tuple]:
+    """``[(task, kind, source), ...]``: for each task its honest, incorrect and non-compiling variants,
+    a crashing one every ``crash_every`` tasks and a cheating one every ``cheat_every`` tasks."""
+    jobs = []
+    for i, t in enumerate(tasks):
+        v = variants(t.solution_src)
+        kinds = ["correct", "incorrect", "compile_error"] + (["crash"] if i % crash_every == 0 else []) + (
+            ["cheat"] if i % cheat_every == 0 else [])
+        jobs += [(t, kind, v[kind]) for kind in kinds]
+    return jobs
+
+
+def parse_pool_sizes(text: str) -> list[int]:
+    """``--pool 1,2,4`` -> ``[1, 2, 4]`` (sorted, unique).
+
+    Raises:
+        argparse.ArgumentTypeError: an entry is not an integer >= 1, or 1 (the baseline of the
+            ratios) is missing.
+    """
+    try:
+        sizes = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--pool must be comma-separated integers, got {text!r}") from None
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError(f"--pool sizes must be integers >= 1, got {text!r}")
+    if sizes[0] != 1:
+        raise argparse.ArgumentTypeError(f"--pool must include 1 (the baseline of the ratios), got {text!r}")
+    return sizes
+
+
+def pool_scaling(args: argparse.Namespace, jobs: list[tuple]) -> dict:
+    """Throughput of the Ray verifier pool at each size in ``args.pool`` on the same batch.
+
+    Connects to ``RAY_ADDRESS`` or starts a local Ray cluster (``num_gpus`` from
+    ``torch.cuda.device_count()``). For each size N: a pool of N verifier actors (1 GPU each; with no
+    GPU, N compile-only CPU actors), waits until all serve, warms every actor's sandbox workers with
+    an untimed batch, then times ``args.copies`` copies of ``jobs`` end to end through
+    ``VerifierPool.verify_batch``. Sizes over the cluster's GPU count are skipped.
+
+    Returns:
+        ``{"gpus", "mode", "candidates", "sizes": {N: {...}}, "skipped", "targets", "ok"}``; ``ok`` is
+        False when a candidate lacks exactly one verdict or gets an unexpected kind.
+    """
+    import ray
+    import torch
+
+    from dice_ray.cluster.verifier_pool import VerifierPool, actor_workers
+
+    if not ray.is_initialized():
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(log_to_driver=False)
+        else:
+            ray.init(num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=False)
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    extra = {} if args.timing_window_ms is None else {"timing_window_ms": args.timing_window_ms}
+    cfg = VerifyConfig(workers=args.workers, **extra)
+    per_gpu = 1.0 if gpus else 0.0
+    sizes = [n for n in args.pool if not gpus or n <= gpus]
+    skipped = [n for n in args.pool if n not in sizes]
+    for n in skipped:
+        print(f"pool N={n}: skipped, only {gpus} GPU(s) present")
+    items = [(f"{task.task_id}:{kind}:{c}", task, src, kind) for c in range(args.copies) for task, kind, src in jobs]
+    warm_task = jobs[0][0]
+    print(f"pool mode: {gpus} GPU(s), {'one verifier actor a GPU' if gpus else 'compile-only CPU actors'}, "
+          f"{len(items)} candidates ({len(jobs)} x {args.copies}), sizes {sizes}")
+    out: dict = {"gpus": gpus, "candidates": len(items), "copies": args.copies, "sizes": {}, "skipped": skipped}
+    ok = True
+    for n in sizes:
+        # an actor call's own stage limits, plus the wait for its GPU gate behind its other workers
+        workers = actor_workers(cfg, gpu=bool(gpus))
+        call_timeout = cfg.compile_timeout_s + (3 + workers) * cfg.run_timeout_s + 60
+        pool = VerifierPool.remote(cfg, RewardConfig(), n, per_gpu, call_timeout, None, f"bench-{n}")
+        try:
+            t_boot = time.perf_counter()
+            status = ray.get(pool.status.remote())
+            while status["serving"] < n:
+                if time.perf_counter() - t_boot > 900:
+                    raise RuntimeError(f"pool N={n}: {status['serving']} of {n} actors serving after 900 s: {status['errors']}")
+                time.sleep(0.2)
+                status = ray.get(pool.status.remote())
+            warm = [(f"warm-{i}", warm_task, warm_task.solution_src) for i in range(n * status["capacity_per_actor"])]
+            ray.get(pool.verify_batch.remote(warm))  # every actor's sandbox workers booted
+            boot_s = time.perf_counter() - t_boot
+            before = ray.get(pool.status.remote())
+            t0 = time.perf_counter()
+            verdicts = ray.get(pool.verify_batch.remote([(cid, task, src) for cid, task, src, _ in items]))
+            seconds = time.perf_counter() - t0
+            after = ray.get(pool.status.remote())
+        finally:
+            handles = ray.get(pool.actors.remote())
+            ray.get(pool.close.remote())
+            for h in handles:
+                ray.kill(h, no_restart=True)
+            ray.kill(pool)
+        ids = [v.candidate_id for v in verdicts]
+        one_each = ids == [cid for cid, *_ in items] and after["completed"] - before["completed"] == len(items) \
+            and after["submitted"] - before["submitted"] == len(items)
+        mode = after["mode"]
+        got = Counter((kind, v.verdict) for (*_, kind), v in zip(items, verdicts))
+        wrong = [(cid, kind, v.verdict, v.reason[:160]) for (cid, _, _, kind), v in zip(items, verdicts)
+                 if v.verdict != expected_verdict(kind, v.mode)]
+        restarts = sum(a["restarts"] for a in after["actors"])
+        ok = ok and one_each and not wrong
+        rate = len(items) / seconds
+        out["mode"] = mode
+        out["sizes"][n] = {"seconds": seconds, "candidates_per_s": rate, "boot_and_warm_s": boot_s,
+                           "one_verdict_each": one_each, "unexpected": wrong, "actor_restarts": restarts,
+                           "capacity_per_actor": after["capacity_per_actor"],
+                           "verdicts": {f"{k}->{v}": c for (k, v), c in got.items()}}
+        print(f"  N={n}: {len(items)} candidates in {seconds:.1f} s = {rate:.2f} candidates/s "
+              f"(booted and warmed in {boot_s:.1f} s; {after['capacity_per_actor']} in flight an actor); "
+              f"one verdict each: {'yes' if one_each else 'NO'}; unexpected verdicts {len(wrong)}; actor restarts {restarts}")
+        for w in wrong[:10]:
+            print("     ", w)
+    base = out["sizes"][1]["candidates_per_s"]
+    for n, row in out["sizes"].items():
+        row["ratio"] = row["candidates_per_s"] / base
+    print(f"pool scaling ({out.get('mode')}; candidates/s, ratio to N=1): " + " | ".join(
+        f"N={n} {row['candidates_per_s']:.2f} ({row['ratio']:.2f}x)" for n, row in out["sizes"].items()))
+    out["targets"] = {}
+    for n, (least, issue) in TARGETS.items():
+        row = out["sizes"].get(n)
+        met = None if row is None or out.get("mode") != "gpu" else row["ratio"] >= least
+        out["targets"][n] = {"least": least, "issue": issue, "met": met}
+        state = "not run" if row is None else ("n/a (compile-only)" if met is None else ("met" if met else "NOT met"))
+        print(f"  {issue} target >= {least}x at N={n}: {state}" + (f" ({row['ratio']:.2f}x)" if row else ""))
+    out["ok"] = ok
+    return out
 
 
 def inline_path(args: argparse.Namespace, fast_rate: float) -> dict:
@@ -120,16 +271,24 @@ def main() -> None:
     ap.add_argument("--torch-inline", type=int, default=1,
                     help="of those, records also built with torch's own load_inline, as KernelBench does (0: off)")
     ap.add_argument("--cov-tasks", default="relu,softmax,matmul", help="tasks whose speedup is repeated (names)")
+    ap.add_argument("--tasks", type=int, default=0, help="use the first N built-in tasks (0: all)")
+    ap.add_argument("--pool", type=parse_pool_sizes, default=None,
+                    help="measure the Ray verifier pool at these sizes instead, e.g. 1,2,4,8 (must include 1)")
+    ap.add_argument("--copies", type=int, default=1, help="pool mode: the candidate batch repeated K times")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
+    if args.tasks < 0 or args.copies < 1:
+        ap.error(f"--tasks must be >= 0 and --copies >= 1, got {args.tasks} and {args.copies}")
 
     tasks = [t for t in load_tasks("builtin").tasks if t.solution_format == "fast"]
-    jobs = []
-    for i, t in enumerate(tasks):
-        v = variants(t.solution_src)
-        kinds = ["correct", "incorrect", "compile_error"] + (["crash"] if i % args.crash_every == 0 else []) + (
-            ["cheat"] if i % args.cheat_every == 0 else [])
-        jobs += [(t, kind, v[kind]) for kind in kinds]
+    tasks = tasks[: args.tasks] if args.tasks else tasks
+    jobs = build_jobs(tasks, args.crash_every, args.cheat_every)
+    if args.pool:
+        figures = pool_scaling(args, jobs)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(figures, f, indent=1)
+        raise SystemExit(0 if figures["ok"] else 1)
     extra = {} if args.timing_window_ms is None else {"timing_window_ms": args.timing_window_ms}
     verifier = Verifier(VerifyConfig(workers=args.workers, **extra), RewardConfig())
     print(f"mode={verifier.mode} workers={verifier.workers} tasks={len(tasks)} candidates={len(jobs)}")
@@ -139,14 +298,10 @@ def main() -> None:
     got = Counter()
     wrong = []
     per_kind: dict[str, list[float]] = {}
-    expect = {"correct": "ok", "incorrect": "incorrect", "compile_error": "compile_error", "crash": "crash", "cheat": "cheat"}
     for (task, kind, _), verdict in zip(jobs, verdicts):
         got[(kind, verdict.verdict)] += 1
         per_kind.setdefault(kind, []).append(verdict.seconds)
-        expected = expect[kind]
-        if verifier.mode == "compile_only" and kind in ("incorrect", "crash"):
-            expected = "ok"  # compile-only mode cannot run kernels
-        if verdict.verdict != expected:
+        if verdict.verdict != expected_verdict(kind, verifier.mode):
             wrong.append((task.task_id, kind, verdict.verdict, verdict.reason[:160]))
     total = time.perf_counter() - t0
     rate = len(jobs) / total

@@ -68,6 +68,13 @@ class ModelConfig(_Section):
     path: str | None = Field(None, description="Load a saved policy from this folder instead of building one.")
     rope_theta: float = Field(10000.0, gt=0.0, description="RoPE base (Qwen3).")
     tie_word_embeddings: bool = Field(True, description="Share the input embedding and the LM head (fewer params).")
+    family: Literal["sdar", "llada", "dream"] = Field(
+        "sdar",
+        description="Diffusion LM family (dice_ray.policy.families): 'sdar' block diffusion (SDAR / TraDo / DICE, "
+        "Qwen3 with a block-causal mask; the only family RL and SFT train), 'llada' (LLaDA: Llama-shaped, fully "
+        "bidirectional, no logit shift) or 'dream' (Dream: Qwen2-shaped, fully bidirectional, logits shifted by "
+        "one). LLaDA and Dream sample and infill over the whole masked response.",
+    )
 
 
 class SamplingConfig(_Section):
@@ -196,8 +203,9 @@ class VerifyConfig(_Section):
     timing_window_ms: float = Field(
         1.0, ge=0.0,
         description="Least GPU time (ms) in one timed window: calls shorter than this are timed k..2k-1 to a window, "
-        "k = ceil(timing_window_ms / the faster side's call time), each window's size drawn in secret and each call on "
-        "fresh inputs, which divides the synchronize's host jitter by k; 0: one call a window.",
+        "k = ceil(timing_window_ms / that side's call time) for the reference and the candidate each, each window's "
+        "size drawn in secret and each call on fresh inputs, which divides the synchronize's host jitter by k; 0: one "
+        "call a window.",
     )
     output_checks: int = Field(
         5, ge=1, description="Outputs over 64 MiB: timed calls (drawn in secret, plus the last) whose outputs are checked; "
@@ -300,6 +308,14 @@ class RLConfig(_Section):
         "each step (pre-update weights, same masks).",
     )
     seed: int = Field(0, description="Seed of sampling, data order, the learner and the SFT warm start.")
+    max_staleness: int = Field(
+        0, ge=0,
+        description="Asynchronous pipeline (dice_ray.cluster.pipeline): rollout and verification run up to this many "
+        "steps ahead of the learner, so a step's samples may come from weights up to this many learner steps old "
+        "(checked on every group). 0: synchronous (draw, sample, verify, learn, sync). Stale samples keep their "
+        "behaviour log-probs: 'tracerl' uses them in the ratio; 'coupled' and 'diffu_grpo' recompute the old "
+        "log-probs under the current weights, so their ratio ignores the lag (a warning says so).",
+    )
 
 
 class EvalConfig(_Section):
@@ -319,6 +335,33 @@ class ClusterConfig(_Section):
     learner_gpus: float = Field(0.0, ge=0.0, description="GPUs for the learner actor (0: CPU, gloo; a fraction shares one).")
     rollout_gpus: float = Field(0.0, ge=0.0, description="GPUs a rollout worker asks Ray for (0: CPU).")
     verifier_gpus: float = Field(1.0, ge=0.0, description="GPUs per verifier actor when GPUs exist.")
+    # -- the learner's ranks and the weight sync (dice_ray.cluster.learner, dice_ray.cluster.weight_sync) --
+    learner_ranks: int = Field(
+        1, ge=1, description="Data-parallel DeepSpeed ranks of the learner (Ray actors; on GPUs one placement "
+        "group, learner_gpus a rank). N ranks take the same update as one on the same groups.",
+    )
+    micro_batch_tokens: int = Field(
+        8192, ge=0, description="Token budget of a learner micro-batch (groups packed first-fit, a group counts "
+        "G * (prompt + response) tokens and is never split; one over the budget goes alone). 0: one group a "
+        "micro-batch. Micro-batches accumulate gradients into one optimizer step.",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute each group's forward in the backward pass (torch.utils.checkpoint a "
+        "group): activation memory of one group instead of a micro-batch, for ~1.3x learner compute.",
+    )
+    learner_offload: bool = Field(
+        False, description="DeepSpeed ZeRO-Offload: optimizer state in CPU memory (ZeRO-3: parameters too); "
+        "for a learner sharing its GPU with rollout workers. Needs zero_stage >= 1.",
+    )
+    weight_sync: Literal["auto", "broadcast", "object_store"] = Field(
+        "auto", description="How weights reach rollout workers after a learner step. auto: bucketed NCCL "
+        "broadcast when the learner and rollout workers hold whole GPUs of their own, else the object store. "
+        "broadcast: the bucketed broadcast (NCCL on separate GPUs, else gloo). object_store: a CPU state dict "
+        "through Ray's object store.",
+    )
+    weight_sync_bucket_mb: float = Field(
+        256.0, gt=0.0, description="Bucket size of the weight broadcast (MiB of flattened tensors a collective).",
+    )
     # -- verifier pool autoscaling (dice_ray.cluster.verifier_pool) --
     verifier_autoscale: bool = Field(
         False, description="Resize the verifier pool by queue depth between min_verifiers and max_verifiers."
@@ -341,6 +384,8 @@ class ClusterConfig(_Section):
 
     @model_validator(mode="after")
     def _check_verifier_bounds(self) -> ClusterConfig:
+        if self.learner_offload and self.zero_stage == 0:
+            raise ValueError("cluster.learner_offload needs cluster.zero_stage >= 1 (ZeRO-Offload)")
         if self.max_verifiers is not None and self.max_verifiers < self.min_verifiers:
             raise ValueError(
                 f"cluster.max_verifiers={self.max_verifiers} must be >= cluster.min_verifiers={self.min_verifiers}"

@@ -27,7 +27,10 @@ PANELS = [
     ("loss", "policy loss"),
     ("step_seconds", "step time (s)"),
 ]
-STAGES = [("rollout_seconds", "rollout"), ("verify_seconds", "verify"), ("learn_seconds", "learn"), ("sync_seconds", "weight sync")]
+STAGES = [("rollout_seconds", "rollout"), ("verify_seconds", "verify"), ("learn_seconds", "learn"), ("sync_seconds", "weight sync"),
+          ("idle_seconds", "idle (nothing in flight)")]  # rl.max_staleness > 0: the first four overlap
+BUSY = [("rollout_busy_share", "rollout"), ("verify_busy_share", "verify"), ("learner_busy_share", "learner"),
+        ("gpu_busy_share_mean", "GPUs (NVML, mean)"), ("gpu_busy_share_min", "least busy GPU")]
 PHASE_COLOURS = {"infill": "tab:blue", "ramp": "tab:orange", "e2e": "tab:green"}
 # (record key, label, format) of the Markdown "Rates" table; None values print as n/a
 RATES = [
@@ -287,6 +290,9 @@ def markdown_report(run: Run, curves_png: str | None = "curves.png") -> str:
         rates = [(label, [r[key] for r in recs if _num(r.get(key))])
                  for key, label in (("rollout_tokens_per_s", "rollout tokens/s"), ("verifier_throughput", "verdicts/s"))]
         lines += [""] + [f"- Mean {label}: {statistics.fmean(vals):.1f}." for label, vals in rates if vals]
+        busy = [(label, [r[key] for r in recs if _num(r.get(key))]) for key, label in BUSY]
+        if any(vals for _, vals in busy):
+            lines.append("- Mean busy share: " + ", ".join(f"{label} {statistics.fmean(v):.0%}" for label, v in busy if v) + ".")
 
     heldout = [(w, (run.summary or {}).get(f"heldout_{w}")) for w in ("start", "end")]
     heldout = [(w, h) for w, h in heldout if isinstance(h, dict) and h]

@@ -29,6 +29,9 @@ DETERMINISTIC = [
 TIMING = {
     "learner_step_seconds", "rollout_seconds", "verify_seconds", "learn_seconds", "sync_seconds",
     "rollout_tokens_per_s", "verifier_throughput", "verifier_queue_depth", "verifier_pool_size", "step_seconds",
+    # stage timeline figures of dice_ray.cluster.metrics (issue 6's asynchronous pipeline)
+    "idle_seconds", "checkpoint_seconds", "rollout_busy_share", "verify_busy_share", "learner_busy_share",
+    "rollout_learn_overlap_seconds", "timeline", "gpu_busy_share", "gpu_busy_share_mean", "gpu_busy_share_min",
 }
 
 

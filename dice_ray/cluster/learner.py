@@ -9,6 +9,14 @@ log-probs, Wang et al. 2025, DICE's estimator) and the clipped policy loss of
 TraceRL's ratio uses the behaviour log-probs the sampler recorded; the ``coupled`` and ``diffu_grpo``
 estimators score a state the sampler never saw, so their old log-probs are recomputed at the start of
 the step under the pre-update weights, with the same masks (:func:`estimator_seed`).
+
+Data parallel over ``cluster.learner_ranks`` ranks (:class:`LearnerGroup`, on GPUs in one Ray placement
+group): :func:`plan_step` splits a step's groups across the ranks by tokens and packs each rank's share
+into micro-batches of at most ``cluster.micro_batch_tokens`` tokens (gradient accumulation; one group is
+never split). Each group's loss is weighted ``world_size / total_groups``: DeepSpeed averages gradients
+over ranks, so N ranks take the update one rank takes on the same groups. Ranks with fewer micro-batches
+run zero-weight ones (every rank joins every gradient reduction). ``cluster.gradient_checkpointing``
+recomputes each group's forward in the backward pass (``torch.utils.checkpoint``, one group at a time).
 """
 
 from __future__ import annotations
@@ -16,7 +24,8 @@ from __future__ import annotations
 import os
 import random
 import time
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 
 import numpy as np
 import ray
@@ -63,6 +72,110 @@ def make_train_group(prompt_ids: list[int], rollouts: list, advantages: torch.Te
     return TrainGroup(torch.tensor(prompt_ids, dtype=torch.long), ids, steps, mask, blp, advantages.float())
 
 
+def group_tokens(g: TrainGroup) -> int:
+    """Tokens a group costs a micro-batch: ``G * (P + R)``, prompt and padded response of each sample."""
+    n, r = g.response_ids.shape
+    return n * (r + g.prompt_ids.numel())
+
+
+@dataclass
+class RankShare:
+    """One learner rank's part of a step (:func:`plan_step`).
+
+    Attributes:
+        groups: the groups this rank trains on (a padding-only rank holds one group it weights 0).
+        indices: each group's index in the step's batch (seeds the ``coupled`` masks, :func:`estimator_seed`).
+        micro_batches: positions into ``groups``, one list a micro-batch (one backward each).
+        padded: per micro-batch, True when it only joins the gradient reduction (weight 0).
+        scale: weight of each group's loss, ``world_size / total_groups``.
+    """
+
+    groups: list[TrainGroup]
+    indices: list[int]
+    micro_batches: list[list[int]]
+    padded: list[bool] = field(default_factory=list)
+    scale: float = 1.0
+
+
+def split_across_ranks(tokens: list[int], world_size: int) -> list[list[int]]:
+    """Deal group indices to ranks, largest first, each to the rank with the fewest tokens so far (LPT).
+
+    Returns:
+        ``world_size`` lists of indices into ``tokens`` (each index once; a list may be empty).
+
+    Raises:
+        ValueError: ``world_size < 1``.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    shares: list[list[int]] = [[] for _ in range(world_size)]
+    load = [0] * world_size
+    for i in sorted(range(len(tokens)), key=lambda i: (-tokens[i], i)):
+        r = min(range(world_size), key=lambda r: (load[r], r))
+        shares[r].append(i)
+        load[r] += tokens[i]
+    return [sorted(x) for x in shares]
+
+
+def pack_micro_batches(indices: list[int], tokens: list[int], budget: int) -> list[list[int]]:
+    """First-fit-decreasing packing of groups into micro-batches of at most ``budget`` tokens.
+
+    Args:
+        indices: the groups to pack (indices into ``tokens``).
+        tokens: tokens of every group (:func:`group_tokens`).
+        budget: token budget of a micro-batch; 0: one group a micro-batch. A group over the budget gets a
+            micro-batch of its own.
+
+    Returns:
+        micro-batches of indices, each index exactly once.
+
+    Raises:
+        ValueError: a negative budget.
+    """
+    if budget < 0:
+        raise ValueError(f"micro-batch token budget must be >= 0, got {budget}")
+    if budget == 0:
+        return [[i] for i in indices]
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(indices, key=lambda i: (-tokens[i], i)):
+        for b in range(len(bins)):
+            if tokens[i] <= room[b]:
+                bins[b].append(i)
+                room[b] -= tokens[i]
+                break
+        else:
+            bins.append([i])
+            room.append(budget - tokens[i])
+    return [sorted(b) for b in bins]
+
+
+def plan_step(groups: list[TrainGroup], world_size: int, micro_batch_tokens: int) -> list[RankShare]:
+    """Split a step's groups across ``world_size`` data-parallel ranks and pack each share into micro-batches.
+
+    Every rank gets the same number of micro-batches (the largest share's count): shorter ones are padded with
+    zero-weight micro-batches, so each rank takes part in every gradient reduction (ZeRO-2/3 reduce on each
+    backward). Each real group's loss is weighted ``world_size / len(groups)``.
+
+    Raises:
+        ValueError: no groups, or a bad ``world_size`` / ``micro_batch_tokens``.
+    """
+    if not groups:
+        raise ValueError("plan_step: no groups to train on")
+    tokens = [group_tokens(g) for g in groups]
+    packed = [pack_micro_batches(idx, tokens, micro_batch_tokens) for idx in split_across_ranks(tokens, world_size)]
+    n_micro = max(len(p) for p in packed)
+    shares = []
+    for micro in packed:
+        idx = sorted(i for m in micro for i in m) or [0]  # a rank with no group pads with group 0, weight 0
+        pos = {i: k for k, i in enumerate(idx)}
+        batches = [[pos[i] for i in m] for m in micro]
+        padded = [False] * len(batches) + [True] * (n_micro - len(batches))
+        batches += [[0]] * (n_micro - len(batches))
+        shares.append(RankShare([groups[i] for i in idx], idx, batches, padded, world_size / len(groups)))
+    return shares
+
+
 def estimator_seed(base: int, step: int, group: int) -> int:
     """Seed of a group's log-prob estimator masks (``coupled``) at one learner step: fixed per run seed,
     step and group, so the old-policy and new-policy log-probs of the step use the same masks."""
@@ -80,16 +193,17 @@ def learner_env(use_gpu: bool) -> dict:
 
 @ray.remote(num_cpus=0)
 class Learner:
-    """One DeepSpeed rank.
+    """One DeepSpeed rank (driven through :class:`LearnerGroup`).
 
     Args:
         cfg: the run's config.
         rank, world_size: this rank in the learner group.
-        master_addr, master_port: the rendezvous of ``torch.distributed``.
         num_threads: torch CPU threads (0: torch's default).
     """
 
-    def __init__(self, cfg: DiceConfig, rank: int, world_size: int, master_addr: str, master_port: int, num_threads: int = 0):
+    rank, world_size = 0, 1
+
+    def __init__(self, cfg: DiceConfig, rank: int, world_size: int, num_threads: int = 0):
         from dice_ray.policy.policy import DiffusionPolicy
 
         if num_threads:
@@ -99,15 +213,20 @@ class Learner:
         self.world_size = world_size
         self.use_gpu = torch.cuda.is_available() and bool(ray.get_gpu_ids())
         self.device = torch.device("cuda", 0) if self.use_gpu else torch.device("cpu")
-        os.environ.update(
-            MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
-            WORLD_SIZE=str(world_size), LOCAL_RANK="0",
-        )
         self.policy = DiffusionPolicy.from_config(cfg.model)
         self.policy.model.to(self.device)
         self.engine = None
         self.ref_model = None
         self.step_count = 0
+        self.weight_group = None  # the weight-sync group (rank 0, broadcast mode), joined on first use
+
+    def rendezvous(self) -> tuple[str, int]:
+        """This node's IP and a free port on it (the rendezvous rank 0 serves)."""
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return ray.util.get_node_ip_address(), sock.getsockname()[1]
 
     def warm_start(self, pairs: list[tuple[str, str]]) -> dict:
         """Masked-diffusion SFT warm start (cached by content hash); before :meth:`init_engine`."""
@@ -118,15 +237,33 @@ class Learner:
         report = warm_start(self.policy, pairs, self.cfg.sft, seed=self.cfg.rl.seed)
         return asdict(report)
 
-    def init_engine(self) -> dict:
-        """Wrap the policy in a DeepSpeed engine; returns what was set up."""
+    def init_engine(self, master_addr: str = "127.0.0.1", master_port: int | None = None) -> dict:
+        """Join the learner's process group and wrap the policy in a DeepSpeed engine; returns what was set up.
+
+        With several ranks, every rank first takes rank 0's weights (only rank 0 ran the warm start), so the
+        KL reference and the engine start from the same policy everywhere.
+
+        Args:
+            master_addr, master_port: the ``torch.distributed`` rendezvous (rank 0's :meth:`rendezvous`);
+                a free local port when None (one rank).
+        """
         import deepspeed
 
         t0 = time.perf_counter()
         backend = "nccl" if self.use_gpu else "gloo"
+        if master_port is None:
+            master_port = self.rendezvous()[1]
+        os.environ.update(
+            MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
+        )
         if not torch.distributed.is_initialized():
             torch.distributed.init_process_group(backend, rank=self.rank, world_size=self.world_size)
         model = self.policy.model.to(self.device)
+        if self.world_size > 1:
+            with torch.no_grad():
+                for t in list(model.parameters()) + list(model.buffers()):
+                    torch.distributed.broadcast(t.data, src=0)
         # the SFT warm start leaves its last step's gradients on the parameters (a cache hit or a resume
         # does not), and DeepSpeed's first backward would add the RL gradient to them: start from none
         model.zero_grad(set_to_none=True)
@@ -135,63 +272,97 @@ class Learner:
 
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         optimizer = torch.optim.AdamW(model.parameters(), lr=self.cfg.rl.learning_rate, weight_decay=0.0)
+        c = self.cfg.cluster
+        zero: dict = {"stage": c.zero_stage}
+        if c.learner_offload:  # optimizer state (and, under ZeRO-3, parameters) in CPU memory
+            zero["offload_optimizer"] = {"device": "cpu"}
+            if c.zero_stage == 3:
+                zero["offload_param"] = {"device": "cpu"}
         ds_config = {
             "train_micro_batch_size_per_gpu": 1,
-            "gradient_accumulation_steps": 1,
+            "gradient_accumulation_steps": 1,  # micro-batches are counted by set_gradient_accumulation_boundary
             "gradient_clipping": self.cfg.rl.max_grad_norm,
-            "zero_optimization": {"stage": self.cfg.cluster.zero_stage},
+            "zero_optimization": zero,
+            "zero_force_ds_cpu_optimizer": False,  # offload with the client AdamW (no DeepSpeed op build)
             "bf16": {"enabled": self.cfg.model.dtype == "bfloat16"},
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
-        return {"backend": backend, "zero_stage": self.cfg.cluster.zero_stage, "seconds": time.perf_counter() - t0,
-                "device": str(self.device), "params": sum(p.numel() for p in model.parameters())}
+        return {"backend": backend, "zero_stage": c.zero_stage, "ranks": self.world_size,
+                "seconds": time.perf_counter() - t0, "device": str(self.device),
+                "params": sum(p.numel() for p in self.policy.model.parameters())}
 
-    def train_step(self, groups: list[TrainGroup]) -> dict:
-        """One optimizer step over ``groups`` (each a micro-batch), ``ppo_epochs`` passes.
+    def train_step(self, groups: list[TrainGroup] | RankShare) -> dict:
+        """One optimizer step a PPO epoch over this rank's groups (``rl.ppo_epochs`` epochs).
+
+        Args:
+            groups: this rank's :class:`RankShare` (:func:`plan_step`), or a plain list of groups (one rank:
+                packed here by ``cluster.micro_batch_tokens``).
 
         Returns:
-            loss, clip fraction, KL, ratio mean, tokens, seconds, tokens/s.
+            this rank's loss, clip fraction, KL, ratio mean (means over its group evaluations), ``groups``
+            (that count), tokens, grad norm, micro-batches a epoch, seconds, tokens/s, step
+            (:func:`merge_rank_stats` combines ranks).
         """
+        from torch.utils.checkpoint import checkpoint
+
         from dice_ray.policy.logprobs import response_logprobs
         from dice_ray.rl.loss import clipped_policy_loss
 
         t0 = time.perf_counter()
         rl = self.cfg.rl
+        share = groups if isinstance(groups, RankShare) else plan_step(groups, 1, self.cfg.cluster.micro_batch_tokens)[0]
+        gs = share.groups
         block, mask_id = self.policy.block_size, self.policy.mask_id
         sums = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "ratio_mean": 0.0}
-        n_micro = 0
+        n_items = 0
         tokens = 0
         self.engine.train()
         dev, est = self.device, rl.logprob_estimator
-        seeds = [estimator_seed(rl.seed, self.step_count, i) for i in range(len(groups))]
+        seeds = [estimator_seed(rl.seed, self.step_count, i) for i in share.indices]
+        real = sorted({k for m, pad in zip(share.micro_batches, share.padded) if not pad for k in m})
 
         def logprobs_of(model, g: TrainGroup, seed: int) -> torch.Tensor:
             return response_logprobs(est, model, g.prompt_ids.to(dev), g.response_ids.to(dev), g.unmask_step.to(dev),
                                      g.mask.to(dev), block, mask_id, seed=seed)
 
-        old = [g.behaviour_logprobs.to(dev) for g in groups]
+        old = {k: gs[k].behaviour_logprobs.to(dev) for k in real}
         if est != "tracerl":  # the ratio's old log-probs: same estimator and masks, pre-update weights
             with torch.no_grad():
-                old = [logprobs_of(self.engine.module, g, s) for g, s in zip(groups, seeds)]
+                old = {k: logprobs_of(self.engine.module, gs[k], seeds[k]) for k in real}
+
+        def group_loss(k: int, ref: torch.Tensor | None):
+            g = gs[k]
+            logprobs = logprobs_of(self.engine.module, g, seeds[k])
+            return clipped_policy_loss(logprobs, old[k], g.advantages.to(dev), g.mask.to(dev),
+                                       epsilon=rl.epsilon, beta=rl.beta, ref_logprobs=ref)
+
+        checkpointed = self.cfg.cluster.gradient_checkpointing
+        last = len(share.micro_batches) - 1
         for _ in range(rl.ppo_epochs):
-            for i, g in enumerate(groups):
-                self.engine.set_gradient_accumulation_boundary(i == len(groups) - 1)
-                logprobs = logprobs_of(self.engine.module, g, seeds[i])
-                ref = None
-                if self.ref_model is not None:
-                    with torch.no_grad():
-                        ref = logprobs_of(self.ref_model, g, seeds[i])
-                loss, stats = clipped_policy_loss(
-                    logprobs, old[i], g.advantages.to(dev), g.mask.to(dev),
-                    epsilon=rl.epsilon, beta=rl.beta, ref_logprobs=ref,
-                )
-                self.engine.backward(loss / len(groups), scale_wrt_gas=False)
-                for k in sums:
-                    sums[k] += getattr(stats, k)
-                n_micro += 1
-                tokens += int(g.mask.sum())
+            for m, (micro, pad) in enumerate(zip(share.micro_batches, share.padded)):
+                self.engine.set_gradient_accumulation_boundary(m == last)
+                total = None
+                for k in micro:
+                    if pad:  # zero weight: joins the reduction, changes no gradient
+                        part = logprobs_of(self.engine.module, gs[k], seeds[k]).sum() * 0.0
+                    else:
+                        ref = None
+                        if self.ref_model is not None:
+                            with torch.no_grad():
+                                ref = logprobs_of(self.ref_model, gs[k], seeds[k])
+                        if checkpointed:  # the group's forward is recomputed in the backward
+                            loss, stats = checkpoint(group_loss, k, ref, use_reentrant=False)
+                        else:
+                            loss, stats = group_loss(k, ref)
+                        part = loss * share.scale
+                        for key in sums:
+                            sums[key] += getattr(stats, key)
+                        n_items += 1
+                        tokens += int(gs[k].mask.sum())
+                    total = part if total is None else total + part
+                self.engine.backward(total, scale_wrt_gas=False)
             grad_norm = self._grad_norm()
             self.engine.step()
         if grad_norm is None:  # ZeRO >= 1: DeepSpeed's optimizer computed it in the step
@@ -199,9 +370,9 @@ class Learner:
             grad_norm = None if norm is None else float(norm)
         self.step_count += 1
         seconds = time.perf_counter() - t0
-        out = {k: v / max(n_micro, 1) for k, v in sums.items()}
-        out.update(tokens=tokens, grad_norm=grad_norm, seconds=seconds, tokens_per_s=tokens / max(seconds, 1e-9),
-                   step=self.step_count)
+        out = {k: v / max(n_items, 1) for k, v in sums.items()}
+        out.update(groups=n_items, tokens=tokens, grad_norm=grad_norm, micro_batches=len(share.micro_batches),
+                   seconds=seconds, tokens_per_s=tokens / max(seconds, 1e-9), step=self.step_count)
         return out
 
     def _grad_norm(self) -> float | None:
@@ -212,10 +383,51 @@ class Learner:
         grads = [p.grad.detach().float().norm() for p in self.engine.module.parameters() if p.grad is not None]
         return float(torch.stack(grads).norm()) if grads else None
 
-    def get_weights(self) -> dict:
-        """The policy's weights as CPU tensors (the object-store weight sync)."""
-        module = self.engine.module if self.engine is not None else self.policy.model
-        return {k: v.detach().to("cpu") for k, v in module.state_dict().items()}
+    def _gathered(self, params=None):
+        """Context in which ZeRO-3's partitioned parameters are whole (every rank must enter it); a no-op
+        under ZeRO 0-2."""
+        if self.engine is None or self.cfg.cluster.zero_stage != 3:
+            return nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list(params if params is not None else self.engine.module.parameters()))
+
+    def _module(self) -> torch.nn.Module:
+        return self.engine.module if self.engine is not None else self.policy.model
+
+    def get_weights(self) -> dict | None:
+        """The policy's weights as CPU tensors on rank 0 (the object-store weight sync), None on other ranks
+        (which only join ZeRO-3's gather)."""
+        with self._gathered():
+            if self.rank:
+                return None
+            return {k: v.detach().to("cpu").clone() for k, v in self._module().state_dict().items()}
+
+    def weight_plan(self, bucket_bytes: int) -> tuple:
+        """The bucket plan of the policy's weights (:func:`dice_ray.cluster.weight_sync.plan_buckets`)."""
+        from dice_ray.cluster.weight_sync import named_weights, plan_buckets
+
+        return plan_buckets(named_weights(self._module()), bucket_bytes)
+
+    def broadcast_weights(self, spec) -> int:
+        """Send the weights over the weight-sync group, bucket by bucket (rank 0; the group is joined on the
+        first call). Other ranks only join ZeRO-3's per-bucket gather. Returns the bytes sent.
+
+        Args:
+            spec: the group's :class:`~dice_ray.cluster.weight_sync.BroadcastSpec` (rank 0).
+        """
+        from dice_ray.cluster import weight_sync as ws
+
+        if self.rank == 0 and (self.weight_group is None or not self.weight_group.current(spec)):
+            self.weight_group = ws.BroadcastGroup(spec, self.device)
+        tensors = ws.named_weights(self._module())
+        sent = 0
+        for bucket in spec.buckets:
+            with self._gathered([tensors[s.name] for s in bucket if isinstance(tensors[s.name], torch.nn.Parameter)]):
+                if self.rank == 0:
+                    self.weight_group.send_bucket(bucket, tensors)
+                    sent += ws.bucket_size(bucket)
+        return sent
 
     def save(self, ckpt_dir: str, tag: str) -> str:
         """DeepSpeed checkpoint (model, optimizer, LR schedule) + the policy for eval; returns its folder.
@@ -227,10 +439,11 @@ class Learner:
         """
         client_state = {"dice_ray": {"step_count": self.step_count, "rng": _rng_state()}}
         self.engine.save_checkpoint(ckpt_dir, tag=tag, client_state=client_state)
-        if self.rank == 0:
-            self.policy.save(os.path.join(ckpt_dir, tag, "policy"))
-            if self.ref_model is not None:
-                torch.save(self.ref_model.state_dict(), os.path.join(ckpt_dir, tag, "reference.pt"))
+        with self._gathered():
+            if self.rank == 0:
+                self.policy.save(os.path.join(ckpt_dir, tag, "policy"))
+                if self.ref_model is not None:
+                    torch.save(self.ref_model.state_dict(), os.path.join(ckpt_dir, tag, "reference.pt"))
         return os.path.join(ckpt_dir, tag)
 
     def load(self, ckpt_dir: str, tag: str) -> None:
@@ -253,6 +466,137 @@ class Learner:
             if not os.path.exists(ref):
                 raise FileNotFoundError(f"rl.beta={self.cfg.rl.beta} needs the KL reference {ref}, which is missing")
             self.ref_model.load_state_dict(torch.load(ref, map_location=self.device, weights_only=True))
+
+
+def merge_rank_stats(*outs: dict) -> dict:
+    """Combine the ranks' :meth:`Learner.train_step` results into the step's: loss, clip fraction, KL and
+    ratio mean weighted by each rank's group evaluations; tokens summed; seconds the slowest rank's; grad
+    norm and step rank 0's (the same on every rank)."""
+    n = sum(o["groups"] for o in outs)
+    out = {k: sum(o[k] * o["groups"] for o in outs) / max(n, 1) for k in ("loss", "clip_fraction", "kl", "ratio_mean")}
+    seconds = max(o["seconds"] for o in outs)
+    tokens = sum(o["tokens"] for o in outs)
+    out.update(groups=n, tokens=tokens, grad_norm=outs[0]["grad_norm"], micro_batches=outs[0]["micro_batches"],
+               seconds=seconds, tokens_per_s=tokens / max(seconds, 1e-9), step=outs[0]["step"], ranks=len(outs))
+    return out
+
+
+@ray.remote(num_cpus=0)
+def _merge_stats(*outs: dict) -> dict:
+    return merge_rank_stats(*outs)
+
+
+@ray.remote(num_cpus=0)
+def _first(*outs):
+    return outs[0]
+
+
+PLACEMENT_TIMEOUT_S = 900
+"""Seconds to wait for the learner's GPU placement group (an autoscaling cluster may add nodes first)."""
+
+
+class _Call:
+    """``group.method.remote(*args)`` -> one ObjectRef, as an actor handle's method answers."""
+
+    def __init__(self, fn):
+        self.remote = fn
+
+
+class LearnerGroup:
+    """The learner's ``cluster.learner_ranks`` DeepSpeed ranks, driven as one.
+
+    On GPUs the ranks are Ray actors in one placement group (a bundle of ``cluster.learner_gpus`` GPUs a
+    rank, packed on as few nodes as possible); on CPU plain actors (gloo). The group answers the calls the
+    driver makes on a learner actor handle (``group.train_step.remote(batch)`` gives one ObjectRef), so
+    the driver loop is the same for one rank or many: ``warm_start`` runs on rank 0 (``init_engine`` hands
+    its weights to the others); ``train_step`` splits the batch with :func:`plan_step` and merges the
+    ranks' stats (:func:`merge_rank_stats`); ``save`` / ``load`` / ``init_engine`` run on every rank and
+    answer rank 0's result.
+
+    Args:
+        cfg: the run's config (``cluster.learner_ranks``, ``learner_gpus``, ``micro_batch_tokens``).
+        use_gpu: give each rank ``cluster.learner_gpus`` GPUs (else CPU, gloo).
+        num_threads: torch CPU threads of each rank (0: torch's default).
+        env: environment variables of the rank processes (:func:`learner_env`).
+
+    Raises:
+        ValueError: ``use_gpu`` with ``cluster.learner_gpus`` of 0.
+    """
+
+    def __init__(self, cfg: DiceConfig, use_gpu: bool, num_threads: int = 0, env: dict | None = None):
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        c = cfg.cluster
+        n = c.learner_ranks
+        if use_gpu and not c.learner_gpus:
+            raise ValueError("cluster.learner_gpus must be > 0 for a GPU learner")
+        self.cfg, self.world_size, self.placement_group = cfg, n, None
+        opts: list[dict] = [{"num_gpus": 0}] * n
+        if use_gpu:
+            self.placement_group = placement_group([{"GPU": c.learner_gpus}] * n, strategy="PACK")
+            try:
+                ray.get(self.placement_group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+            except ray.exceptions.GetTimeoutError:
+                raise RuntimeError(
+                    f"cluster.learner_ranks={n} x cluster.learner_gpus={c.learner_gpus}: no placement for the learner's "
+                    f"GPUs after {PLACEMENT_TIMEOUT_S} s (cluster resources {ray.cluster_resources()})"
+                ) from None
+            opts = [{"num_gpus": c.learner_gpus, "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                self.placement_group, placement_group_bundle_index=i)} for i in range(n)]
+        self.actors = [
+            Learner.options(runtime_env={"env_vars": env or {}}, **o).remote(cfg, i, n, num_threads)
+            for i, o in enumerate(opts)
+        ]
+        self.warm_start = _Call(lambda pairs: self.actors[0].warm_start.remote(pairs))
+        self.init_engine = _Call(self._init_engine)
+        self.train_step = _Call(self._train_step)
+        self.save = _Call(lambda ckpt_dir, tag: self._all("save", ckpt_dir, tag))
+        self.load = _Call(lambda ckpt_dir, tag: self._all("load", ckpt_dir, tag))
+
+    def _all(self, method: str, *args):
+        refs = [getattr(a, method).remote(*args) for a in self.actors]
+        return refs[0] if len(refs) == 1 else _first.remote(*refs)
+
+    def _init_engine(self):
+        addr, port = ray.get(self.actors[0].rendezvous.remote())
+        return self._all("init_engine", addr, port)
+
+    def _train_step(self, groups: list[TrainGroup]):
+        shares = plan_step(groups, self.world_size, self.cfg.cluster.micro_batch_tokens)
+        refs = [a.train_step.remote(s) for a, s in zip(self.actors, shares)]
+        return refs[0] if len(refs) == 1 else _merge_stats.remote(*refs)
+
+    # ---- weight sync (dice_ray.cluster.weight_sync.WeightSync) ----
+    def weights_ref(self):
+        """ObjectRef of rank 0's CPU state dict (all ranks join ZeRO-3's gather)."""
+        if self.cfg.cluster.zero_stage != 3:
+            return self.actors[0].get_weights.remote()
+        refs = [a.get_weights.remote() for a in self.actors]
+        ray.get(refs[1:])
+        return refs[0]
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0's node IP and a free port there (the weight-sync group's rendezvous)."""
+        return ray.get(self.actors[0].rendezvous.remote())
+
+    def plan_buckets(self, bucket_bytes: int) -> tuple:
+        """The bucket plan of the weights (rank 0's)."""
+        return ray.get(self.actors[0].weight_plan.remote(bucket_bytes))
+
+    def broadcast_weights(self, spec) -> list:
+        """Start the bucketed broadcast from rank 0 (every rank under ZeRO-3); returns the ObjectRefs."""
+        ranks = self.actors if self.cfg.cluster.zero_stage == 3 else self.actors[:1]
+        return [a.broadcast_weights.remote(spec) for a in ranks]
+
+    def shutdown(self) -> None:
+        """Kill the ranks and free their placement group."""
+        for a in self.actors:
+            ray.kill(a)
+        if self.placement_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.placement_group)
 
 
 def _rng_state() -> dict:

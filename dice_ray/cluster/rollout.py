@@ -70,9 +70,24 @@ class RolloutWorker:
         self.granularity = granularity
         self.version = -1
 
-    def set_weights(self, state_dict: dict, version: int) -> int:
-        """Load the learner's weights (CPU tensors) for ``version``; returns the version held."""
-        self.policy.model.load_state_dict(state_dict)
+    def set_weights(self, weights, version: int) -> int:
+        """Take the learner's weights for ``version``; returns the version held.
+
+        Args:
+            weights: a state dict of CPU tensors (object-store sync), or a
+                :class:`~dice_ray.cluster.weight_sync.BroadcastSpec` naming this worker's rank in the
+                weight-sync group: the worker joins the group on the first one (and on a new generation),
+                then receives the buckets learner rank 0 broadcasts (:mod:`dice_ray.cluster.weight_sync`).
+        """
+        from dice_ray.cluster.weight_sync import BroadcastGroup, BroadcastSpec
+
+        if isinstance(weights, BroadcastSpec):
+            group = getattr(self, "weight_group", None)
+            if group is None or not group.current(weights):
+                self.weight_group = BroadcastGroup(weights, torch.device(self.device))
+            self.weight_group.receive(self.policy.model)
+        else:
+            self.policy.model.load_state_dict(weights)
         self.version = version
         return version
 

@@ -3,7 +3,9 @@
 Each step reads like the algorithm (slime's ``train.py`` shape): the phase scheduler picks prompts,
 rollout workers sample groups, the verifier pool gives one verdict a candidate, the learner takes a
 GRPO-family step on group advantages, the new weights reach the rollout workers, and the step is
-recorded, exported and checkpointed.
+recorded, exported and checkpointed. With ``rl.max_staleness > 0`` the rollouts and verification of
+the next steps run while the learner trains (:class:`~dice_ray.cluster.pipeline.StepPipeline`); each
+step records its stage timings, busy shares and sample staleness (:mod:`dice_ray.cluster.metrics`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import statistics
 import time
 from datetime import datetime
@@ -24,12 +25,14 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from dice_ray.cluster.learner import Learner, TrainGroup, learner_env, make_train_group
-from dice_ray.cluster.metrics import RunMetrics
+from dice_ray.cluster.learner import LearnerGroup, TrainGroup, learner_env, make_train_group
+from dice_ray.cluster.metrics import GpuBusySampler, RunMetrics, StageTimeline
+from dice_ray.cluster.pipeline import Flight, StepPipeline, staleness_stats, verify_items
 from dice_ray.cluster.rollout import GroupRollout, RolloutWorker
 from dice_ray.cluster.scheduler import NAMESPACE, SCHEDULER_NAME, PhaseSchedulerActor
 from dice_ray.cluster.storage import CheckpointStore, run_store_url
 from dice_ray.cluster.verifier_pool import POOL_NAME, VerifierPool
+from dice_ray.cluster.weight_sync import WeightSync, resolve_mode
 from dice_ray.config import DiceConfig, load_config
 from dice_ray.report import plot_curves, read_metrics
 from dice_ray.rl.advantages import group_advantages
@@ -63,12 +66,6 @@ def start_ray(address: str | None) -> dict:
         started = True
     url = ctx.dashboard_url
     return {"address": ctx.address_info.get("gcs_address"), "dashboard": f"http://{url}" if url else None, "started": started}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def split_tasks(tasks: list[Task], cfg: DiceConfig) -> tuple[list[Task], list[Task]]:
@@ -167,13 +164,17 @@ class Trainer:
             for _ in range(cfg.cluster.num_rollout_workers)
         ]
         use_gpu = bool(gpus and cfg.cluster.learner_gpus)
-        self.learner = Learner.options(
-            num_gpus=cfg.cluster.learner_gpus if use_gpu else 0, runtime_env={"env_vars": learner_env(use_gpu)}
-        ).remote(cfg, 0, 1, "127.0.0.1", _free_port(), threads)
+        ranks = cfg.cluster.learner_ranks
+        self.learner = LearnerGroup(cfg, use_gpu, max(1, threads // ranks) if threads else 0, learner_env(use_gpu))
+        sync_mode, sync_backend = resolve_mode(
+            cfg.cluster.weight_sync, cfg.cluster.learner_gpus if use_gpu else 0.0, cfg.cluster.rollout_gpus if gpus else 0.0, gpus
+        )
+        self.weight_sync = WeightSync(self.learner, self.rollout_workers, sync_mode, sync_backend, cfg.cluster.weight_sync_bucket_mb)
         con.print(
             f"[bold]actors[/] scheduler, {len(self.rollout_workers)} rollout worker(s), "
             f"{n_verifiers} verifier(s) ({'GPU' if gpus_per_verifier else 'CPU, compile-only'}), "
-            f"learner ({'GPU, NCCL' if use_gpu else 'CPU, gloo'}, ZeRO-{cfg.cluster.zero_stage})"
+            f"learner ({ranks} rank(s), {'GPU, NCCL' if use_gpu else 'CPU, gloo'}, ZeRO-{cfg.cluster.zero_stage}), "
+            f"weight sync {sync_mode}{f' ({sync_backend})' if sync_mode == 'broadcast' else ''}"
         )
         ray.get(self.pool.status.remote())
 
@@ -224,25 +225,19 @@ class Trainer:
         self.console.print(f"[bold]resumed[/] from {state_path.parent} at step {self.start_step} ({state['schedule']})")
 
     # ---- one RL step, stage by stage -----------------------------------------------------------------
-    def rollout(self, requests: list) -> list[GroupRollout]:
-        n = len(self.rollout_workers)
-        shards = [requests[i::n] for i in range(n)]
-        refs = [w.generate.remote(s, self.cfg.rl.num_generations) for w, s in zip(self.rollout_workers, shards) if s]
-        groups = [g for part in ray.get(refs) for g in part]
-        stale = [g.request.request_id for g in groups if g.weights_version != self.weights_version]
-        if stale:
-            raise RuntimeError(f"rollouts {stale} sampled with stale weights (want version {self.weights_version})")
-        return groups
-
+    # rollout and verification of the RL steps go through self.pipeline (StepPipeline: ahead of the
+    # learner by up to rl.max_staleness steps); verify() serves the held-out report
     def verify(self, groups: list[GroupRollout]) -> list:
-        items = [
-            (f"{g.request.request_id}-g{j}", self.tasks[g.request.task_id], src)
-            for g in groups
-            for j, src in enumerate(g.candidates)
-        ]
-        return ray.get(self.pool.verify_batch.remote(items))
+        """Verdicts of every candidate of ``groups`` (blocking), in order."""
+        return ray.get(self.pool.verify_batch.remote(verify_items(groups, self.tasks)))
 
-    def learn(self, groups: list[GroupRollout], verdicts: list) -> tuple[dict | None, int]:
+    def learn(self, groups: list[GroupRollout], verdicts: list) -> tuple[Flight | None, int]:
+        """Submit the learner step on the groups with a learning signal (group advantages).
+
+        Returns:
+            (the learner call in flight, or None when every group was dropped; groups dropped).
+        """
+        t0 = time.perf_counter()
         g = self.cfg.rl.num_generations
         rewards = torch.tensor([v.reward for v in verdicts], dtype=torch.float32).view(len(groups), g)
         adv = group_advantages(rewards, scale_rewards=self.cfg.rl.scale_rewards)
@@ -253,18 +248,19 @@ class Trainer:
         ]
         if not batch:
             return None, adv.num_dropped
-        return ray.get(self.learner.train_step.remote(batch)), adv.num_dropped
+        return self.pipeline.submit("learn", [self.learner.train_step.remote(batch)], start=t0), adv.num_dropped
 
     def _sync_weights(self) -> float:
-        t0 = time.perf_counter()
-        weights = self.learner.get_weights.remote()
-        ray.get([w.set_weights.remote(weights, self.weights_version) for w in self.rollout_workers])
-        return time.perf_counter() - t0
+        """Push the learner's weights to the rollout workers (:class:`WeightSync`); returns its seconds."""
+        return self.weight_sync.push(self.weights_version)["seconds"]
 
-    def checkpoint(self, step: int) -> None:
+    def checkpoint(self, step: int, schedule: dict | None = None) -> None:
+        """Save the learner and the scheduler state as ``step_{step:06d}`` (``schedule``: the state to save
+        instead of the scheduler's own, when batches were drawn ahead of the learner)."""
         tag = f"step_{step:06d}"
         ray.get(self.learner.save.remote(str(self.ckpt_dir), tag))
-        state = {"step": step, "schedule": ray.get(self.scheduler.get_state.remote()), "time": time.time()}
+        schedule = schedule if schedule is not None else ray.get(self.scheduler.get_state.remote())
+        state = {"step": step, "schedule": schedule, "time": time.time()}
         (self.ckpt_dir / tag / "state.json").write_text(json.dumps(state, indent=1))  # the completeness marker, last
         keep_local = self.cfg.keep_checkpoints
         if self.store is not None:  # storage_path: copy it there, keep the last K there, only the newest staged
@@ -278,41 +274,61 @@ class Trainer:
     def train_step(self, show) -> dict:
         """One RL step: prompts -> rollouts -> verdicts -> learner step -> weight sync -> checkpoint.
 
+        With ``rl.max_staleness = s > 0`` the step's prompts were drawn and sampled up to ``s`` steps
+        earlier (:meth:`StepPipeline.take` launches the next steps' rollouts before this step waits on
+        anything), and the learner's call is waited on while those rollouts run and go to the verifiers.
+
         Args:
             show: called with a short status line as each stage starts.
 
         Returns:
-            the step's record (figures of :func:`step_record` plus stage timings and learner stats).
+            the step's record: figures of :func:`step_record`, learner stats, stage timings, busy shares,
+            ``timeline`` and ``staleness_max`` / ``staleness_mean`` (see :mod:`dice_ray.cluster.metrics`).
+
+        Raises:
+            RuntimeError: a group sampled with weights more than ``rl.max_staleness`` versions old.
         """
         t0 = time.perf_counter()
-        step, frac, phase, requests = ray.get(self.scheduler.next_batch.remote())
+        pipe = self.pipeline
+        batch = pipe.take(self.weights_version)
+        step, frac, phase = batch.step, batch.infill_fraction, batch.phase
         show(f"step {step} {phase}: rollout")
-        groups = self.rollout(requests)
-        t_roll = time.perf_counter()
+        groups = pipe.groups(batch)
         show(f"step {step} {phase}: verify {sum(len(g.candidates) for g in groups)}")
-        verdicts = self.verify(groups)
-        t_ver = time.perf_counter()
+        verdicts = pipe.verdicts(batch)
         show(f"step {step} {phase}: learn")
-        learned, dropped = self.learn(groups, verdicts)
-        t_learn = time.perf_counter()
+        flight, dropped = self.learn(groups, verdicts)
+        learned = pipe.wait(flight)[0] if flight is not None else {}
         self.weights_version = step + 1
+        pipe.drain_rollouts()  # the sync queues behind the rollouts launched ahead on the workers: wait here
+        t_sync = time.perf_counter()
         sync_s = self._sync_weights()
+        self.timeline.add("sync", t_sync, time.perf_counter())
         rec = step_record(step, phase, frac, groups, verdicts, dropped)
         pool = ray.get(self.pool.status.remote())
-        learned = learned or {}
+        rollout_s, verify_s = batch.rollout.seconds, batch.verify.seconds
         rec.update(
             loss=learned.get("loss"), clip_fraction=learned.get("clip_fraction"), kl=learned.get("kl"),
             ratio_mean=learned.get("ratio_mean"), grad_norm=learned.get("grad_norm"), learner_tokens=learned.get("tokens", 0),
             learner_step_seconds=learned.get("seconds", 0.0),
-            rollout_seconds=t_roll - t0, verify_seconds=t_ver - t_roll, learn_seconds=t_learn - t_ver, sync_seconds=sync_s,
-            rollout_tokens_per_s=sum(g.tokens for g in groups) / max(t_roll - t0, 1e-9),
-            verifier_throughput=len(verdicts) / max(t_ver - t_roll, 1e-9),
+            rollout_seconds=rollout_s, verify_seconds=verify_s, learn_seconds=flight.seconds if flight else 0.0,
+            sync_seconds=sync_s,
+            rollout_tokens_per_s=sum(g.tokens for g in groups) / max(rollout_s, 1e-9),
+            verifier_throughput=len(verdicts) / max(verify_s, 1e-9),
             verifier_queue_depth=pool["queue_depth"], verifier_pool_size=pool["size"],
-            weights_version=self.weights_version,
+            weights_version=self.weights_version, **staleness_stats(batch.lags),
         )
+        t_ckpt = time.perf_counter()
         if (step + 1) % self.cfg.checkpoint_every == 0 or step + 1 == self.cfg.rl.steps:
-            self.checkpoint(step + 1)
-        rec["step_seconds"] = time.perf_counter() - t0
+            self.checkpoint(step + 1, pipe.schedule_before(step + 1))
+        t_end = time.perf_counter()
+        gpu = self.gpu_sampler.window(t0, t_end)
+        rec.update(
+            self.timeline.window(t0, t_end), checkpoint_seconds=t_end - t_ckpt, gpu_busy_share=gpu,
+            gpu_busy_share_mean=statistics.fmean(gpu.values()) if gpu else None,
+            gpu_busy_share_min=min(gpu.values()) if gpu else None,
+        )
+        rec["step_seconds"] = t_end - t0
         return rec
 
     def record(self, rec: dict) -> None:
@@ -357,6 +373,7 @@ class Trainer:
         t_run = time.perf_counter()
         self.setup()
         heldout_start = self._previous_summary().get("heldout_start") if self.resume else self.heldout_eval("start")
+        self._start_pipeline()
         self._print_header()
         with Progress(
             TextColumn("[bold]RL"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
@@ -367,8 +384,33 @@ class Trainer:
                 rec = self.train_step(lambda msg: bar.update(job, description=msg))
                 self.record(rec)
                 bar.update(job, advance=1, description="")
+        self.gpu_sampler.stop()
         heldout_end = self.heldout_eval("end")
         return self._finish(t_run, heldout_start, heldout_end)
+
+    def _start_pipeline(self) -> None:
+        """The loop's step pipeline (``rl.max_staleness``), stage timeline and GPU busy sampler.
+
+        A resumed asynchronous run starts with nothing in flight: the steps that were launched ahead
+        when the checkpoint was taken are drawn again (same prompts and seeds) and sampled again with
+        the checkpoint's weights.
+        """
+        cfg, s = self.cfg, self.cfg.rl.max_staleness
+        if s and cfg.rl.logprob_estimator != "tracerl":
+            self.console.print(
+                f"[yellow]warning[/] rl.max_staleness={s} with rl.logprob_estimator={cfg.rl.logprob_estimator}: "
+                "this estimator recomputes its old log-probs under the learner's current weights, so samples up "
+                f"to {s} step(s) stale are not corrected for (only 'tracerl' uses the sampler's behaviour log-probs)"
+            )
+        self.timeline = StageTimeline()
+        self.pipeline = StepPipeline(
+            self.scheduler, self.rollout_workers, self.pool, self.tasks, cfg.rl.num_generations, s,
+            self.start_step, cfg.rl.steps, self.timeline,
+        )
+        self.gpu_sampler = GpuBusySampler().start()
+        mode = f"asynchronous, rollout up to {s} step(s) ahead of the learner" if s else "synchronous"
+        gpus = "NVML, this node" if self.gpu_sampler.read is not None else "no GPU seen"
+        self.console.print(f"[bold]pipeline[/] {mode}; GPU busy share: {gpus}")
 
     def _previous_summary(self) -> dict:
         path = self.run_dir / "summary.json"
@@ -419,6 +461,9 @@ class Trainer:
         self.console.print(" ".join(cells))
 
     def shutdown(self) -> None:
+        sampler = getattr(self, "gpu_sampler", None)
+        if sampler is not None:
+            sampler.stop()
         pool = getattr(self, "pool", None)
         if pool is not None:
             try:

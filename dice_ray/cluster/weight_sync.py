@@ -1,0 +1,266 @@
+"""Weight sync from the learner to the rollout workers: a bucketed broadcast or the object store.
+
+After each learner step the new weights go to every rollout worker, one of two ways
+(``cluster.weight_sync``):
+
+* ``broadcast``: a ``torch.distributed`` process group over learner rank 0 (group rank 0) and the rollout
+  workers (ranks 1..W), separate from the learner's DeepSpeed group. The parameters are laid out in
+  buckets of at most ``cluster.weight_sync_bucket_mb`` MiB; each bucket is flattened into one byte buffer
+  and broadcast from rank 0, and each worker copies its slices into its own parameters. NCCL when both
+  sides have GPUs, gloo on CPU. The pattern of OpenRLHF's ``trainer/ray`` weight-sync workers, with
+  whole buckets instead of one call a parameter.
+* ``object_store``: rank 0 puts a CPU state dict in Ray's object store and every worker loads it.
+
+``auto`` (the default) broadcasts over NCCL when the learner and the rollout workers each hold whole GPUs
+of their own, and uses the object store otherwise (CPU runs, or GPUs shared by fractions: NCCL refuses two
+ranks on one device).
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from dataclasses import dataclass, replace
+
+import ray
+import torch
+
+GROUP_PREFIX = "dice_ray_weight_sync"
+ALIGN = 16
+"""Byte alignment of every tensor's slice in a bucket (so a slice can be viewed as its dtype)."""
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """Where one named tensor lives in a bucket: bytes ``[offset, offset + nbytes)``."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class BroadcastSpec:
+    """What a group member needs to join the weight-sync group and take part in one broadcast.
+
+    Attributes:
+        address, port: the ``TCPStore`` rendezvous, served by learner rank 0 (group rank 0).
+        world_size: 1 + the number of rollout workers.
+        backend: ``"nccl"`` or ``"gloo"``.
+        buckets: the bucket plan (:func:`plan_buckets`), the same for every member.
+        rank: this member's rank in the group (0: the sender).
+        timeout_s: rendezvous and collective timeout (seconds).
+        generation: bumped by :meth:`WeightSync.reset`; a member whose group is of another generation
+            joins the new group (a restarted rollout worker cannot join an existing one).
+    """
+
+    address: str
+    port: int
+    world_size: int
+    backend: str
+    buckets: tuple[tuple[TensorSlot, ...], ...]
+    rank: int = 0
+    timeout_s: float = 600.0
+    generation: int = 0
+
+
+def named_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors a weight sync carries: parameters and persistent buffers, each storage once (tied
+    weights once), in a fixed order. Under DeepSpeed ZeRO-3 a parameter's full shape is ``ds_shape``;
+    gather it (``deepspeed.zero.GatheredParameters``) before reading its data."""
+    out = dict(module.named_parameters())
+    skip = {n for m_name, m in module.named_modules() for n in (
+        f"{m_name}.{b}" if m_name else b for b in getattr(m, "_non_persistent_buffers_set", ()))}
+    out.update((k, v) for k, v in module.named_buffers() if k not in skip)
+    return out
+
+
+def plan_buckets(tensors: dict[str, torch.Tensor], bucket_bytes: int) -> tuple[tuple[TensorSlot, ...], ...]:
+    """Lay named tensors out in byte buckets of at most ``bucket_bytes`` (a larger tensor gets its own).
+
+    Args:
+        tensors: name -> tensor (its ``ds_shape`` is used where present, as under ZeRO-3).
+        bucket_bytes: bucket capacity in bytes (> 0).
+
+    Returns:
+        buckets of :class:`TensorSlot`, in the order of ``tensors``; every slot starts on an ``ALIGN``
+        boundary.
+
+    Raises:
+        ValueError: ``bucket_bytes`` is not positive.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    buckets: list[tuple[TensorSlot, ...]] = []
+    cur: list[TensorSlot] = []
+    used = 0
+    for name, t in tensors.items():
+        shape = tuple(getattr(t, "ds_shape", None) or t.shape)
+        nbytes = int(torch.Size(shape).numel()) * t.element_size()
+        start = -(-used // ALIGN) * ALIGN
+        if cur and start + nbytes > bucket_bytes:
+            buckets.append(tuple(cur))
+            cur, start = [], 0
+        cur.append(TensorSlot(name, str(t.dtype).removeprefix("torch."), shape, start, nbytes))
+        used = start + nbytes
+    if cur:
+        buckets.append(tuple(cur))
+    return tuple(buckets)
+
+
+def bucket_size(bucket: tuple[TensorSlot, ...]) -> int:
+    """Bytes of a bucket's flat buffer."""
+    return bucket[-1].offset + bucket[-1].nbytes
+
+
+class BroadcastGroup:
+    """One member's end of the weight-sync process group (a ``torch.distributed`` group of its own, so
+    learner rank 0 can belong to it and to DeepSpeed's default group at once).
+
+    Args:
+        spec: the group (its ``rank`` is this member's).
+        device: this member's model device; buffers live there under NCCL, on the CPU under gloo.
+
+    Raises:
+        ValueError: an unknown backend, or NCCL without a CUDA device.
+    """
+
+    def __init__(self, spec: BroadcastSpec, device: torch.device):
+        import torch.distributed as dist
+
+        timeout = datetime.timedelta(seconds=spec.timeout_s)
+        store = dist.TCPStore(spec.address, spec.port, spec.world_size, is_master=spec.rank == 0,
+                              timeout=timeout, wait_for_workers=False)
+        store = dist.PrefixStore(GROUP_PREFIX, store)
+        if spec.backend == "gloo":
+            self.pg = dist.ProcessGroupGloo(store, spec.rank, spec.world_size, timeout)
+            device = torch.device("cpu")
+        elif spec.backend == "nccl":
+            if device.type != "cuda":
+                raise ValueError(f"weight sync backend 'nccl' needs a CUDA device, this member has {device}")
+            if device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
+            torch.cuda.set_device(device)
+            self.pg = dist.ProcessGroupNCCL(store, spec.rank, spec.world_size)
+        else:
+            raise ValueError(f"weight sync backend must be 'nccl' or 'gloo', got {spec.backend!r}")
+        self.spec, self.device = spec, device
+
+    def _broadcast(self, buf: torch.Tensor) -> None:
+        import torch.distributed as dist
+
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = 0, 0
+        self.pg.broadcast([buf], opts).wait()
+
+    def current(self, spec: BroadcastSpec) -> bool:
+        """Whether this group is the one ``spec`` names (same generation)."""
+        return self.spec.generation == spec.generation
+
+    def send_bucket(self, bucket: tuple[TensorSlot, ...], tensors: dict[str, torch.Tensor]) -> None:
+        """Rank 0: flatten one bucket's tensors into a byte buffer and broadcast it."""
+        buf = torch.empty(bucket_size(bucket), dtype=torch.uint8, device=self.device)
+        for s in bucket:
+            src = tensors[s.name].detach().to(self.device).contiguous().view(-1).view(torch.uint8)
+            buf[s.offset: s.offset + s.nbytes].copy_(src)
+        self._broadcast(buf)
+
+    def receive(self, module: torch.nn.Module) -> int:
+        """Ranks >= 1: receive every bucket and copy it into ``module``'s tensors; returns bytes received.
+
+        Raises:
+            KeyError: the plan names a tensor ``module`` lacks (the two sides build different models).
+        """
+        own = named_weights(module)
+        missing = [s.name for b in self.spec.buckets for s in b if s.name not in own]
+        if missing:
+            raise KeyError(f"weight sync: the learner sends {missing[:5]} which this model does not have")
+        total = 0
+        with torch.no_grad():
+            for bucket in self.spec.buckets:
+                buf = torch.empty(bucket_size(bucket), dtype=torch.uint8, device=self.device)
+                self._broadcast(buf)
+                for s in bucket:
+                    src = buf[s.offset: s.offset + s.nbytes].view(getattr(torch, s.dtype)).view(s.shape)
+                    own[s.name].copy_(src)
+                total += buf.numel()
+        return total
+
+
+class WeightSync:
+    """The driver's side of the weight sync: pushes the learner's weights to the rollout workers.
+
+    Args:
+        learner: the learner (a :class:`~dice_ray.cluster.learner.LearnerGroup`).
+        workers: the rollout worker actor handles.
+        mode: ``"broadcast"`` or ``"object_store"`` (resolve ``auto`` with :func:`resolve_mode`).
+        backend: ``"nccl"`` or ``"gloo"`` (broadcast only).
+        bucket_mb: bucket capacity in MiB (broadcast only).
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+
+    def __init__(self, learner, workers: list, mode: str, backend: str = "gloo", bucket_mb: float = 256.0):
+        if mode not in ("broadcast", "object_store"):
+            raise ValueError(f"weight sync mode must be 'broadcast' or 'object_store', got {mode!r}")
+        self.learner, self.workers, self.mode = learner, workers, mode
+        self.backend, self.bucket_bytes = backend, int(bucket_mb * 2**20)
+        self.spec: BroadcastSpec | None = None
+        self._generation = 0
+
+    def reset(self, workers: list | None = None) -> None:
+        """Form a new broadcast group at the next push (after a rollout worker was replaced).
+
+        Args:
+            workers: the new rollout worker handles (None: keep the list).
+        """
+        if workers is not None:
+            self.workers = workers
+        self.spec = None
+        self._generation += 1
+
+    def push(self, version: int) -> dict:
+        """Send the learner's current weights to every worker as ``version``; blocks until all hold it.
+
+        Returns:
+            ``{"mode", "seconds", "bytes" (broadcast: bytes a worker received), "buckets"}``.
+        """
+        t0 = time.perf_counter()
+        if self.mode == "object_store":
+            weights = self.learner.weights_ref()
+            ray.get([w.set_weights.remote(weights, version) for w in self.workers])
+            return {"mode": self.mode, "seconds": time.perf_counter() - t0, "bytes": None, "buckets": None}
+        if self.spec is None:
+            address, port = self.learner.rendezvous()
+            buckets = self.learner.plan_buckets(self.bucket_bytes)
+            self.spec = BroadcastSpec(address, port, 1 + len(self.workers), self.backend, buckets,
+                                      generation=self._generation)
+        specs = [replace(self.spec, rank=i + 1) for i in range(len(self.workers))]
+        sent = self.learner.broadcast_weights(self.spec)
+        got = [w.set_weights.remote(s, version) for w, s in zip(self.workers, specs)]
+        ray.get(sent + got)
+        return {"mode": self.mode, "seconds": time.perf_counter() - t0,
+                "bytes": sum(bucket_size(b) for b in self.spec.buckets), "buckets": len(self.spec.buckets)}
+
+
+def resolve_mode(mode: str, learner_gpus: float, rollout_gpus: float, cluster_gpus: int) -> tuple[str, str]:
+    """``cluster.weight_sync`` -> (mode, backend).
+
+    ``auto``: NCCL broadcast when the cluster has GPUs and the learner and every rollout worker hold at
+    least one whole GPU (separate pools), else the object store. ``broadcast``: NCCL under that same
+    condition, else gloo (CPU tensors). ``object_store``: always the object store.
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+    whole = bool(cluster_gpus) and learner_gpus >= 1 and rollout_gpus >= 1
+    if mode == "auto":
+        return ("broadcast", "nccl") if whole else ("object_store", "gloo")
+    if mode == "broadcast":
+        return "broadcast", "nccl" if whole else "gloo"
+    if mode == "object_store":
+        return "object_store", "gloo"
+    raise ValueError(f"cluster.weight_sync must be 'auto', 'broadcast' or 'object_store', got {mode!r}")

@@ -1,0 +1,254 @@
+"""The asynchronous step pipeline (issue 6): the staleness bound, stage timings, busy shares.
+
+Unit tests of the interval arithmetic, the staleness check and the GPU sampler; :class:`StepPipeline`
+on a local Ray cluster with stand-in actors of known durations (the overlap and the lags are known
+exactly); and ``dice-ray train`` with ``rl.max_staleness=1`` end to end, then ``--resume``.
+``max_staleness=0`` keeping the synchronous metrics is ``tests/test_resume_exact.py``'s job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+import ray
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dice_ray.cluster.metrics import STAGES, GpuBusySampler, StageTimeline, intersect, merge, total
+from dice_ray.cluster.pipeline import StepPipeline, check_staleness, staleness_stats
+from dice_ray.cluster.rollout import GroupRollout
+from dice_ray.cluster.scheduler import PhaseSchedulerActor, PromptRequest
+from dice_ray.config import PhaseConfig, load_config
+
+
+# ---- the staleness bound ------------------------------------------------------------------------------
+def _group(rid: str, version: int) -> GroupRollout:
+    return GroupRollout(PromptRequest(rid, "t", "e2e", 0), [], ["src", "src"], 4, 0.1, version)
+
+
+def test_staleness_bound_accepts_lags_within_it_and_names_the_rest():
+    assert check_staleness([_group("a", 5), _group("b", 4)], step=5, max_staleness=1) == [0, 1]
+    with pytest.raises(RuntimeError, match=r"\('b', 3\).*rl.max_staleness=1: versions 4..5"):
+        check_staleness([_group("a", 5), _group("b", 3)], step=5, max_staleness=1)
+    with pytest.raises(RuntimeError, match="'a'"):  # synchronous: one version old is already too old
+        check_staleness([_group("a", 4)], step=5, max_staleness=0)
+    with pytest.raises(RuntimeError, match="'a'"):  # weights from the future: a pipeline bug
+        check_staleness([_group("a", 6)], step=5, max_staleness=2)
+    assert staleness_stats([0, 1, 1, 0]) == {"staleness_max": 1, "staleness_mean": 0.5}
+
+
+def test_max_staleness_is_a_checked_config_knob():
+    assert load_config(None, []).rl.max_staleness == 0
+    assert load_config(None, ["rl.max_staleness=2"]).rl.max_staleness == 2
+    with pytest.raises(ValueError, match="max_staleness"):
+        load_config(None, ["rl.max_staleness=-1"])
+
+
+# ---- the timeline: busy shares, idle, overlap ------------------------------------------------------------
+def test_window_clips_intervals_and_counts_in_flight_calls_to_its_end():
+    tl = StageTimeline()
+    tl.add("rollout", 0.0, 4.0)   # starts before the window
+    tl.add("learn", 3.0, 6.0)
+    tl.add("verify", 5.0, 7.0)
+    tl.add("rollout", 8.0)        # still in flight at the window's end
+    w = tl.window(2.0, 10.0)
+    assert w["timeline"] == {"rollout": [[0.0, 2.0], [6.0, 8.0]], "verify": [[3.0, 5.0]], "learn": [[1.0, 4.0]], "sync": []}
+    assert w["rollout_busy_share"] == pytest.approx(4 / 8) and w["learner_busy_share"] == pytest.approx(3 / 8)
+    assert w["verify_busy_share"] == pytest.approx(2 / 8)
+    assert w["idle_seconds"] == pytest.approx(1.0)             # [7, 8]: nothing in flight
+    assert w["rollout_learn_overlap_seconds"] == pytest.approx(1.0)  # [3, 4]
+    # ended intervals are dropped; the one in flight carries into the next window
+    assert tl.window(10.0, 12.0)["timeline"]["rollout"] == [[0.0, 2.0]]
+    with pytest.raises(ValueError, match="stage 'eval'"):
+        tl.add("eval", 0.0)
+    with pytest.raises(ValueError, match="end must be after start"):
+        tl.window(3.0, 3.0)
+
+
+spans = st.lists(st.tuples(st.sampled_from(STAGES), st.floats(0, 10), st.floats(0, 5)), max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(spans)
+def test_window_figures_agree_with_a_brute_force_count(items):
+    tl = StageTimeline()
+    for stage, start, length in items:
+        tl.add(stage, start, start + length)
+    t0, t1 = 1.0, 9.0
+    w = tl.window(t0, t1)
+    cell = 4e-3
+    grid = [t0 + (i + 0.5) * cell for i in range(2000)]
+
+    def busy(stage, t):
+        return any(s == stage and a <= t < a + n for s, a, n in items)
+
+    inside = {stage: sum(busy(stage, t) for t in grid) * cell for stage in STAGES}
+    tol = 2 * cell * (len(items) + 1)  # each interval end may miscount one cell
+    assert w["rollout_busy_share"] * 8 == pytest.approx(inside["rollout"], abs=tol)
+    assert w["learner_busy_share"] * 8 == pytest.approx(inside["learn"], abs=tol)
+    idle = sum(not any(busy(s, t) for s in STAGES) for t in grid) * cell
+    assert w["idle_seconds"] == pytest.approx(idle, abs=tol)
+    both = sum(busy("rollout", t) and busy("learn", t) for t in grid) * cell
+    assert w["rollout_learn_overlap_seconds"] == pytest.approx(both, abs=tol)
+
+
+def test_interval_helpers():
+    assert merge([(3, 4), (0, 1), (0.5, 2), (5, 5)]) == [(0, 2), (3, 4)]
+    assert intersect([(0, 2), (3, 4)], [(1, 3.5)]) == [(1, 2), (3, 3.5)]
+    assert total([(0, 2), (3, 4)]) == 3
+
+
+# ---- GPU busy share -----------------------------------------------------------------------------------
+def test_gpu_sampler_averages_each_gpus_samples_within_the_window():
+    s = GpuBusySampler(read=lambda: [0.25, 1.0], interval_s=0.01).start()
+    t0 = time.perf_counter()
+    time.sleep(0.15)
+    shares = s.window(t0, time.perf_counter())
+    s.stop()
+    assert shares == {"0": pytest.approx(0.25), "1": pytest.approx(1.0)}
+    assert s.window(time.perf_counter(), time.perf_counter() + 1) is None  # no sample in that window
+    default = GpuBusySampler(interval_s=0.01).start()  # NVML's reader, or none on a machine without GPUs
+    time.sleep(0.05)
+    if default.read is None:
+        assert default.window(0.0, time.perf_counter()) is None
+    default.stop()
+    with pytest.raises(ValueError, match="interval_s"):
+        GpuBusySampler(read=lambda: [0.0], interval_s=0)
+
+
+# ---- StepPipeline on Ray with stand-in actors of known durations ---------------------------------------
+ROLLOUT_S, VERIFY_S, LEARN_S = 0.4, 0.1, 0.6
+
+
+@ray.remote(num_cpus=0)
+class FakeRollout:
+    def __init__(self):
+        self.version = 0
+
+    def set_weights(self, version):
+        self.version = version
+
+    def generate(self, requests, g):
+        time.sleep(ROLLOUT_S)
+        return [GroupRollout(r, [], ["src"] * g, 4, ROLLOUT_S, self.version) for r in requests]
+
+
+@ray.remote(num_cpus=0, max_concurrency=8)
+class FakePool:
+    def verify_batch(self, items):
+        time.sleep(VERIFY_S)
+        return [SimpleNamespace(reward=1.0) for _ in items]
+
+
+@ray.remote(num_cpus=0)
+class FakeLearner:
+    def train_step(self, n):
+        time.sleep(LEARN_S)
+        return {"groups": n}
+
+
+@pytest.fixture(scope="module")
+def stand_ins():
+    """A local Ray cluster and started stand-in actors: (rollout worker, verifier pool, learner)."""
+    ray.init(num_cpus=2, include_dashboard=False, namespace="dice-ray-test-pipeline", log_to_driver=False)
+    actors = FakeRollout.remote(), FakePool.remote(), FakeLearner.remote()
+    ray.get([actors[0].set_weights.remote(0), actors[1].verify_batch.remote([]), actors[2].train_step.remote(0)])
+    yield actors
+    ray.shutdown()
+
+
+def _loop(actors, max_staleness: int, steps: int = 4):
+    """The trainer's step loop with stand-ins: (per-step (lags, window), scheduler steps saved, seconds)."""
+    tasks = [(f"t{i}", 1, False) for i in range(3)]
+    scheduler = PhaseSchedulerActor.remote(tasks, PhaseConfig(), 2, 0)
+    worker, pool, learner = actors
+    ray.get([worker.set_weights.remote(0), scheduler.get_state.remote()])
+    tl = StageTimeline()
+    pipe = StepPipeline(scheduler, [worker], pool, {t: None for t, _, _ in tasks}, 2, max_staleness, 0, steps, tl)
+    version, out, saved = 0, [], []
+    t_start = time.perf_counter()
+    for step in range(steps):
+        t0 = time.perf_counter()
+        batch = pipe.take(version)
+        assert batch.step == step
+        pipe.groups(batch)
+        assert len(pipe.verdicts(batch)) == 2 * 2
+        learned = pipe.wait(pipe.submit("learn", [learner.train_step.remote(len(batch.groups))]))
+        assert learned == [{"groups": 2}]
+        version = step + 1
+        pipe.drain_rollouts()
+        ray.get(worker.set_weights.remote(version))
+        saved.append((pipe.schedule_before(step + 1) or ray.get(scheduler.get_state.remote()))["step"])
+        out.append((batch.lags, tl.window(t0, time.perf_counter())))
+    return out, saved, time.perf_counter() - t_start
+
+
+def test_pipeline_overlaps_rollout_with_learning_within_the_bound(stand_ins):
+    sync, sync_saved, sync_s = _loop(stand_ins, 0)
+    asyn, asyn_saved, asyn_s = _loop(stand_ins, 1)
+    assert [lags for lags, _ in sync] == [[0, 0]] * 4
+    assert [lags for lags, _ in asyn] == [[0, 0]] + [[1, 1]] * 3  # step t+1 sampled with the weights of step t
+    assert all(w["rollout_learn_overlap_seconds"] == 0 for _, w in sync)
+    overlap = [w["rollout_learn_overlap_seconds"] for _, w in asyn[:-1]]  # the last step has nothing ahead
+    assert all(o > 0.2 for o in overlap), overlap  # the next rollout (0.4 s) runs inside the learner step (0.6 s)
+    for _, w in asyn:  # the recorded overlap is the one the recorded intervals give
+        tlv = {k: [tuple(iv) for iv in v] for k, v in w["timeline"].items()}
+        assert total(intersect(tlv["rollout"], tlv["learn"])) == pytest.approx(w["rollout_learn_overlap_seconds"], abs=1e-3)
+    assert asyn_s < sync_s - 0.6, (asyn_s, sync_s)
+    # a checkpoint after step t saves the scheduler as it was before step t+1 was drawn
+    assert sync_saved == asyn_saved == [1, 2, 3, 4]
+
+
+# ---- dice-ray train with max_staleness=1, then --resume ---------------------------------------------------
+ASYNC = [
+    "rl.max_staleness=1", "rl.prompts_per_step=2", "rl.num_generations=3",
+    "phase.infill_steps=2", "phase.ramp_steps=3", "sft.steps=100",
+    "sampling.max_new_tokens=256",  # rollouts (~0.5 s) outlast a compile-only verification, as on GPUs
+    "eval.heldout_tasks=0", "cluster.num_verifiers=1", "tasks.max_tasks=6",  # SFT cache shared with test_resume_exact
+]
+TIMING_KEYS = {"rollout_seconds", "verify_seconds", "learn_seconds", "sync_seconds", "idle_seconds",
+               "rollout_busy_share", "verify_busy_share", "learner_busy_share", "timeline"}
+
+
+def _train(args, env):
+    proc = subprocess.run([sys.executable, "-m", "dice_ray.cli", "train", *args], env=env, capture_output=True,
+                          text=True, timeout=400, check=False)
+    assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_train_with_staleness_one_overlaps_and_resumes(tmp_path, request):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PYTHONUNBUFFERED": "1"}
+    pytest_cache = getattr(request.config, "cache", None)
+    cache = pytest_cache.mkdir("dice-ray-sft") if pytest_cache else tmp_path / "sft"
+    out = _train([f"run_dir={tmp_path}", "run_name=a", f"sft.cache_dir={cache}", "rl.steps=5", *ASYNC], env)
+    assert "asynchronous, rollout up to 1 step(s) ahead" in out
+    run = tmp_path / "a"
+    # the checkpoint after step 3 was taken with step 4 drawn ahead: it saves the scheduler from before that draw
+    assert json.loads((run / "checkpoints" / "step_000004" / "state.json").read_text())["schedule"]["step"] == 4
+    out2 = _train(["--resume", str(run), "rl.steps=7"], env)
+    assert "resumed" in out2
+
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == list(range(7))
+    # step 0 and the first step after the resume sample fresh weights; the others lag exactly one version
+    assert [r["staleness_max"] for r in recs] == [0, 1, 1, 1, 1, 0, 1]
+    assert all(TIMING_KEYS <= set(r) and r["idle_seconds"] >= 0 for r in recs)
+    assert all(0 <= r[k] <= 1 for r in recs for k in ("rollout_busy_share", "verify_busy_share", "learner_busy_share"))
+    assert all(r["gpu_busy_share"] is None for r in recs)  # no GPU here
+    trained = [r for r in recs if r["loss"] is not None]
+    assert trained, "no step trained: the overlap cannot be measured"
+    overlap = 0.0
+    for r in recs:  # rollout of the next step in flight while the learner trains, from the recorded intervals
+        tlv = {k: [tuple(iv) for iv in v] for k, v in r["timeline"].items()}
+        both = total(intersect(tlv["rollout"], tlv["learn"]))
+        assert both == pytest.approx(r["rollout_learn_overlap_seconds"], abs=1e-3)
+        overlap += both
+    assert overlap > 0

@@ -1,0 +1,66 @@
+"""benchmarks/verifier_throughput.py --pool on CPU at a tiny size: compile-only verifier pools of 1 and
+2 actors on a local Ray cluster give every candidate exactly one verdict of the expected kind; and
+the ``--pool`` argument's rules."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "verifier_throughput.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("verifier_throughput", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+bench = _load()
+
+
+def test_pool_sizes_parse_and_reject_bad_lists():
+    assert bench.parse_pool_sizes("4,1,2,2") == [1, 2, 4]
+    for bad, rule in (("1,x", "comma-separated integers"), ("0,1", ">= 1"), ("2,4", "must include 1"), ("", ">= 1")):
+        with pytest.raises(argparse.ArgumentTypeError, match=rule):
+            bench.parse_pool_sizes(bad)
+
+
+def test_expected_verdicts_by_mode():
+    assert bench.expected_verdict("incorrect", "gpu") == "incorrect"
+    assert bench.expected_verdict("crash", "gpu") == "crash"
+    assert bench.expected_verdict("incorrect", "compile_only") == "ok"
+    assert bench.expected_verdict("compile_error", "compile_only") == "compile_error"
+    assert bench.expected_verdict("cheat", "compile_only") == "cheat"
+
+
+@pytest.mark.slow
+def test_pool_mode_runs_compile_only_on_cpu(tmp_path):
+    out = tmp_path / "pool.json"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local cluster
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--pool", "1,2", "--tasks", "3", "--json", str(out)],
+        capture_output=True, text=True, timeout=240, env=env, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    # 3 tasks: 3 honest, 3 incorrect, 3 non-compiling, 1 crashing (task 0), 1 cheating (task 0)
+    assert figures["gpus"] == 0 and figures["mode"] == "compile_only" and figures["candidates"] == 11
+    assert sorted(figures["sizes"]) == ["1", "2"] and figures["skipped"] == [] and figures["ok"] is True
+    for n, row in figures["sizes"].items():
+        assert row["one_verdict_each"] and row["unexpected"] == [] and row["actor_restarts"] == 0, (n, row)
+        assert row["verdicts"] == {"correct->ok": 3, "incorrect->ok": 3, "compile_error->compile_error": 3,
+                                   "crash->ok": 1, "cheat->cheat": 1}, (n, row)
+        assert row["candidates_per_s"] > 0
+    assert figures["sizes"]["1"]["ratio"] == 1.0
+    assert figures["targets"]["2"]["met"] is None  # compile-only throughput says nothing about the GPU targets
+    assert "N=1" in proc.stdout and "N=2" in proc.stdout and "ratio to N=1" in proc.stdout
