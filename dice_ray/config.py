@@ -92,7 +92,8 @@ class SamplingConfig(_Section):
 
 
 class SFTConfig(_Section):
-    """Masked-diffusion SFT warm start on the suite's reference solutions (cached by content hash)."""
+    """Masked-diffusion SFT on the suite's reference solutions: the trainer's warm start (plain torch, cached by
+    content hash) and ``dice-ray sft`` (a one-process DeepSpeed engine, resumable); see ``dice_ray.policy.sft``."""
 
     enabled: bool = Field(True, description="Warm-start the policy by SFT before RL (skipped when model.path is set).")
     steps: int = Field(800, ge=0, description="Optimizer steps at most (see target_loss); sets the cosine schedule.")
@@ -119,6 +120,17 @@ class SFTConfig(_Section):
     )
     log_every: int = Field(50, ge=1, description="Record the loss every this many steps (SFTReport.losses).")
     checkpoint_every: int = Field(100, ge=1, description="dice-ray sft: steps between checkpoints (and one at the end).")
+    gradient_accumulation_steps: int = Field(
+        1, ge=1, description="Batches of batch_size whose mean loss makes one optimizer step (effective batch: "
+        "batch_size * this); targets and schedule count optimizer steps."
+    )
+    zero_stage: int = Field(
+        0, ge=0, le=2,
+        description="dice-ray sft: DeepSpeed ZeRO stage of its one-process engine. 0: no ZeRO (one process has "
+        "nothing to partition; in float32 the weights equal the trainer's warm start's bit for bit); 1-2: "
+        "ZeRO's optimizer and gradient buckets. bf16 keeps fp32 master weights at every stage. The trainer's "
+        "warm start ignores it (plain torch).",
+    )
     cache_dir: str = Field("~/.cache/dice-ray/sft", description="Where warm-started weights are cached.")
 
 

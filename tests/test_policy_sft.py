@@ -8,9 +8,17 @@ import pytest
 import torch
 
 from dice_ray.config import ModelConfig, SamplingConfig, SFTConfig
+from dice_ray.policy import sft
 from dice_ray.policy.policy import DiffusionPolicy
 from dice_ray.policy.sampler import sample_group
-from dice_ray.policy.sft import diffusion_loss, sft_cache_key, tokenize_pairs, warm_start
+from dice_ray.policy.sft import (
+    SFTRun,
+    clip_grad_norm,
+    diffusion_loss,
+    sft_cache_key,
+    tokenize_pairs,
+    warm_start,
+)
 
 TINY = ModelConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=16, max_position_embeddings=512, block_size=4)
@@ -90,3 +98,53 @@ def test_warm_start_disabled_and_empty(tmp_path):
     assert torch.equal(policy.state_dict()["model.embed_tokens.weight"], before)
     with pytest.raises(ValueError, match="pairs"):
         warm_start(policy, [], SFTConfig(cache_dir=str(tmp_path)), seed=0)
+
+
+def test_plain_run_resumes_from_its_state_dict_with_accumulation():
+    cfg = SFTConfig(steps=3, batch_size=1, gradient_accumulation_steps=2, learning_rate=1e-2, warmup_steps=1,
+                    target_loss=None, log_every=1)
+    straight = SFTRun(DiffusionPolicy.build(TINY, seed=0), PAIRS, cfg, seed=0)
+    a = [straight.train_step() for _ in range(3)]
+    first = SFTRun(DiffusionPolicy.build(TINY, seed=0), PAIRS, cfg, seed=0)
+    b = [first.train_step() for _ in range(2)]
+    state = first.state_dict()
+    assert {"model", "optimizer", "scheduler"} <= state.keys()  # the plain path keeps them itself
+    second = SFTRun(DiffusionPolicy.build(TINY, seed=1), PAIRS, cfg, seed=5)  # all of it restored
+    second.load_state_dict(state)
+    b += [second.train_step() for _ in range(1)]
+    assert [r["loss"] for r in a] == [r["loss"] for r in b] and [r["lr"] for r in a] == [r["lr"] for r in b]
+    assert all(r["tokens"] == sum(len(p) + len(t) for p, t in tokenize_pairs(straight.policy, PAIRS)) for r in a)
+    for k, v in straight.policy.state_dict().items():
+        assert torch.equal(second.policy.state_dict()[k], v), k
+
+
+def test_warm_start_stays_off_deepspeed_and_ignores_zero_stage(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the warm start must not make a process group or a DeepSpeed engine")
+
+    monkeypatch.setattr(sft, "init_single_process_group", refuse)
+    monkeypatch.setattr(sft, "deepspeed_engine", refuse)
+    cfg = SFTConfig(steps=2, batch_size=2, target_loss=None, zero_stage=2, cache_dir=str(tmp_path))
+    assert warm_start(DiffusionPolicy.build(TINY), PAIRS, cfg, seed=0).steps == 2
+    policy = DiffusionPolicy.build(TINY)
+    key = sft_cache_key(policy, PAIRS, cfg, 0)
+    assert key == sft_cache_key(policy, PAIRS, cfg.model_copy(update={"zero_stage": 0}), 0)
+    assert key != sft_cache_key(policy, PAIRS, cfg.model_copy(update={"gradient_accumulation_steps": 2}), 0)
+
+
+def test_clip_grad_norm_caps_the_joint_norm_like_torch():
+    torch.manual_seed(0)
+    a = [torch.nn.Parameter(torch.randn(5, 3)), torch.nn.Parameter(torch.randn(7))]
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    for p, q in zip(a, b):
+        p.grad = torch.randn_like(p) * 3
+        q.grad = p.grad.clone()
+    norm = clip_grad_norm(a, 1.0)
+    ref = torch.nn.utils.clip_grad_norm_(b, 1.0)
+    assert norm.item() == pytest.approx(ref.item(), rel=1e-6) and norm.item() > 1.0
+    assert torch.stack([p.grad.norm() for p in a]).norm().item() == pytest.approx(1.0, rel=1e-5)
+    for p, q in zip(a, b):
+        torch.testing.assert_close(p.grad, q.grad)
+    before = [p.grad.clone() for p in a]
+    clip_grad_norm(a, 10.0)  # under the cap: unchanged
+    assert all(torch.equal(p.grad, g) for p, g in zip(a, before))

@@ -109,6 +109,7 @@ def _write(path: Path, text: str) -> Path:
         ("existing-run", "holds a dice-ray sft run already"),
         ("resume-nothing", "not a dice-ray sft run folder"),
         ("bad-key", "config: sft.stepz: unknown key"),
+        ("zero-3", "sft.zero_stage"),
     ],
 )
 def test_bad_input_exits_2_with_one_error_line(tmp_path, capsys, case, message):
@@ -123,6 +124,7 @@ def test_bad_input_exits_2_with_one_error_line(tmp_path, capsys, case, message):
         "existing-run": ["--data", "builtin"],
         "resume-nothing": ["--resume"],
         "bad-key": ["--data", "builtin", "sft.stepz=3"],
+        "zero-3": ["--data", "builtin", "sft.zero_stage=3"],
     }[case]
     if case == "existing-run":
         out.mkdir()
@@ -143,3 +145,74 @@ def test_resume_with_changed_settings_names_the_keys(tmp_path, capsys):
     assert _sft(out, "--resume", "sft.steps=3", "sft.learning_rate=0.02") == 2
     line = _error_line(capsys.readouterr().err)
     assert "sft.learning_rate, sft.steps differ(s) from the run's" in line, line
+    assert _sft(out, "--resume", "sft.zero_stage=2") == 2  # a ZeRO-0 checkpoint does not load into ZeRO-2
+    line = _error_line(capsys.readouterr().err)
+    assert "sft.zero_stage differ(s) from the run's" in line, line
+
+
+def _crash_at(monkeypatch, step: int) -> None:
+    """Make SFTRun.train_step raise KeyboardInterrupt when the run has taken ``step`` steps."""
+    real_step = SFTRun.train_step
+
+    def crashing(self):
+        if self.step == step:
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(SFTRun, "train_step", crashing)
+
+
+def test_zero2_with_accumulation_resumes_exactly_and_matches_the_warm_start(tmp_path, capsys, monkeypatch):
+    args = ["--data", "builtin", *SMALL, "sft.steps=4", "sft.checkpoint_every=2", "sft.zero_stage=2",
+            "sft.gradient_accumulation_steps=2", "sft.batch_size=1"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert _sft(straight, *args) == 0
+    ckpt = straight / "checkpoints" / "step_000004"
+    assert (ckpt / "sft_state.pt").is_file()
+    assert (ckpt / "ds" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").is_file()  # ZeRO's optimizer state
+
+    with monkeypatch.context() as m:
+        _crash_at(m, 2)  # 2 steps, checkpoint, crash
+        with pytest.raises(KeyboardInterrupt):
+            _sft(resumed, *args)
+    capsys.readouterr()
+    assert _sft(resumed, "--resume") == 0  # 2 more steps from the DeepSpeed checkpoint
+    assert json.loads(capsys.readouterr().out)["resumed_from"] == 2
+    a, b = _metrics(straight), _metrics(resumed)
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    assert [r["loss"] for r in a] == [r["loss"] for r in b] and [r["lr"] for r in a] == [r["lr"] for r in b]
+    assert a[0]["lr"] == pytest.approx(1e-2) and a[1]["lr"] > a[2]["lr"] > a[3]["lr"]  # 1 warm-up step, cosine
+    pa, pb = DiffusionPolicy.load(straight), DiffusionPolicy.load(resumed)
+    for name, value in pa.state_dict().items():
+        assert torch.equal(pb.state_dict()[name], value), name
+
+    # ZeRO-2 and accumulation take the plain path's steps (up to ZeRO's own rounding of the clip norm)
+    cfg = load_config(None, args[2:])
+    reference = DiffusionPolicy.from_config(cfg.model)
+    initial = reference.state_dict()["model.embed_tokens.weight"].clone()
+    warm_start(reference, sft_data_pairs("builtin", cfg),
+               cfg.sft.model_copy(update={"cache_dir": str(tmp_path / "cache")}), cfg.rl.seed)
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(pa.state_dict()[name], value, rtol=1e-4, atol=1e-5, msg=name)
+    assert not torch.allclose(initial, pa.state_dict()["model.embed_tokens.weight"], atol=1e-4)
+
+
+def test_bf16_trains_through_deepspeeds_mixed_precision_optimizer(tmp_path, capsys):
+    out = tmp_path / "sft"
+    assert _sft(out, "--data", "builtin", *SMALL, "tasks.max_tasks=1", "model.dtype=bfloat16", "sft.steps=2") == 0
+    recs = _metrics(out)
+    assert len(recs) == 2 and all(0 < r["loss"] < 100 for r in recs)
+    loaded = DiffusionPolicy.load(out)
+    assert {v.dtype for v in loaded.state_dict().values() if v.is_floating_point()} == {torch.bfloat16}
+    fresh = DiffusionPolicy.from_config(load_config(None, [*TINY, "model.dtype=bfloat16"]).model)
+    assert not torch.equal(fresh.state_dict()["model.embed_tokens.weight"], loaded.state_dict()["model.embed_tokens.weight"])
+
+
+@pytest.mark.gpu
+def test_sft_on_the_gpu_with_nccl_zero2_bf16(tmp_path, capsys):
+    out = tmp_path / "sft"
+    assert _sft(out, "--data", "builtin", *SMALL, "model.dtype=bfloat16", "sft.zero_stage=2", "sft.steps=3") == 0
+    assert torch.distributed.get_backend() == "nccl"
+    recs = _metrics(out)
+    assert len(recs) == 3 and all(0 < r["loss"] < 100 for r in recs)
+    assert DiffusionPolicy.load(out).state_dict()["model.embed_tokens.weight"].dtype == torch.bfloat16

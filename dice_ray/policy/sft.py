@@ -10,17 +10,26 @@ tokens of each block (DiffuCoder's coupled sampling), so every response token is
 
 Loss: cross-entropy of the masked tokens, **mean over masked tokens** of the batch (no 1/t ELBO weight as
 in BD3-LM / MDLM: the warm start only has to make the policy reproduce its targets, and the plain mean is
-the steadier objective for that). Optimiser: AdamW, linear warm-up, cosine decay to ``min_lr_ratio``.
+the steadier objective for that). Optimiser: AdamW (betas 0.9, 0.98), gradient-norm clipping, linear warm-up
+and cosine decay to ``min_lr_ratio`` (a ``LambdaLR``), ``gradient_accumulation_steps`` batches a step.
 
-The loop is :class:`SFTRun`, a resumable state (weights, AdamW moments, data order, mask RNG). Two callers:
+The loop is :class:`SFTRun`, a resumable state (weights, AdamW moments, lr schedule, data order, mask RNG),
+stepped by plain torch or through a one-process DeepSpeed engine. Two callers:
 
-* :func:`warm_start`, the trainer's warm start (inside the Learner actor, before its DeepSpeed engine):
-  results are cached under ``cfg.cache_dir / <key>`` where the key hashes the pairs, the model config, the
-  tokenizer, the initial weights, the SFT config (less bookkeeping fields) and the seed; a second call with
-  the same inputs loads the weights instead of training.
-* :func:`run_sft`, ``dice-ray sft`` / ``jobs/sft.py``: the same training on a task spec's pairs as a command,
-  with checkpoints, ``--resume`` and per-step metrics; its output folder is a saved policy that
-  ``dice-ray train model.path=OUT`` starts RL from.
+* :func:`warm_start`, the trainer's warm start (inside the Learner actor, before its DeepSpeed engine), on
+  the plain torch path: the learner joins its own ``torch.distributed`` group (its world size, its backend)
+  only afterwards, in ``Learner.init_engine``, and DeepSpeed keeps the groups it saw for the life of the
+  process, so a one-rank group made here could be neither replaced nor torn down. Results are cached under
+  ``cfg.cache_dir / <key>`` where the key hashes the pairs, the model config, the tokenizer, the initial
+  weights, the SFT config (less bookkeeping and engine-only fields) and the seed; a second call with the same
+  inputs loads the weights instead of training.
+* :func:`run_sft`, ``dice-ray sft`` / ``jobs/sft.py``: the same training on a task spec's pairs as a command
+  (one process, world size 1) through a DeepSpeed engine (ZeRO stage ``sft.zero_stage``, bf16 when
+  ``model.dtype`` is bfloat16; gloo on CPU, NCCL on GPU), with DeepSpeed checkpoints, ``--resume`` and per-step
+  metrics; its output folder is a saved policy (:meth:`DiffusionPolicy.save`) that
+  ``dice-ray train model.path=OUT`` starts RL from. At ZeRO stage 0 in float32 its weights equal the warm
+  start's for the same pairs, config and seed, bit for bit (DeepSpeed's fp32 clipping and one-rank gradient
+  all-reduce change no value; the tests check it).
 """
 
 from __future__ import annotations
@@ -30,10 +39,11 @@ import json
 import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -46,8 +56,9 @@ from dice_ray.config import DiceConfig, SFTConfig, load_config
 from dice_ray.policy.model import KVCache, block_mask, forward_hidden, token_logits
 from dice_ray.policy.policy import DiffusionPolicy
 
-SFT_VERSION = "1"  # bump when the training recipe changes: old cache entries stop matching
-_BOOKKEEPING = {"enabled", "cache_dir", "num_threads", "log_every", "checkpoint_every"}
+SFT_VERSION = "2"  # bump when the training recipe changes: old cache entries stop matching
+# fields that do not change the warm start's weights (zero_stage only picks dice-ray sft's engine)
+_BOOKKEEPING = {"enabled", "cache_dir", "num_threads", "log_every", "checkpoint_every", "zero_stage"}
 
 
 @dataclass
@@ -197,6 +208,7 @@ def length_batches(costs: list[int], batch_size: int, generator: torch.Generator
 
 
 def _lr_at(step: int, cfg: SFTConfig) -> float:
+    """The lr of optimizer step ``step`` (0-based): linear warm-up, then cosine decay to ``min_lr_ratio``."""
     if step < cfg.warmup_steps:
         return cfg.learning_rate * (step + 1) / cfg.warmup_steps
     frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
@@ -204,31 +216,134 @@ def _lr_at(step: int, cfg: SFTConfig) -> float:
     return cfg.learning_rate * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cos)
 
 
-class SFTRun:
-    """One masked-diffusion SFT run as a resumable state: weights, AdamW moments, data order, mask RNG.
+def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
+    """Scale gradients in place so that their joint L2 norm is at most ``max_norm``; returns the norm before.
 
-    :func:`warm_start` (the trainer's warm start) and ``dice-ray sft`` (:func:`run_sft`) both step it.
-    One generator, seeded with ``seed``, draws the epochs' batch orders (:func:`length_batches`) and the
-    masks (:func:`diffusion_loss`); :meth:`state_dict` holds everything that decides the next steps, so a
-    run restored with :meth:`load_state_dict` takes the same steps (bit for bit on the same machine and
-    thread count) as one that never stopped.
+    The arithmetic of DeepSpeed's fp32 ``deepspeed.runtime.utils.clip_grad_norm_`` (per-tensor norms,
+    squared and summed, square root; coefficient ``min(1, max_norm / (norm + 1e-6))``), not
+    ``torch.nn.utils.clip_grad_norm_``'s (same value up to rounding): the plain path then takes the very steps
+    of ``dice-ray sft``'s ZeRO-0 float32 engine.
+
+    Args:
+        parameters: iterable of tensors; those with a ``.grad`` are clipped (any float dtype).
+        max_norm: the cap (> 0).
+
+    Returns:
+        fp32 tensor [] or [1]: the joint norm before clipping (0 when no gradient).
+    """
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    total = torch.stack([g.detach().float().norm(2.0) for g in grads]).pow(2.0).sum().float().pow(0.5)
+    coef = torch.min(torch.tensor([1.0]).to(total.device),
+                     torch.tensor([float(max_norm)]).to(total.device) / (total + 1e-6))
+    for g in grads:
+        g.detach().mul_(coef)
+    return total
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_single_process_group() -> str:
+    """Make this process a one-rank ``torch.distributed`` group (gloo on CPU, NCCL on GPU) unless it is one.
+
+    The group is kept for the life of the process: DeepSpeed caches the groups it was initialised with, so a
+    destroyed and re-created group would break its next engine. Like ``Learner.init_engine`` it sets
+    ``MASTER_ADDR`` / ``MASTER_PORT`` (a free local port) / ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK``; like
+    ``dice_ray.cluster.learner.learner_env`` (unless already set) ``DS_ACCELERATOR=cpu`` without a GPU and a
+    persistent ``TORCH_EXTENSIONS_DIR`` (DeepSpeed's JIT shm-comm op builds once per machine).
+
+    Returns:
+        the group's backend.
+
+    Raises:
+        RuntimeError: this process already belongs to a group of more than one rank.
+    """
+    import torch.distributed as dist
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/dice-ray/torch_extensions"))
+    if dist.is_initialized():
+        if dist.get_world_size() != 1:
+            raise RuntimeError(f"dice-ray sft trains in one process, but this process is rank {dist.get_rank()} "
+                               f"of a torch.distributed group of {dist.get_world_size()}")
+        return dist.get_backend()
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1",
+                      LOCAL_RANK="0")
+    dist.init_process_group(backend, rank=0, world_size=1)
+    return backend
+
+
+def deepspeed_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                     scheduler: torch.optim.lr_scheduler.LRScheduler, cfg: SFTConfig, bf16: bool):
+    """A one-process DeepSpeed engine around ``model`` with the client AdamW and lr schedule.
+
+    ZeRO stage ``cfg.zero_stage``, ``gradient_clipping`` ``cfg.max_grad_norm``, ``gradient_accumulation_steps``
+    as configured (``engine.backward`` divides each batch's loss by it; ``engine.step`` steps the optimizer and
+    the scheduler at the accumulation boundary only), bf16 (fp32 master weights in DeepSpeed's optimizer) when
+    ``bf16``. Joins (or makes) the one-rank group of :func:`init_single_process_group` first.
+
+    Returns:
+        the ``deepspeed.DeepSpeedEngine`` (its module is ``model``, moved to the accelerator).
+
+    Raises:
+        RuntimeError: this process belongs to a group of more than one rank.
+    """
+    init_single_process_group()
+    import deepspeed
+
+    ds_config = {
+        "train_micro_batch_size_per_gpu": cfg.batch_size,
+        "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
+        "gradient_clipping": cfg.max_grad_norm,
+        "zero_optimization": {"stage": cfg.zero_stage},
+        "bf16": {"enabled": bf16},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+    return engine
+
+
+class SFTRun:
+    """One masked-diffusion SFT run as a resumable state: weights, AdamW moments, lr schedule, data order, mask RNG.
+
+    :func:`warm_start` (the trainer's warm start, plain torch) and ``dice-ray sft`` (:func:`run_sft`, through a
+    DeepSpeed engine) both step it. One generator, seeded with ``seed``, draws the epochs' batch orders
+    (:func:`length_batches`) and the masks (:func:`diffusion_loss`); a run restored from :meth:`save` (or,
+    plain torch only, :meth:`state_dict`) takes the same steps (bit for bit on the same machine and thread
+    count) as one that never stopped.
 
     Args:
         policy: trained in place (its model is put in train mode by :meth:`train_step`).
         pairs: (prompt, target) texts.
-        cfg: steps, batch size, AdamW and schedule (see :class:`~dice_ray.config.SFTConfig`).
+        cfg: steps, batch size, accumulation, AdamW and schedule (see :class:`~dice_ray.config.SFTConfig`).
         seed: seed of the data order and the masks.
+        use_deepspeed: step through :func:`deepspeed_engine` (ZeRO stage ``cfg.zero_stage``, bf16 when the
+            policy's ``model_cfg.dtype`` is bfloat16; makes this process a one-rank ``torch.distributed``
+            group). False: plain ``torch.optim.AdamW`` with ``torch.nn.utils.clip_grad_norm_``.
 
     Attributes:
         step: optimizer steps taken.
         stopped: ``cfg.target_loss`` was reached (the run ends before ``cfg.steps``).
         losses: ``(step, mean loss of the window ending there)`` every ``cfg.log_every`` steps.
+        engine: the DeepSpeed engine, or None on the plain path.
 
     Raises:
         ValueError: ``pairs`` is empty or a pair is too long (see :func:`tokenize_pairs`).
+        RuntimeError: ``use_deepspeed`` in a process that belongs to a group of more than one rank.
     """
 
-    def __init__(self, policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTConfig, seed: int):
+    def __init__(self, policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTConfig, seed: int,
+                 use_deepspeed: bool = False):
         from dice_ray.policy.families import require_block_diffusion
 
         require_block_diffusion(getattr(policy, "family", None), "SFT (dice_ray.policy.sft)")
@@ -240,6 +355,11 @@ class SFTRun:
         self.gen = torch.Generator().manual_seed(seed)
         self.opt = torch.optim.AdamW(policy.model.parameters(), lr=cfg.learning_rate, betas=(0.9, 0.98),
                                      weight_decay=cfg.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: _lr_at(s, cfg) / cfg.learning_rate)
+        self.engine = None
+        if use_deepspeed:
+            bf16 = policy.model_cfg.dtype == "bfloat16"
+            self.engine = deepspeed_engine(policy.model, self.opt, self.sched, cfg, bf16)
         self.step = 0
         self.stopped = False
         self.losses: list[tuple[int, float]] = []
@@ -252,13 +372,18 @@ class SFTRun:
         """True once ``cfg.steps`` steps are taken or ``cfg.target_loss`` stopped the run."""
         return self.stopped or self.step >= self.cfg.steps
 
+    def _next_batch(self) -> list[tuple[list[int], list[int]]]:
+        if not self._batches:
+            self._batches = length_batches(self._costs, self.cfg.batch_size, self.gen)
+        return [self.items[i] for i in self._batches.pop()]
+
     def train_step(self) -> dict:
-        """One optimizer step on the next batch.
+        """One optimizer step on the next ``cfg.gradient_accumulation_steps`` batches.
 
         Returns:
-            ``{"step", "loss", "lr", "tokens", "seconds", "tokens_per_s"}``: the step number (1-based),
-            its masked-token cross-entropy (nats), the lr it used, the prompt + target tokens of its
-            batch, its wall time (s) and tokens / s.
+            ``{"step", "loss", "lr", "tokens", "seconds", "tokens_per_s"}``: the step number (1-based), the mean
+            masked-token cross-entropy (nats) of its batches, the lr it used, their prompt + target tokens,
+            its wall time (s) and tokens / s.
 
         Raises:
             RuntimeError: the run is already :attr:`finished`.
@@ -266,20 +391,28 @@ class SFTRun:
         if self.finished:
             raise RuntimeError(f"SFT run finished at step {self.step}: no step left")
         t0 = time.perf_counter()
-        cfg, model = self.cfg, self.policy.model
-        if not self._batches:
-            self._batches = length_batches(self._costs, cfg.batch_size, self.gen)
-        batch = [self.items[i] for i in self._batches.pop()]
-        lr = _lr_at(self.step, cfg)
-        for g in self.opt.param_groups:
-            g["lr"] = lr
+        cfg, model, engine = self.cfg, self.policy.model, self.engine
+        accum = cfg.gradient_accumulation_steps
+        lr = self.opt.param_groups[0]["lr"]
         model.train()
-        loss, _ = diffusion_loss(self.policy, batch, self.gen, cfg.complementary_mask)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-        self.opt.step()
-        value = loss.item()
+        if engine is None:
+            self.opt.zero_grad(set_to_none=True)
+        total, tokens = 0.0, 0
+        for _ in range(accum):
+            batch = self._next_batch()
+            loss, _ = diffusion_loss(self.policy, batch, self.gen, cfg.complementary_mask)
+            if engine is not None:
+                engine.backward(loss)  # divides by gradient_accumulation_steps
+                engine.step()  # clip, AdamW and schedule at the accumulation boundary only
+            else:
+                (loss / accum).backward()
+            total += loss.item()
+            tokens += sum(len(p) + len(t) for p, t in batch)
+        if engine is None:
+            clip_grad_norm(model.parameters(), cfg.max_grad_norm)
+            self.opt.step()
+            self.sched.step()
+        value = total / accum
         self._window.append(value)
         self._ema = value if self._ema is None else 0.9 * self._ema + 0.1 * value
         self.stopped = cfg.target_loss is not None and self.step >= 20 and self._ema < cfg.target_loss
@@ -288,28 +421,84 @@ class SFTRun:
             self.losses.append((self.step, sum(self._window) / len(self._window)))
             self._window = []
         seconds = time.perf_counter() - t0
-        tokens = sum(len(p) + len(t) for p, t in batch)
         return {"step": self.step, "loss": value, "lr": lr, "tokens": tokens, "seconds": seconds,
                 "tokens_per_s": tokens / max(seconds, 1e-9)}
 
     def state_dict(self) -> dict:
-        """Everything that decides the next steps: model, optimizer, generator, pending batches, loss window."""
-        return {
+        """Everything that decides the next steps: step, loss window, pending batches, generator, and (plain
+        torch only; a DeepSpeed run keeps them in its engine checkpoint, :meth:`save`) model, optimizer and
+        lr schedule."""
+        state = {
             "step": self.step, "stopped": self.stopped, "losses": [list(x) for x in self.losses],
             "window": list(self._window), "batches": [list(b) for b in self._batches], "ema": self._ema,
-            "generator": self.gen.get_state(), "model": self.policy.model.state_dict(),
-            "optimizer": self.opt.state_dict(),
+            "generator": self.gen.get_state(),
         }
+        if self.engine is None:
+            state.update(model=self.policy.model.state_dict(), optimizer=self.opt.state_dict(),
+                         scheduler=self.sched.state_dict())
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore a :meth:`state_dict` (of a run on the same pairs, config and seed)."""
-        self.policy.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
+        """Restore a :meth:`state_dict` (of a run on the same pairs, config and seed, on the same path)."""
+        if self.engine is None:
+            self.policy.model.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["optimizer"])
+            self.sched.load_state_dict(state["scheduler"])
         self.gen.set_state(state["generator"])
         self.step, self.stopped, self._ema = int(state["step"]), bool(state["stopped"]), state["ema"]
         self.losses = [(int(s), float(v)) for s, v in state["losses"]]
         self._window = [float(v) for v in state["window"]]
         self._batches = [[int(i) for i in b] for b in state["batches"]]
+
+    def save(self, folder: Path, extra: dict | None = None) -> None:
+        """Write the run to the new folder ``folder``: ``sft_state.pt`` (:meth:`state_dict` + ``extra``), and
+        with DeepSpeed the engine checkpoint (``engine.save_checkpoint``, tag ``ds``: weights, optimizer --
+        ZeRO's partitions and fp32 master weights included -- and lr schedule). ``sft_state.pt`` is written
+        last: a folder without it is an unfinished checkpoint."""
+        folder.mkdir(parents=True, exist_ok=True)
+        if self.engine is not None:
+            self.engine.save_checkpoint(str(folder), tag=_DS_TAG, save_latest=False)
+        torch.save({**(extra or {}), **self.state_dict()}, folder / _STATE_FILE)
+
+    def load(self, folder: Path) -> dict:
+        """Restore a run written by :meth:`save` on the same path (plain / DeepSpeed, same ZeRO stage).
+
+        Returns:
+            the ``extra`` entries :meth:`save` was given.
+
+        Raises:
+            FileNotFoundError: the folder lacks ``sft_state.pt`` or (with DeepSpeed) the engine checkpoint.
+        """
+        state = torch.load(folder / _STATE_FILE, map_location="cpu", weights_only=True)
+        if self.engine is not None:
+            if not (folder / _DS_TAG).is_dir():
+                raise FileNotFoundError(f"{folder}: no DeepSpeed checkpoint {_DS_TAG}/ (a run of another engine)")
+            path, _ = self.engine.load_checkpoint(str(folder), tag=_DS_TAG, load_optimizer_states=True,
+                                                  load_lr_scheduler_states=True)
+            if path is None:
+                raise FileNotFoundError(f"{folder / _DS_TAG}: DeepSpeed could not load this checkpoint")
+        self.load_state_dict(state)
+        known = {"step", "stopped", "losses", "window", "batches", "ema", "generator", "model", "optimizer",
+                 "scheduler"}
+        return {k: v for k, v in state.items() if k not in known}
+
+
+@contextmanager
+def _stdout_to_stderr():
+    """Python prints and DeepSpeed's log lines (its logger writes to stdout) go to stderr in the block:
+    ``dice-ray sft`` prints only its JSON summary on stdout."""
+    import logging
+
+    moved = [h for h in logging.getLogger("DeepSpeed").handlers
+             if isinstance(h, logging.StreamHandler) and h.stream is sys.stdout]
+    for h in moved:
+        h.setStream(sys.stderr)
+    try:
+        with redirect_stdout(sys.stderr):
+            yield
+    finally:
+        for h in moved:
+            h.setStream(sys.stdout)
 
 
 @contextmanager
@@ -327,7 +516,10 @@ def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTCo
     """Masked-diffusion SFT of ``policy`` (in place) on (prompt, target) pairs, cached by content hash.
 
     The model is left in eval mode. With ``cfg.enabled`` False or ``cfg.steps == 0`` nothing is trained.
-    The weights equal those ``dice-ray sft`` (:func:`run_sft`) writes for the same pairs, config and seed.
+    Plain torch (no DeepSpeed, no ``torch.distributed`` group: it runs in the Learner actor before
+    ``Learner.init_engine`` joins the learner's group, see the module doc); ``cfg.zero_stage`` is ignored.
+    The weights equal those ``dice-ray sft`` (:func:`run_sft`) writes for the same pairs, config and seed at
+    ``sft.zero_stage=0`` in float32.
 
     Returns:
         :class:`SFTReport` (steps, final loss, seconds, cache_hit).
@@ -384,6 +576,7 @@ SFT_CONFIG_FILE = "sft_config.yaml"
 SFT_METRICS_FILE = "sft_metrics.jsonl"
 SFT_SUMMARY_FILE = "sft_summary.json"
 _STATE_FILE = "sft_state.pt"
+_DS_TAG = "ds"  # the DeepSpeed checkpoint's folder inside a checkpoint
 
 
 class SFTInputError(ValueError):
@@ -437,12 +630,13 @@ def _checkpoints(out: Path) -> list[Path]:
 
 
 def _save_checkpoint(run: SFTRun, out: Path, key: str, keep: int) -> Path:
-    """``out/checkpoints/step_NNNNNN/sft_state.pt`` (written atomically); older ones beyond ``keep`` deleted."""
+    """``out/checkpoints/step_NNNNNN/`` (:meth:`SFTRun.save`, written to a temporary folder and renamed);
+    older ones beyond ``keep`` deleted."""
     ckpt = out / "checkpoints"
     ckpt.mkdir(parents=True, exist_ok=True)
     final = ckpt / f"step_{run.step:06d}"
     tmp = Path(tempfile.mkdtemp(dir=ckpt, prefix=f".{final.name}."))
-    torch.save({"key": key, **run.state_dict()}, tmp / _STATE_FILE)
+    run.save(tmp, {"key": key})
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in [p.parent for p in _checkpoints(out)][:-keep]:
@@ -474,8 +668,10 @@ def run_sft(
 
     The same training as the trainer's warm start (:func:`warm_start` on the pairs of
     :func:`sft_data_pairs`, initial weights ``DiffusionPolicy.from_config(model)``, seed ``rl.seed``), as a
-    command of its own: no cache, a checkpoint every ``sft.checkpoint_every`` steps and at the end, and
-    ``resume`` to continue from the last one with the same data order and RNG. ``out`` receives the policy
+    command of its own, through a one-process DeepSpeed engine (:class:`SFTRun` with ``use_deepspeed``: ZeRO
+    stage ``sft.zero_stage``, bf16 when ``model.dtype`` is bfloat16, on the GPU when there is one): no cache,
+    a checkpoint (DeepSpeed's, plus the data order and RNG) every ``sft.checkpoint_every`` steps and at the
+    end, and ``resume`` to continue from the last one. ``out`` receives the policy
     (``DiffusionPolicy.save``: start RL from it with ``dice-ray train model.path=OUT``), ``sft_config.yaml``
     (the resolved config), ``sft_metrics.jsonl`` (one record a step: step, loss, lr, tokens, seconds,
     tokens_per_s), ``sft_summary.json``, ``sft_run.json`` (the data spec and the content hash a resume must
@@ -496,11 +692,17 @@ def run_sft(
 
     Raises:
         SFTInputError: bad spec, no pair, ``out`` already holds a run (without ``resume``) or none (with it),
-            a run started on other pairs / model / SFT config / seed (with ``resume``), ``sft.steps`` 0,
-            a pair longer than ``model.max_position_embeddings``.
+            a run started on other pairs / model / SFT config (``sft.zero_stage`` included) / seed (with
+            ``resume``), ``sft.steps`` 0, a pair longer than ``model.max_position_embeddings``.
         FileNotFoundError: ``config_path`` does not exist.
         pydantic.ValidationError: a bad config key or value.
     """
+    with _stdout_to_stderr():
+        return _run_sft(data, out, config_path, overrides, resume, log)
+
+
+def _run_sft(data, out, config_path, overrides, resume, log) -> dict:
+    """:func:`run_sft`'s body (its stdout sent to stderr)."""
     t0 = time.perf_counter()
     out = Path(out).expanduser().resolve()
     overrides = list(overrides or [])
@@ -527,9 +729,12 @@ def run_sft(
 
     pairs = sft_data_pairs(data, cfg, log)
     policy = DiffusionPolicy.from_config(cfg.model)
-    key = sft_cache_key(policy, pairs, cfg.sft, cfg.rl.seed)
+    # the warm start's key, and the ZeRO stage: a resume must find the checkpoint layout it wrote
+    key = f"{sft_cache_key(policy, pairs, cfg.sft, cfg.rl.seed)}-zero{cfg.sft.zero_stage}"
+    if torch.cuda.is_available():
+        policy.to("cuda")
     try:
-        run = SFTRun(policy, pairs, cfg.sft, cfg.rl.seed)
+        run = SFTRun(policy, pairs, cfg.sft, cfg.rl.seed, use_deepspeed=True)
     except ValueError as e:  # a pair too long for the model
         raise SFTInputError(f"--data {data}: {e} (raise model.max_position_embeddings or cap tasks.max_tasks)") from None
     metrics = out / SFT_METRICS_FILE
@@ -543,9 +748,7 @@ def run_sft(
                                 "with (train longer or differently in a new --out)")
         ckpts = _checkpoints(out)
         if ckpts:
-            state = torch.load(ckpts[-1], map_location="cpu", weights_only=True)
-            state.pop("key")
-            run.load_state_dict(state)
+            run.load(ckpts[-1].parent)
             log(f"resumed from {ckpts[-1].parent} at step {run.step}")
         else:
             log("no checkpoint yet: starting again from step 0")
