@@ -213,6 +213,8 @@ class VerifierPool:
         self.started = time.monotonic()
         self._mode = "gpu" if gpus_per_actor > 0 else "compile_only"
         self._loop_task: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()  # every coroutine the pool started; close() ends them all
+        self._closed = False
         self._last_change = time.monotonic()
         self._oversized_since: float | None = None
         self._batch: dict = {}
@@ -233,9 +235,16 @@ class VerifierPool:
         self._gauges = _make_gauges()
 
     # -- life cycle of verifier actors ---------------------------------------------------------
+    def _spawn(self, coro) -> asyncio.Task:
+        """Run ``coro`` as a task of the pool's loop, kept in ``_tasks`` until it ends (for :meth:`close`)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
     async def _ensure_started(self) -> None:
-        if self._loop_task is None:
-            self._loop_task = asyncio.get_running_loop().create_task(self._tick_loop())
+        if self._loop_task is None and not self._closed:
+            self._loop_task = self._spawn(self._tick_loop())
             if not self.slots and self._target:
                 self._resize(self._target)
 
@@ -250,7 +259,7 @@ class VerifierPool:
             room=asyncio.Semaphore(self.capacity), ready=asyncio.Event(),
         )
         self.next_index += 1
-        slot.feeder = asyncio.get_running_loop().create_task(self._feed(slot))
+        slot.feeder = self._spawn(self._feed(slot))
         return slot
 
     def _resize(self, n: int) -> None:
@@ -265,7 +274,7 @@ class VerifierPool:
             slot.draining = True
             slot.state = "draining"
             slot.in_flight_at_drain = slot.in_flight
-            asyncio.get_running_loop().create_task(self._retire(slot))
+            self._spawn(self._retire(slot))
         self._last_change = time.monotonic()
         self._oversized_since = None
 
@@ -292,7 +301,7 @@ class VerifierPool:
 
     async def _wait_ready(self, slot: _Slot, old: str | None) -> None:
         """Ping the actor until an incarnation other than ``old`` answers; then it may take work."""
-        while slot.state not in ("retired", "failed") and not slot.draining:
+        while slot.state not in ("retired", "failed") and not slot.draining and not self._closed:
             try:
                 info = await asyncio.wait_for(slot.handle.info.remote(), timeout=READY_PING_S)
             except asyncio.TimeoutError:
@@ -341,16 +350,24 @@ class VerifierPool:
         slot.ready.clear()
         if not slot.draining:
             slot.state = "restarting"
-        asyncio.get_running_loop().create_task(self._wait_ready(slot, slot.incarnation))
+        self._spawn(self._wait_ready(slot, slot.incarnation))
 
     # -- dispatch ------------------------------------------------------------------------------
     async def _take(self, slot: _Slot) -> _Item | None:
         """The next queued candidate, or None once the slot drains (checked every 0.5 s)."""
-        while not slot.draining:
+        while not slot.draining and not self._closed:
             if not self.queue.empty():
                 return self.queue.get_nowait()
             getter = asyncio.ensure_future(self.queue.get())
-            done, _ = await asyncio.wait({getter}, timeout=0.5)
+            try:
+                done, _ = await asyncio.wait({getter}, timeout=0.5)
+            except asyncio.CancelledError:  # close(): leave no queue.get() pending in the loop
+                getter.cancel()
+                try:
+                    self.queue.put_nowait(await getter)  # it took an item before the cancel: keep it
+                except asyncio.CancelledError:
+                    pass
+                raise
             if not done:
                 getter.cancel()
             try:
@@ -366,22 +383,26 @@ class VerifierPool:
     async def _feed(self, slot: _Slot) -> None:
         """Keep up to ``capacity`` candidates in flight on the slot's actor until it drains."""
         await self._wait_ready(slot, None)
-        loop = asyncio.get_running_loop()
-        while not slot.draining:
+        # _closed checks: asyncio.wait_for (Python < 3.12) can swallow close()'s cancel
+        while not slot.draining and not self._closed:
             await slot.room.acquire()
-            while not (slot.ready.is_set() or slot.draining):  # restarting: let the others serve
+            while not (slot.ready.is_set() or slot.draining or self._closed):  # restarting: let the others serve
                 try:
                     await asyncio.wait_for(slot.ready.wait(), timeout=0.5)
                 except asyncio.TimeoutError:
                     pass
-            item = None if slot.draining else await self._take(slot)
+            item = None if slot.draining or self._closed else await self._take(slot)
             if item is None:
                 slot.room.release()
                 break
             permits = 1
             if item.alone:
-                for _ in range(slot.capacity - 1):  # wait for the others on this actor; take no new ones
-                    await slot.room.acquire()
+                try:
+                    for _ in range(slot.capacity - 1):  # wait for the others on this actor; take no new ones
+                        await slot.room.acquire()
+                except asyncio.CancelledError:  # close(): the item goes back, close() gives it its verdict
+                    self.queue.put_nowait(item)
+                    raise
                 permits = slot.capacity
             if slot.draining or not slot.ready.is_set() or slot.state == "failed":
                 self.queue.put_nowait(item)  # lost or draining its actor meanwhile: back to the others
@@ -393,7 +414,7 @@ class VerifierPool:
             if slot.in_flight == 0:
                 slot.busy_since = t0
             slot.in_flight += 1
-            call = loop.create_task(self._call(slot, item, permits, t0))
+            call = self._spawn(self._call(slot, item, permits, t0))
             slot.calls.add(call)
             call.add_done_callback(slot.calls.discard)
 
@@ -432,6 +453,9 @@ class VerifierPool:
                         f"(the last time alone): {type(exc).__name__}"))
                 else:
                     self._requeue(item, counted=True)
+        except asyncio.CancelledError:  # close() with this candidate in flight: no caller waits forever
+            self._resolve(item, _pool_verdict(item, self._mode, "crash", "verifier pool closed with this candidate in flight"))
+            raise
         except Exception as exc:  # noqa: BLE001 - the verifier itself raised: retry elsewhere, then a verdict
             slot.failures += 1
             if item.attempts >= MAX_ATTEMPTS:
@@ -473,7 +497,7 @@ class VerifierPool:
 
     # -- periodic: gauges and autoscaling ------------------------------------------------------
     async def _tick_loop(self) -> None:
-        while True:
+        while not self._closed:
             try:
                 self._tick()
             except Exception as exc:  # noqa: BLE001 - never let the pool's clock die
@@ -518,10 +542,13 @@ class VerifierPool:
 
         Raises:
             ValueError: a candidate id appears twice in the batch.
+            RuntimeError: the pool was closed (:meth:`close`).
         """
         ids = [cid for cid, _, _ in items]
         if len(set(ids)) != len(ids):
             raise ValueError("verify_batch: candidate ids must be unique within a batch")
+        if self._closed:
+            raise RuntimeError("verify_batch: the verifier pool is closed")
         await self._ensure_started()
         loop = asyncio.get_running_loop()
         pending = []
@@ -544,21 +571,37 @@ class VerifierPool:
 
         Raises:
             ValueError: ``n`` is not an integer >= 1.
+            RuntimeError: the pool was closed (:meth:`close`).
         """
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"verifier pool size must be an integer >= 1, got {n!r}")
+        if self._closed:
+            raise RuntimeError("scale: the verifier pool is closed")
         await self._ensure_started()
         self._target = n
         self._resize(n)
         return await self.status()
 
     async def close(self) -> None:
-        """Stop the pool's own coroutines and its verifier actors' sandbox workers (before the job
-        kills the pool, so nothing is left pending in its event loop)."""
-        tasks = [t for t in [self._loop_task, *(slot.feeder for slot in self.slots)] if t is not None]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        """End every coroutine the pool started and stop its verifier actors' sandbox workers.
+
+        Call it (and wait for it) before the pool actor is killed or its handle dropped: a task still
+        pending when the actor's event loop closes is destroyed there, and its clean-up prints
+        ``Task was destroyed but it is pending!`` and ``RuntimeError: Event loop is closed``.
+        Candidates still queued or in flight get a ``crash`` verdict saying the pool closed; later
+        :meth:`verify_batch` calls raise, :meth:`status` still answers. Calling it again is a no-op
+        but for the sandbox workers' close.
+        """
+        self._closed = True
+        while self._tasks:  # a cancelled task may have started another one before it saw the cancel
+            tasks = list(self._tasks)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._tasks.difference_update(tasks)
+        while not self.queue.empty():
+            item = self.queue.get_nowait()
+            self._resolve(item, _pool_verdict(item, self._mode, "crash", "verifier pool closed before this candidate ran"))
         await asyncio.gather(*(slot.handle.close.remote() for slot in self.slots), return_exceptions=True)
 
     async def actors(self) -> list:
