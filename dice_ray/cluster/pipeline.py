@@ -20,6 +20,19 @@ prints a warning when such a run asks for ``max_staleness > 0``).
 
 Like slime's and OpenRLHF's async modes, this lives in the object it changes: :class:`StepPipeline`
 owns the batches in flight; the trainer's loop keeps its shape.
+
+A rollout worker that dies costs only time (issue 6). Workers are restartable actors without task
+retries (:mod:`dice_ray.cluster.rollout`); a ``generate`` call that fails because its worker died
+(``RayActorError``: ``ActorDiedError`` / ``ActorUnavailableError``), or that reached a restarted worker
+before it had weights (:class:`~dice_ray.cluster.rollout.WeightsMissing`), is recovered when the trainer
+asks for the batch (:meth:`StepPipeline.groups`, where the learner is idle and holds the weights of the
+last push): the pipeline waits for the worker to answer a ping, re-syncs it with the weights version the
+batch was launched with (:meth:`WeightSync.resync <dice_ray.cluster.weight_sync.WeightSync.resync>`:
+exact on the object store; a broadcast re-sends the last pushed version, whose lag the groups record)
+and re-sends that worker's shard: the same requests, so the same ids and seeds, and since sampling is
+seeded per prompt, the same samples as if it had not died. A shard that fails
+``MAX_SHARD_FAILURES`` times in a row stops the run with an error naming it. Each batch counts its
+recovered shards (``Batch.restarts``, the step record's ``rollout_restarts``).
 """
 
 from __future__ import annotations
@@ -33,7 +46,19 @@ from dataclasses import dataclass, field
 import ray
 
 from dice_ray.cluster.metrics import Interval, StageTimeline
+from dice_ray.cluster.rollout import WeightsMissing, wait_until_alive
 from dice_ray.tasks.task import Task
+
+MAX_SHARD_FAILURES = 3
+"""Consecutive failed ``generate`` calls of one batch's shard (its worker died each time) before the run
+stops with an error."""
+
+
+def recoverable(error: BaseException) -> bool:
+    """Whether a failed ``generate`` call is one the pipeline re-sends: its worker died or was restarting
+    (``RayActorError`` and its ``ActorDiedError`` / ``ActorUnavailableError``), or a restarted worker had
+    no weights yet (:class:`~dice_ray.cluster.rollout.WeightsMissing`). A bug in sampling is not."""
+    return isinstance(error, (ray.exceptions.RayActorError, WeightsMissing))
 
 
 class Flight:
@@ -51,6 +76,7 @@ class Flight:
 
     def __init__(self, refs: list, interval: Interval, wake: _Wake):
         self.interval = interval
+        self.start = interval.start
         self._wake = wake
         self._left = len(refs)
         self._lock = threading.Lock()
@@ -71,6 +97,31 @@ class Flight:
         """Every call has finished (and the interval has its end)."""
         return self.interval.end is not None
 
+    def errors(self) -> list[tuple[int, BaseException]]:
+        """``(index, exception)`` of each finished call that failed, in order."""
+        return [(j, f.exception()) for j, f in enumerate(self.futures) if f.done() and f.exception() is not None]
+
+    def retry(self, calls: list[tuple[int, object]], interval: Interval) -> None:
+        """Replace finished calls by new ones (re-sent after a failure); the flight is in flight again.
+
+        Args:
+            calls: ``(index, ObjectRef)`` of each replaced call.
+            interval: the timeline interval of the retried calls (the first attempt's keeps its end).
+
+        Raises:
+            RuntimeError: the flight is still in flight (only a finished flight is retried).
+        """
+        if not self.done():
+            raise RuntimeError("Flight.retry: calls still in flight")
+        futures = [(j, ref.future()) for j, ref in calls]
+        with self._lock:
+            self.interval = interval
+            self._left = len(futures)
+            for j, f in futures:
+                self.futures[j] = f
+        for _, f in futures:
+            f.add_done_callback(self._one_done)
+
     def results(self) -> list:
         """The calls' results in order (after :meth:`done`).
 
@@ -81,9 +132,9 @@ class Flight:
 
     @property
     def seconds(self) -> float:
-        """Submission to the last result (s); up to now while in flight."""
+        """Submission to the last result (s), retries included; up to now while in flight."""
         end = self.interval.end if self.interval.end is not None else time.perf_counter()
-        return end - self.interval.start
+        return end - self.start
 
 
 class _Wake:
@@ -110,9 +161,12 @@ class Batch:
             while it is in flight saves, so a resume draws it again).
         version: weights version the rollout workers held when it was launched.
         rollout: the ``generate`` calls, one a worker with prompts.
+        shards: ``(worker index, requests)`` of each ``generate`` call, in the order of ``rollout``.
         groups: the sampled groups, once the rollout is done and checked.
         lags: ``step - weights_version`` of each group.
         verify: the ``verify_batch`` call, once launched.
+        restarts: shards re-sent after their worker died.
+        failures: consecutive failures of each shard.
     """
 
     step: int
@@ -122,9 +176,12 @@ class Batch:
     schedule: dict
     version: int
     rollout: Flight
+    shards: list[tuple[int, list]] = field(default_factory=list)
     groups: list | None = None
     lags: list[int] = field(default_factory=list)
     verify: Flight | None = None
+    restarts: int = 0
+    failures: dict[int, int] = field(default_factory=dict)
 
 
 def check_staleness(groups: list, step: int, max_staleness: int) -> list[int]:
@@ -175,17 +232,24 @@ class StepPipeline:
         first_step: the step the run starts (or resumes) at.
         last_step: ``rl.steps``; nothing is launched for a step at or past it.
         timeline: where stage intervals go.
+        weight_sync: the :class:`~dice_ray.cluster.weight_sync.WeightSync` that re-syncs a restarted
+            worker; None: a failed ``generate`` call stops the run (no recovery).
+        max_shard_failures: consecutive failures of one shard before giving up.
 
     Raises:
-        ValueError: a negative ``max_staleness``.
+        ValueError: a negative ``max_staleness`` or a ``max_shard_failures`` below 1.
     """
 
     def __init__(
         self, scheduler, rollout_workers: list, pool, tasks: dict[str, Task], num_generations: int,
         max_staleness: int, first_step: int, last_step: int, timeline: StageTimeline,
+        weight_sync=None, max_shard_failures: int = MAX_SHARD_FAILURES,
     ):
         if max_staleness < 0:
             raise ValueError(f"rl.max_staleness={max_staleness}: must be >= 0")
+        if max_shard_failures < 1:
+            raise ValueError(f"max_shard_failures={max_shard_failures}: must be >= 1")
+        self.weight_sync, self.max_shard_failures = weight_sync, max_shard_failures
         self.scheduler, self.rollout_workers, self.pool, self.tasks = scheduler, rollout_workers, pool, tasks
         self.num_generations = num_generations
         self.max_staleness = max_staleness
@@ -218,8 +282,19 @@ class StepPipeline:
         return batch
 
     def groups(self, batch: Batch) -> list:
-        """Wait for ``batch``'s rollout; its groups, staleness-checked."""
-        self._wait(batch.rollout.done)
+        """Wait for ``batch``'s rollout, re-sending the shards of workers that died (see the module notes);
+        its groups, staleness-checked.
+
+        Raises:
+            RuntimeError: a shard failed ``max_shard_failures`` times in a row, or its worker did not come
+                back; a sampling error (not a worker death) as it was raised.
+        """
+        while True:
+            self._wait(batch.rollout.done)
+            failed = batch.rollout.errors()
+            if not failed or self.weight_sync is None or not all(recoverable(e) for _, e in failed):
+                break  # done, or an error to raise as it is (_collect)
+            self._recover(batch, failed)
         self._collect(batch)
         return batch.groups
 
@@ -253,11 +328,30 @@ class StepPipeline:
         schedule = ray.get(self.scheduler.get_state.remote())
         step, frac, phase, requests = ray.get(self.scheduler.next_batch.remote())
         n = len(self.rollout_workers)
-        shards = [requests[i::n] for i in range(n)]
-        refs = [w.generate.remote(s, self.num_generations) for w, s in zip(self.rollout_workers, shards) if s]
+        shards = [(i, requests[i::n]) for i in range(n) if requests[i::n]]
+        refs = [self.rollout_workers[i].generate.remote(s, self.num_generations) for i, s in shards]
         rollout = Flight(refs, self.timeline.add("rollout", start), self._wake)
-        self.pending.append(Batch(step, frac, phase, requests, schedule, version, rollout))
+        self.pending.append(Batch(step, frac, phase, requests, schedule, version, rollout, shards))
         self.next_step = step + 1
+
+    def _recover(self, batch: Batch, failed: list[tuple[int, BaseException]]) -> None:
+        """Wait for the failed shards' workers, re-sync them to ``batch.version`` and re-send the shards."""
+        calls = []
+        for j, error in failed:
+            i, requests = batch.shards[j]
+            batch.failures[j] = batch.failures.get(j, 0) + 1
+            if batch.failures[j] >= self.max_shard_failures:
+                raise RuntimeError(
+                    f"step {batch.step}: rollout worker {i}'s shard ({[r.request_id for r in requests]}) failed "
+                    f"{batch.failures[j]} times in a row (max_shard_failures={self.max_shard_failures}); "
+                    f"last error: {error!r}"
+                ) from error
+            worker = self.rollout_workers[i]
+            wait_until_alive(worker)
+            self.weight_sync.resync(i, batch.version)
+            calls.append((j, worker.generate.remote(requests, self.num_generations)))
+            batch.restarts += 1
+        batch.rollout.retry(calls, self.timeline.add("rollout", time.perf_counter()))
 
     def _collect(self, batch: Batch) -> None:
         if batch.groups is None:
@@ -274,8 +368,8 @@ class StepPipeline:
 
     def _advance(self) -> None:
         """Send each batch ahead whose rollout is done to the verifier pool."""
-        for b in self.pending:
-            if b.verify is None and b.rollout.done():
+        for b in self.pending:  # a failed rollout waits for groups() to recover it
+            if b.verify is None and b.rollout.done() and not b.rollout.errors():
                 self._start_verify(b)
 
     def _wait(self, ready) -> None:

@@ -3,10 +3,17 @@
 Each worker holds a copy of the policy, takes new weights from the learner after every step
 (:meth:`RolloutWorker.set_weights`), and turns each prompt request into a group of ``G`` rollouts
 with their decoding traces and behaviour log-probs, plus the candidate source files they make.
+
+Workers are restartable (issue 6: "a rollout worker killed: restarted, weights re-synced, its prompts
+re-sampled"): the trainer creates them with ``max_restarts=ROLLOUT_MAX_RESTARTS`` and no task retries.
+A restarted worker is a fresh process with random weights, so it refuses to sample
+(:class:`WeightsMissing`) until it is given weights; :class:`~dice_ray.cluster.pipeline.StepPipeline`
+waits for it (:func:`wait_until_alive`), re-syncs it and re-sends its prompts.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -40,6 +47,58 @@ class GroupRollout:
     weights_version: int
 
 
+ROLLOUT_MAX_RESTARTS = -1
+"""Ray ``max_restarts`` of a rollout worker (-1: always restart; a shard that keeps failing is bounded by
+:data:`~dice_ray.cluster.pipeline.MAX_SHARD_FAILURES` instead)."""
+RESTART_TIMEOUT_S = 300.0
+"""How long :func:`wait_until_alive` waits for a restarted worker (model build included)."""
+FAULT_ENV = "DICE_RAY_FAULT_ROLLOUT_EXIT"
+"""Test hook: ``"<k>:<marker path>"`` makes the first worker to reach its ``k``-th ``generate`` call
+(1-based) while ``marker path`` does not exist create it and ``os._exit(1)`` (a crash, once a run)."""
+
+
+class WeightsMissing(RuntimeError):
+    """A worker was asked to sample before it held any weights (a restarted worker not re-synced yet)."""
+
+
+def wait_until_alive(worker, timeout_s: float = RESTART_TIMEOUT_S) -> int:
+    """Block until ``worker`` answers :meth:`RolloutWorker.ping` (after a restart); the version it holds.
+
+    Args:
+        worker: a :class:`RolloutWorker` handle.
+        timeout_s: how long to wait (s).
+
+    Returns:
+        the weights version the worker holds (-1: none, a fresh process).
+
+    Raises:
+        RuntimeError: no answer within ``timeout_s`` (restarts exhausted, or the worker cannot start).
+    """
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            return ray.get(worker.ping.remote(), timeout=max(0.1, deadline - time.monotonic()))
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+            last = e
+            time.sleep(0.2)
+    raise RuntimeError(f"rollout worker {worker} did not come back within {timeout_s:.0f} s of a failure: {last}")
+
+
+def _fault_hook(calls: int) -> None:
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    k, _, marker = spec.partition(":")
+    if calls != int(k) or not marker:
+        return
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    os._exit(1)
+
+
 @ray.remote(num_cpus=0)
 class RolloutWorker:
     """A Ray actor sampling groups with block-diffusion decoding (see :mod:`dice_ray.policy.sampler`).
@@ -69,6 +128,11 @@ class RolloutWorker:
         self.template = template
         self.granularity = granularity
         self.version = -1
+        self.calls = 0
+
+    def ping(self) -> int:
+        """The weights version held (-1: none yet); answering at all means the actor is up."""
+        return self.version
 
     def set_weights(self, weights, version: int) -> int:
         """Take the learner's weights for ``version``; returns the version held.
@@ -96,10 +160,15 @@ class RolloutWorker:
 
         Raises:
             KeyError: a request names a task this worker was not given.
+            WeightsMissing: no weights were set since the process started (a restarted worker).
         """
         from dice_ray.policy.sampler import sample_group
         from dice_ray.tasks.prompts import assemble_candidate, build_prompt
 
+        self.calls += 1
+        _fault_hook(self.calls)
+        if self.version < 0:
+            raise WeightsMissing("this rollout worker holds no weights (restarted, not re-synced): set_weights first")
         out = []
         for req in requests:
             task = self.tasks[req.task_id]

@@ -28,7 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from dice_ray.cluster.learner import LearnerGroup, TrainGroup, learner_env, make_train_group
 from dice_ray.cluster.metrics import GpuBusySampler, RunMetrics, StageTimeline
 from dice_ray.cluster.pipeline import Flight, StepPipeline, staleness_stats, verify_items
-from dice_ray.cluster.rollout import GroupRollout, RolloutWorker
+from dice_ray.cluster.rollout import ROLLOUT_MAX_RESTARTS, GroupRollout, RolloutWorker
 from dice_ray.cluster.scheduler import NAMESPACE, SCHEDULER_NAME, PhaseSchedulerActor
 from dice_ray.cluster.storage import CheckpointStore, run_store_url
 from dice_ray.cluster.verifier_pool import POOL_NAME, VerifierPool
@@ -158,7 +158,10 @@ class Trainer:
         )
         threads = 0 if gpus else max(1, (os.cpu_count() or 2) // 2)
         self.rollout_workers = [
-            RolloutWorker.options(num_gpus=cfg.cluster.rollout_gpus if gpus else 0).remote(
+            # restartable, no task retries: a restarted worker must be re-synced before it samples (pipeline.py)
+            RolloutWorker.options(
+                num_gpus=cfg.cluster.rollout_gpus if gpus else 0, max_restarts=ROLLOUT_MAX_RESTARTS, max_task_retries=0
+            ).remote(
                 cfg.model, cfg.sampling, self.tasks, cfg.tasks.prompt_template, threads, cfg.phase.scaffold_granularity
             )
             for _ in range(cfg.cluster.num_rollout_workers)
@@ -169,7 +172,8 @@ class Trainer:
         sync_mode, sync_backend = resolve_mode(
             cfg.cluster.weight_sync, cfg.cluster.learner_gpus if use_gpu else 0.0, cfg.cluster.rollout_gpus if gpus else 0.0, gpus
         )
-        self.weight_sync = WeightSync(self.learner, self.rollout_workers, sync_mode, sync_backend, cfg.cluster.weight_sync_bucket_mb)
+        self.weight_sync = WeightSync(self.learner, self.rollout_workers, sync_mode, sync_backend, cfg.cluster.weight_sync_bucket_mb,
+                                      keep_versions=cfg.rl.max_staleness + 1)
         con.print(
             f"[bold]actors[/] scheduler, {len(self.rollout_workers)} rollout worker(s), "
             f"{n_verifiers} verifier(s) ({'GPU' if gpus_per_verifier else 'CPU, compile-only'}), "
@@ -250,9 +254,10 @@ class Trainer:
             return None, adv.num_dropped
         return self.pipeline.submit("learn", [self.learner.train_step.remote(batch)], start=t0), adv.num_dropped
 
-    def _sync_weights(self) -> float:
-        """Push the learner's weights to the rollout workers (:class:`WeightSync`); returns its seconds."""
-        return self.weight_sync.push(self.weights_version)["seconds"]
+    def _sync_weights(self) -> dict:
+        """Push the learner's weights to the rollout workers (:class:`WeightSync`); returns :meth:`WeightSync.push`'s
+        report (``seconds``, ``restarts``: workers found restarted and re-sent the weights)."""
+        return self.weight_sync.push(self.weights_version)
 
     def checkpoint(self, step: int, schedule: dict | None = None) -> None:
         """Save the learner and the scheduler state as ``step_{step:06d}`` (``schedule``: the state to save
@@ -302,7 +307,8 @@ class Trainer:
         self.weights_version = step + 1
         pipe.drain_rollouts()  # the sync queues behind the rollouts launched ahead on the workers: wait here
         t_sync = time.perf_counter()
-        sync_s = self._sync_weights()
+        sync = self._sync_weights()
+        sync_s = sync["seconds"]
         self.timeline.add("sync", t_sync, time.perf_counter())
         rec = step_record(step, phase, frac, groups, verdicts, dropped)
         pool = ray.get(self.pool.status.remote())
@@ -317,6 +323,7 @@ class Trainer:
             verifier_throughput=len(verdicts) / max(verify_s, 1e-9),
             verifier_queue_depth=pool["queue_depth"], verifier_pool_size=pool["size"],
             weights_version=self.weights_version, **staleness_stats(batch.lags),
+            rollout_restarts=batch.restarts + sync.get("restarts", 0),  # shards re-sent / pushes repeated after a worker died
         )
         t_ckpt = time.perf_counter()
         if (step + 1) % self.cfg.checkpoint_every == 0 or step + 1 == self.cfg.rl.steps:
@@ -405,7 +412,7 @@ class Trainer:
         self.timeline = StageTimeline()
         self.pipeline = StepPipeline(
             self.scheduler, self.rollout_workers, self.pool, self.tasks, cfg.rl.num_generations, s,
-            self.start_step, cfg.rl.steps, self.timeline,
+            self.start_step, cfg.rl.steps, self.timeline, weight_sync=self.weight_sync,
         )
         self.gpu_sampler = GpuBusySampler().start()
         mode = f"asynchronous, rollout up to {s} step(s) ahead of the learner" if s else "synchronous"

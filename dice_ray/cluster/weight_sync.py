@@ -14,6 +14,17 @@ After each learner step the new weights go to every rollout worker, one of two w
 ``auto`` (the default) broadcasts over NCCL when the learner and the rollout workers each hold whole GPUs
 of their own, and uses the object store otherwise (CPU runs, or GPUs shared by fractions: NCCL refuses two
 ranks on one device).
+
+A rollout worker that died and was restarted by Ray (issue 6) is re-synced with :meth:`WeightSync.resync`.
+On the object store that is exact: the pushes keep the ObjectRefs of the last ``keep_versions`` versions
+(``rl.max_staleness + 1``: every version a batch in flight can have been launched with), so the worker
+gets the very weights its batch was launched with. A broadcast cannot resend an old version (the learner
+holds only its current weights), and a new process cannot join a formed group: ``resync`` forms a new
+group (:meth:`WeightSync.reset`) and re-broadcasts the last pushed version to every worker, so a
+re-sampled shard may be fresher than the rest of its batch; its groups record the version that sampled
+them and the staleness bound is still checked on them. A push also pings the workers first and forms a
+new group when one of them came back empty (it died between steps). A worker dying *during* a broadcast
+is not recovered: the collective fails or times out (``BroadcastSpec.timeout_s``) and the run stops.
 """
 
 from __future__ import annotations
@@ -28,6 +39,8 @@ import torch
 GROUP_PREFIX = "dice_ray_weight_sync"
 ALIGN = 16
 """Byte alignment of every tensor's slice in a bucket (so a slice can be viewed as its dtype)."""
+MAX_PUSH_ATTEMPTS = 3
+"""Consecutive failed ``set_weights`` calls of one rollout worker before a push gives up."""
 
 
 @dataclass(frozen=True)
@@ -198,18 +211,26 @@ class WeightSync:
         mode: ``"broadcast"`` or ``"object_store"`` (resolve ``auto`` with :func:`resolve_mode`).
         backend: ``"nccl"`` or ``"gloo"`` (broadcast only).
         bucket_mb: bucket capacity in MiB (broadcast only).
+        keep_versions: object store only: how many of the last pushed versions :meth:`resync` can resend
+            (their state dicts stay in the object store; ``rl.max_staleness + 1`` covers every batch in flight).
 
     Raises:
-        ValueError: an unknown mode.
+        ValueError: an unknown mode, or ``keep_versions < 1``.
     """
 
-    def __init__(self, learner, workers: list, mode: str, backend: str = "gloo", bucket_mb: float = 256.0):
+    def __init__(self, learner, workers: list, mode: str, backend: str = "gloo", bucket_mb: float = 256.0,
+                 keep_versions: int = 1):
         if mode not in ("broadcast", "object_store"):
             raise ValueError(f"weight sync mode must be 'broadcast' or 'object_store', got {mode!r}")
+        if keep_versions < 1:
+            raise ValueError(f"keep_versions={keep_versions}: must be >= 1")
         self.learner, self.workers, self.mode = learner, workers, mode
         self.backend, self.bucket_bytes = backend, int(bucket_mb * 2**20)
         self.spec: BroadcastSpec | None = None
         self._generation = 0
+        self.keep_versions = keep_versions
+        self.kept: dict[int, object] = {}  # version -> ObjectRef of its state dict (object store)
+        self.version: int | None = None  # the last version pushed
 
     def reset(self, workers: list | None = None) -> None:
         """Form a new broadcast group at the next push (after a rollout worker was replaced).
@@ -225,14 +246,33 @@ class WeightSync:
     def push(self, version: int) -> dict:
         """Send the learner's current weights to every worker as ``version``; blocks until all hold it.
 
+        A worker found dead on the way (object store: its ``set_weights`` fails; broadcast: a worker answers
+        its ping with no weights) is waited for (:func:`~dice_ray.cluster.rollout.wait_until_alive`) and
+        given the weights again (broadcast: in a new group); ``restarts`` counts them.
+
         Returns:
-            ``{"mode", "seconds", "bytes" (broadcast: bytes a worker received), "buckets"}``.
+            ``{"mode", "seconds", "bytes" (broadcast: bytes a worker received), "buckets", "restarts"}``.
+
+        Raises:
+            RuntimeError: a worker that failed ``MAX_PUSH_ATTEMPTS`` times in a row, or did not come back.
         """
+        from dice_ray.cluster.rollout import wait_until_alive
+
         t0 = time.perf_counter()
+        self.version = version
         if self.mode == "object_store":
             weights = self.learner.weights_ref()
-            ray.get([w.set_weights.remote(weights, version) for w in self.workers])
-            return {"mode": self.mode, "seconds": time.perf_counter() - t0, "bytes": None, "buckets": None}
+            self.kept[version] = weights
+            for v in sorted(self.kept)[:-self.keep_versions]:
+                del self.kept[v]
+            restarts = self._send(range(len(self.workers)), weights, version)
+            return {"mode": self.mode, "seconds": time.perf_counter() - t0, "bytes": None, "buckets": None,
+                    "restarts": restarts}
+        restarts = 0
+        if self.spec is not None:  # a worker restarted since the group formed cannot join it: form a new one
+            restarts = sum(wait_until_alive(w) < 0 for w in self.workers)
+            if restarts:
+                self.reset()
         if self.spec is None:
             address, port = self.learner.rendezvous()
             buckets = self.learner.plan_buckets(self.bucket_bytes)
@@ -243,7 +283,56 @@ class WeightSync:
         got = [w.set_weights.remote(s, version) for w, s in zip(self.workers, specs)]
         ray.get(sent + got)
         return {"mode": self.mode, "seconds": time.perf_counter() - t0,
-                "bytes": sum(bucket_size(b) for b in self.spec.buckets), "buckets": len(self.spec.buckets)}
+                "bytes": sum(bucket_size(b) for b in self.spec.buckets), "buckets": len(self.spec.buckets),
+                "restarts": restarts}
+
+    def resync(self, worker: int, version: int) -> int:
+        """Give the restarted worker ``workers[worker]`` the weights of ``version`` (a batch's launch version).
+
+        Object store: the kept ref of ``version`` is resent to that worker alone (exact); a version no longer
+        kept (older than the last ``keep_versions`` pushes) gets the last pushed version instead. Broadcast:
+        a new group and the last pushed version to every worker (see the module notes). Call it while the
+        learner is idle between a push and its next step (its weights are the last pushed version's).
+
+        Args:
+            worker: index into ``workers``.
+            version: the weights version wanted.
+
+        Returns:
+            the version the worker now holds (``version``, or the last pushed one as described).
+
+        Raises:
+            RuntimeError: nothing was pushed yet, or the worker keeps failing (see :meth:`push`).
+        """
+        if self.version is None:
+            raise RuntimeError("weight sync: resync before any push")
+        if self.mode == "object_store":
+            held = version if version in self.kept else self.version
+            self._send([worker], self.kept[held], held)
+            return held
+        self.reset()
+        self.push(self.version)
+        return self.version
+
+    def _send(self, indices, weights, version: int) -> int:
+        """Object store: ``set_weights`` on the workers ``indices``, each retried after a restart; restarts seen."""
+        from dice_ray.cluster.rollout import wait_until_alive
+
+        todo = {i: self.workers[i].set_weights.remote(weights, version) for i in indices}
+        restarts, fails = 0, dict.fromkeys(todo, 0)
+        while todo:
+            i, ref = next(iter(todo.items()))
+            try:
+                ray.get(ref)
+                del todo[i]
+            except ray.exceptions.RayActorError as e:
+                restarts, fails[i] = restarts + 1, fails[i] + 1
+                if fails[i] >= MAX_PUSH_ATTEMPTS:
+                    raise RuntimeError(f"weight sync: rollout worker {i} failed set_weights {fails[i]} times in a "
+                                       f"row (version {version}): {e}") from e
+                wait_until_alive(self.workers[i])
+                todo[i] = self.workers[i].set_weights.remote(weights, version)
+        return restarts
 
 
 def resolve_mode(mode: str, learner_gpus: float, rollout_gpus: float, cluster_gpus: int) -> tuple[str, str]:

@@ -50,6 +50,7 @@ from transformers.initialization import no_init_weights
 
 from dice_ray.config import ModelConfig
 from dice_ray.policy import model as block_model
+from dice_ray.policy.tokenizer import DiceTokenizer
 
 FAMILIES: tuple[str, ...] = ("sdar", "llada", "dream")
 _CLASSES = {"sdar": (Qwen3Config, Qwen3ForCausalLM), "llada": (LlamaConfig, LlamaForCausalLM),
@@ -179,8 +180,9 @@ def build_model(cfg: ModelConfig, vocab_size: int, pad_id: int) -> torch.nn.Modu
 # ---- checkpoint folders ------------------------------------------------------------------------------------
 
 
-class FolderTokenizer:
-    """The ``tokenizer.json`` of a checkpoint folder with the policy's special ids (same interface as DiceTokenizer).
+class FolderTokenizer(DiceTokenizer):
+    """The ``tokenizer.json`` of a checkpoint folder with the special ids its config names (DiceTokenizer's
+    interface; the ids come from the folder, not from dice-ray's own special-token spellings).
 
     Attributes:
         pad_id, mask_id, eos_id: ids of padding, the diffusion mask token and end of sequence.
@@ -191,22 +193,6 @@ class FolderTokenizer:
         self._tok = tok
         self.pad_id, self.mask_id, self.eos_id = pad_id, mask_id, eos_id
         self.vocab_size: int = tok.get_vocab_size()
-
-    def save(self, path: str | Path) -> None:
-        """Write ``tokenizer.json`` to ``path``."""
-        self._tok.save(str(path))
-
-    def to_json(self) -> str:
-        """The tokenizer serialized as JSON text (used for cache keys)."""
-        return self._tok.to_str()
-
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (no special tokens added)."""
-        return self._tok.encode(text, add_special_tokens=False).ids
-
-    def decode(self, ids: list[int]) -> str:
-        """Text of ``ids``, special tokens dropped."""
-        return self._tok.decode(list(ids), skip_special_tokens=True)
 
 
 def is_checkpoint_folder(path: str | Path) -> bool:

@@ -69,10 +69,12 @@ class DiffusionPolicy:
     def save(self, path: str | Path) -> None:
         """Write ``model_config.json``, ``model.safetensors`` and ``tokenizer.json`` into folder ``path``.
 
-        A policy loaded from a checkpoint folder (a non-Dice tokenizer) is written back in its family's checkpoint
-        format instead (:meth:`save_checkpoint`).
+        A policy loaded from a checkpoint folder (a :class:`~dice_ray.policy.families.FolderTokenizer`) is written
+        back in its family's checkpoint format instead (:meth:`save_checkpoint`).
         """
-        if not isinstance(self.tokenizer, DiceTokenizer):
+        from dice_ray.policy.families import FolderTokenizer
+
+        if isinstance(self.tokenizer, FolderTokenizer):
             self.save_checkpoint(path)
             return
         path = Path(path)

@@ -1,0 +1,283 @@
+"""A killed rollout worker costs nothing but time (issue 6): restarted, re-synced, its prompts re-sampled.
+
+:class:`StepPipeline` on a local Ray cluster with restartable stand-in workers whose samples spell out the
+weights version that made them and the prompt's seed: a worker that crashes mid-``generate`` (synchronous
+and one step ahead), one killed while idle, and one that never stops crashing. Then ``dice-ray train``
+with a real worker crashing mid-step (the :data:`~dice_ray.cluster.rollout.FAULT_ENV` hook) gives the same
+per-step metrics as the same run without the crash. Every test that starts Ray is ``slow`` (each restart
+spawns a process: 10-25 s a test on 2 shared cores).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from dice_ray.cluster.metrics import StageTimeline
+from dice_ray.cluster.pipeline import StepPipeline, recoverable
+from dice_ray.cluster.rollout import FAULT_ENV, GroupRollout, WeightsMissing
+from dice_ray.cluster.scheduler import PhaseSchedulerActor
+from dice_ray.cluster.weight_sync import WeightSync
+from dice_ray.config import PhaseConfig
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
+class CrashingRollout:
+    """A stand-in rollout worker: its candidates are ``"w{weights}:s{seed}:{j}"``. It crashes (``os._exit``)
+    on its ``die_on``-th ``generate`` call once (a marker file remembers it across restarts), or on every
+    call with ``die_on=-1``; it appends each ``set_weights`` version to ``log``."""
+
+    def __init__(self, marker: str, die_on: int = 0, log: str = ""):
+        self.marker, self.die_on, self.log = marker, die_on, log
+        self.version, self.weights, self.calls = -1, None, 0
+
+    def ping(self):
+        return self.version
+
+    def set_weights(self, weights, version):  # a broadcast spec: the group generation joined stands for the weights
+        self.weights = weights["w"] if isinstance(weights, dict) else f"g{weights.generation}"
+        self.version = version
+        if self.log:
+            with open(self.log, "a") as f:
+                f.write(f"{version}\n")
+        return version
+
+    def generate(self, requests, g):
+        self.calls += 1
+        if self.die_on == -1 or (self.calls == self.die_on and not os.path.exists(self.marker)):
+            Path(self.marker).touch()
+            time.sleep(0.05)
+            os._exit(1)
+        if self.version < 0:
+            raise WeightsMissing("no weights")
+        time.sleep(0.05)
+        return [GroupRollout(r, [], [f"w{self.weights}:s{r.seed}:{j}" for j in range(g)], 4, 0.0, self.version)
+                for r in requests]
+
+
+class FakeLearner:
+    """The learner side of the object-store sync: its weights are its version."""
+
+    def __init__(self):
+        self.current = 0
+
+    def weights_ref(self):
+        return ray.put({"w": self.current})
+
+
+@ray.remote(num_cpus=0, max_concurrency=4)
+class EchoPool:
+    def verify_batch(self, items):
+        return [name for name, _, _ in items]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, namespace="dice-ray-test-rollout-fault", log_to_driver=False)
+    pool = EchoPool.remote()
+    ray.get(pool.verify_batch.remote([]))
+    yield pool
+    ray.shutdown()
+
+
+def _run(pool, tmp: Path, max_staleness: int, die_on: dict[int, int], steps: int = 4, kill_idle_at: int | None = None):
+    """The trainer's loop with stand-ins and 2 workers: per step (candidates, lags, restarts), and each
+    worker's set_weights log. Checks every step's candidates are those of its prompts' seeds and the
+    weights version its batch was launched with: what a run without failures samples."""
+    tmp.mkdir()
+    tasks = [(f"t{i}", 1, False) for i in range(5)]
+    scheduler = PhaseSchedulerActor.remote(tasks, PhaseConfig(), 3, 0)
+    logs = [tmp / f"log{i}" for i in range(2)]
+    workers = [CrashingRollout.remote(str(tmp / f"marker{i}"), die_on.get(i, 0), str(logs[i])) for i in range(2)]
+    learner = FakeLearner()
+    sync = WeightSync(learner, workers, "object_store", keep_versions=max_staleness + 1)
+    sync.push(0)
+    pipe = StepPipeline(scheduler, workers, pool, {t: None for t, _, _ in tasks}, 2, max_staleness, 0, steps,
+                        StageTimeline(), weight_sync=sync)
+    out = []
+    for step in range(steps):
+        if step == kill_idle_at:
+            ray.kill(workers[1], no_restart=False)  # dies between steps, holding nothing in flight
+        batch = pipe.take(learner.current)
+        groups = pipe.groups(batch)
+        assert [g.request for g in groups] == [r for i in range(2) for r in batch.requests[i::2]]
+        assert [c for g in groups for c in g.candidates] == [
+            f"w{batch.version}:s{g.request.seed}:{j}" for g in groups for j in range(2)]
+        assert pipe.verdicts(batch) == [f"{g.request.request_id}-g{j}" for g in groups for j in range(2)]
+        learner.current = step + 1
+        pipe.drain_rollouts()
+        pushed = sync.push(learner.current)
+        out.append(([c for g in groups for c in g.candidates], batch.lags, batch.restarts + pushed["restarts"]))
+    for w in workers:
+        ray.kill(w, no_restart=True)
+    return out, [[int(x) for x in p.read_text().split()] for p in logs]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_a_worker_crashing_mid_generate_is_resampled_with_its_batchs_weights(cluster, tmp_path, max_staleness):
+    crash, logs = _run(cluster, tmp_path / "crash", max_staleness, {1: 3})  # worker 1's 3rd call: step 2's shard
+    # _run checked the samples are those of a run without the crash; the lags are too
+    assert [lag for _, lag, _ in crash] == ([[0] * 3] * 4 if max_staleness == 0 else [[0] * 3] + [[1] * 3] * 3)
+    restarts = [r for _, _, r in crash]  # one step ahead, step 1's push may meet the worker restarting too
+    assert restarts == [0, 0, 1, 0] if max_staleness == 0 else restarts[0] == 0 and restarts[2] == 1 and not restarts[3]
+    launched = 2 - max_staleness  # the weights version step 2's batch was launched with
+    assert all(c.startswith(f"w{launched}:") for c in crash[2][0])
+    # the restarted worker is re-synced to that version (one step ahead: after the push of version 2 it got)
+    assert logs == [[0, 1, 2, 3, 4], [0, 1, 2, launched, 3, 4]]
+
+
+@pytest.mark.slow
+def test_a_worker_killed_between_steps_is_resynced_before_it_samples(cluster, tmp_path):
+    killed, logs = _run(cluster, tmp_path / "idle", 0, {}, kill_idle_at=2)  # _run checked the samples
+    assert [r for _, _, r in killed][:2] == [0, 0] and killed[2][2] >= 1
+    assert logs[1][:3] == [0, 1, 2] and logs[1].count(2) == 2  # version 2 pushed, then again after the restart
+
+
+@pytest.mark.slow
+def test_a_shard_that_keeps_crashing_stops_the_run_with_its_name(cluster, tmp_path):
+    tasks = [("t0", 1, False), ("t1", 1, False)]
+    scheduler = PhaseSchedulerActor.remote(tasks, PhaseConfig(), 2, 0)
+    workers = [CrashingRollout.remote(str(tmp_path / "m"), -1)]
+    sync = WeightSync(FakeLearner(), workers, "object_store")
+    sync.push(0)
+    pipe = StepPipeline(scheduler, workers, cluster, {"t0": None, "t1": None}, 2, 0, 0, 2, StageTimeline(),
+                        weight_sync=sync, max_shard_failures=2)
+    batch = pipe.take(0)
+    with pytest.raises(RuntimeError, match=r"step 0: rollout worker 0's shard \(\[.+\]\) failed 2 times in a row"):
+        pipe.groups(batch)
+    assert batch.restarts == 1
+    ray.kill(workers[0], no_restart=True)
+    with pytest.raises(ValueError, match="max_shard_failures"):
+        StepPipeline(scheduler, workers, cluster, {}, 2, 0, 0, 2, StageTimeline(), max_shard_failures=0)
+
+
+@pytest.mark.slow
+def test_resync_resends_a_kept_version_or_else_the_last_one(cluster, tmp_path):
+    log = tmp_path / "log"
+    w = CrashingRollout.remote(str(tmp_path / "m"), 0, str(log))
+    learner = FakeLearner()
+    sync = WeightSync(learner, [w], "object_store", keep_versions=2)
+    with pytest.raises(RuntimeError, match="before any push"):
+        sync.resync(0, 0)
+    for v in range(3):
+        learner.current = v
+        sync.push(v)
+    assert sorted(sync.kept) == [1, 2]
+    assert sync.resync(0, 1) == 1 and ray.get(w.ping.remote()) == 1  # exact: the kept ref of version 1
+    assert sync.resync(0, 0) == 2  # no longer kept: the last pushed version, and the worker says so
+    assert log.read_text().split() == ["0", "1", "2", "1", "2"]
+    with pytest.raises(ValueError, match="keep_versions"):
+        WeightSync(learner, [w], "object_store", keep_versions=0)
+    ray.kill(w, no_restart=True)
+
+
+class FakeBroadcastLearner:
+    """The learner side of the broadcast sync, less the collectives."""
+
+    def rendezvous(self):
+        return "127.0.0.1", 0
+
+    def plan_buckets(self, bucket_bytes):
+        return ()
+
+    def broadcast_weights(self, spec):
+        return []
+
+
+@pytest.mark.slow
+def test_broadcast_forms_a_new_group_for_a_restarted_worker(cluster, tmp_path):
+    workers = [CrashingRollout.remote(str(tmp_path / f"m{i}"), 0, str(tmp_path / f"log{i}")) for i in range(2)]
+    sync = WeightSync(FakeBroadcastLearner(), workers, "broadcast")
+    assert sync.push(0)["restarts"] == 0 and sync.push(1)["restarts"] == 0
+    assert sync.spec.generation == 0
+    ray.kill(workers[1], no_restart=False)  # dies between steps: comes back empty, cannot join group 0
+    assert sync.push(2)["restarts"] == 1 and sync.spec.generation == 1
+    assert ray.get([w.__ray_call__.remote(lambda self: (self.version, self.weights)) for w in workers]) == [(2, "g1")] * 2
+    # a broadcast cannot resend version 1: a new group, the last pushed version, to every worker
+    assert sync.resync(1, 1) == 2 and sync.spec.generation == 2
+    assert [(tmp_path / f"log{i}").read_text().split() for i in range(2)] == [["0", "1", "2", "2"], ["0", "1", "2", "2"]]
+    for w in workers:
+        ray.kill(w, no_restart=True)
+
+
+def test_only_worker_deaths_and_missing_weights_are_recovered():
+    assert recoverable(ray.exceptions.ActorDiedError()) and recoverable(ray.exceptions.ActorUnavailableError("x", b"0" * 16))
+    assert recoverable(WeightsMissing("restarted"))
+    assert not recoverable(KeyError("task")) and not recoverable(ray.exceptions.GetTimeoutError())
+
+
+# ---- dice-ray train: a worker crashes mid-step, the metrics do not notice -------------------------------------
+RUN = [
+    "rl.steps=4", "rl.prompts_per_step=2", "rl.num_generations=3", "phase.infill_steps=2", "phase.ramp_steps=3",
+    "sampling.max_new_tokens=96", "sft.steps=100", "eval.heldout_tasks=0", "cluster.num_verifiers=1",
+    "tasks.max_tasks=6",  # the SFT cache of tests/test_resume_exact.py
+]
+TIMING = {
+    "learner_step_seconds", "rollout_seconds", "verify_seconds", "learn_seconds", "sync_seconds",
+    "rollout_tokens_per_s", "verifier_throughput", "verifier_queue_depth", "verifier_pool_size", "step_seconds",
+    "idle_seconds", "checkpoint_seconds", "rollout_busy_share", "verify_busy_share", "learner_busy_share",
+    "rollout_learn_overlap_seconds", "timeline", "gpu_busy_share", "gpu_busy_share_mean", "gpu_busy_share_min",
+    "rollout_restarts",
+}
+
+
+def _train_both(runs: dict[str, dict], tmp: Path, args: list[str]) -> dict[str, list[dict]]:
+    """``dice-ray train`` once for each ``name -> env``, each started once the one before it has its warm start
+    (so they share its SFT cache entry, and overlap their set-up and steps); their records."""
+    procs = {}
+    try:
+        for name, env in runs.items():
+            if procs:  # wait for the previous run's warm start (a cold cache is filled once)
+                prev, log = procs[list(procs)[-1]]
+                deadline = time.monotonic() + 400
+                while prev.poll() is None and "learner {" not in log.read_text() and time.monotonic() < deadline:
+                    time.sleep(0.5)
+            log = tmp / f"{name}.log"
+            with log.open("w") as f:
+                cmd = [sys.executable, "-m", "dice_ray.cli", "train", f"run_dir={tmp}", f"run_name={name}", *args]
+                procs[name] = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, text=True), log
+        out = {}
+        for name, (proc, log) in procs.items():
+            proc.wait(timeout=400)
+            assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{log.read_text()[-6000:]}"
+            out[name] = [json.loads(x) for x in (tmp / name / "metrics.jsonl").read_text().splitlines()]
+        return out
+    finally:
+        for proc, _ in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+    return a == b
+
+
+@pytest.mark.slow
+def test_train_with_a_rollout_worker_crashing_mid_step_matches_the_clean_run(tmp_path, request):
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", FAULT_ENV)} | {"PYTHONUNBUFFERED": "1"}
+    pytest_cache = getattr(request.config, "cache", None)
+    cache = pytest_cache.mkdir("dice-ray-sft") if pytest_cache else tmp_path / "sft"
+    marker = tmp_path / "crashed"
+    # the worker's 3rd generate call is step 2's rollout: its re-sampled groups are what step 2 learns on
+    runs = _train_both({"clean": env, "crash": env | {FAULT_ENV: f"3:{marker}"}}, tmp_path, [f"sft.cache_dir={cache}", *RUN])
+    clean, crash = runs["clean"], runs["crash"]
+    assert marker.exists(), "the fault hook did not fire"
+    assert [r["step"] for r in crash] == [0, 1, 2, 3]
+    assert [r["rollout_restarts"] for r in clean] == [0, 0, 0, 0]
+    assert crash[2]["rollout_restarts"] >= 1 and clean[2]["loss"] is not None  # the crashed step trained
+    assert any(r["loss"] is not None for r in clean[1:]), "no learner step after the crash: a weak comparison"
+    diffs = [(r["step"], k, r.get(k), s.get(k)) for r, s in zip(clean, crash)
+             for k in sorted((set(r) | set(s)) - TIMING) if not _same(r.get(k), s.get(k))]
+    assert not diffs, "the crash changed the run (step, field, clean, crashed):\n" + "\n".join(map(str, diffs))
