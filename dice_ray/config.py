@@ -250,6 +250,18 @@ class VerifyConfig(_Section):
         "max(this, 10 x the fp32 reference's own); catches precision downgrades (0: off).",
     )
     # -- load_inline format (dice_ray.verify.inline) --
+    allow_vendor_libraries: bool = Field(
+        False,
+        description="load_inline format only: accept vendor math libraries (cuBLAS/cuBLASLt, cuDNN, cuSPARSE, cuFFT, "
+        "cuSOLVER, cuRAND calls and headers, header-only CUTLASS/CuTe/thrust, torch's getCurrentCUDABlasHandle) "
+        "instead of the cheat rule cuda-library; extra_ldflags may then name -lcublas, -lcublasLt, -lcudnn, "
+        "-lcusparse, -lcufft, -lcusolver, -lcurand (a closed list: any other flag stays refused), and the build "
+        "links the libraries the sources use. Speedups then measure the vendor library, not the model's kernel. "
+        "Every timed call must still launch at least one __global__ kernel of the candidate's own extension "
+        "(no-kernel-launch: the launches cuBLAS makes are not counted). NCCL/NVSHMEM and torch's compute "
+        "(at::matmul, at::cuda::blas::*) stay refused. The fast (NVRTC) format compiles device code only and cannot "
+        "call host libraries: it keeps the cuda-library rule.",
+    )
     inline_cache_dir: str | None = Field(
         None, description="Build cache of load_inline candidates (None: $DICE_RAY_INLINE_CACHE or "
         "~/.cache/dice-ray/inline); shared by the verifiers of one machine."

@@ -17,6 +17,12 @@ of DICE's ``kernel_infilling_evaluation.json`` has this shape).  The verifier ne
    to a loader that imports the prebuilt ``.so`` (nothing compiles in the worker: seccomp forbids
    fork/exec there) once the call's arguments hash to the built spec.
 
+Vendor libraries: by default cuBLAS, cuDNN & co. are the cheat rule ``cuda-library`` (static, and
+``extra_ldflags=["-lcublas"]`` here); with ``VerifyConfig.allow_vendor_libraries`` the ``-l`` flags
+of :data:`VENDOR_LIBRARIES` are accepted (:attr:`InlineSpec.extra_ldflags`) and the build links what
+:meth:`InlineSpec.vendor_libraries` finds.  The launch counters below only see the candidate's own
+``__global__`` kernels, so a forward that only calls cuBLAS still breaks ``no-kernel-launch``.
+
 Launch counting (run-time rule ``no-kernel-launch``): :func:`launch_count` sums the host launch
 counters compiled into the current candidate's extensions (no CUDA call, so the harness may read
 it inside a timed window), or a module's device counter when its launches could not all be
@@ -41,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = [
+    "VENDOR_LIBRARIES",
     "InlineLoadError",
     "InlineSpec",
     "UnsupportedFormat",
@@ -70,6 +77,20 @@ _SAFE_FLAG = re.compile(
 )
 #: ``extra_ldflags`` naming a vendor library: a ``cuda-library`` cheat, not a format problem.
 _LIBRARY_FLAG = re.compile(r"^-l(cublas\w*|cudnn\w*|cusparse\w*|cufft\w*|cusolver\w*|nccl\w*|nvshmem\w*)$")
+#: Vendor math libraries ``VerifyConfig.allow_vendor_libraries`` lets a load_inline candidate link
+#: (``-l<name>`` in ``extra_ldflags``); a closed list: any other ``-l`` flag stays refused.
+VENDOR_LIBRARIES: tuple[str, ...] = ("cublas", "cublasLt", "cudnn", "cusparse", "cufft", "cusolver", "curand")
+#: What in a source needs which vendor libraries (identifiers and headers; torch's cuBLAS handles
+#: return cuBLAS types whose functions live in libcublas / libcublasLt).
+_VENDOR_USES: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = (
+    (re.compile(r"\bcublas|getCurrentCUDABlas(Lt)?Handle|getCurrentCUDABlasLtWorkspace"), ("cublas", "cublasLt")),
+    (re.compile(r"\bcudnn|getCudnnHandle"), ("cudnn",)),
+    (re.compile(r"\bcusparse|getCurrentCUDASparseHandle"), ("cusparse",)),
+    (re.compile(r"\bcufft"), ("cufft",)),
+    (re.compile(r"\bcusolver|getCurrentCUDASolverDnHandle"), ("cusolver",)),
+    # cuRAND's host API (generators); the device API (curand_kernel.h, curand_init) is header-only
+    (re.compile(r"\bcurand(Create|Generate|Set|Destroy|Get)\w*|\bcurand\.h\b"), ("curand",)),
+)
 
 
 class UnsupportedFormat(ValueError):
@@ -108,6 +129,8 @@ class InlineSpec:
         functions: the functions to bind (``functions=`` as a list, a dict's keys, or one name).
         extra_cflags, extra_cuda_cflags: flags for ``main.cpp`` / ``cuda.cu`` (a safe subset).
         no_implicit_headers: torch's flag: no implicit ``#include`` lines are added.
+        extra_ldflags: ``-l<vendor library>`` flags (:data:`VENDOR_LIBRARIES` only), accepted only
+            with ``VerifyConfig.allow_vendor_libraries``; empty otherwise.
         var: the module-level name bound to the call's result (static extraction only).
         line: the call's 1-based line in the candidate (static extraction only).
     """
@@ -119,6 +142,7 @@ class InlineSpec:
     extra_cflags: tuple[str, ...] = ()
     extra_cuda_cflags: tuple[str, ...] = ()
     no_implicit_headers: bool = False
+    extra_ldflags: tuple[str, ...] = ()
     var: str | None = field(default=None, compare=False)
     line: int | None = field(default=None, compare=False)
 
@@ -128,7 +152,25 @@ class InlineSpec:
         d = asdict(self)
         d.pop("var")
         d.pop("line")
+        if not d["extra_ldflags"]:
+            d.pop("extra_ldflags")  # specs without vendor libraries keep the keys they always had
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+    def vendor_libraries(self) -> tuple[str, ...]:
+        """The vendor libraries the build links (only asked for under
+        ``VerifyConfig.allow_vendor_libraries``: otherwise the rules refused these sources): those
+        named in :attr:`extra_ldflags`, plus those whose names or headers the sources use (cuBLAS
+        calls or ``at::cuda::getCurrentCUDABlasHandle``: cublas and cublasLt; ``cudnn*``: cudnn...).
+
+        Returns:
+            Names of :data:`VENDOR_LIBRARIES` (``"cublas"``, not ``-lcublas``), in that order.
+        """
+        wanted = {f[2:] for f in self.extra_ldflags}
+        text = self.cpp_source + "\n" + self.cuda_source
+        for pattern, libs in _VENDOR_USES:
+            if pattern.search(text):
+                wanted.update(libs)
+        return tuple(lib for lib in VENDOR_LIBRARIES if lib in wanted)
 
     @property
     def cuda_source(self) -> str:
@@ -290,25 +332,35 @@ def _functions(value: Any) -> tuple[str, ...]:
     return names
 
 
-def _flags(values: tuple[str, ...], what: str) -> tuple[str, ...]:
+def _flags(values: tuple[str, ...], what: str, allow_vendor_libraries: bool = False) -> tuple[str, ...]:
     for v in values:
+        if what == "extra_ldflags" and allow_vendor_libraries and v.startswith("-l") and v[2:] in VENDOR_LIBRARIES:
+            continue
         if what == "extra_ldflags" and _LIBRARY_FLAG.match(v):
-            raise UnsupportedFormat(f"extra_ldflags: {v!r} links a vendor math library", what, rule="cuda-library")
+            accepted = "-l" + ", -l".join(VENDOR_LIBRARIES)
+            hint = (f"not among the vendor math libraries accepted ({accepted})" if allow_vendor_libraries
+                    else f"verify.allow_vendor_libraries=true accepts {accepted}")
+            raise UnsupportedFormat(f"extra_ldflags: {v!r} links a vendor math library ({hint})", what,
+                                    rule="cuda-library")
         if what in ("extra_ldflags", "extra_include_paths") or not _SAFE_FLAG.match(v):
             raise UnsupportedFormat(f"{what}: {v!r} is not supported (allowed: optimisation, fast-math, -std, "
                                     "-D/-U macros, --expt-* flags)", what)
     return values
 
 
-def spec_from_call(args: tuple, kwargs: dict[str, Any], var: str | None = None, line: int | None = None) -> InlineSpec:
+def spec_from_call(args: tuple, kwargs: dict[str, Any], var: str | None = None, line: int | None = None, *,
+                   allow_vendor_libraries: bool = False) -> InlineSpec:
     """Normalise the arguments of one ``load_inline(...)`` call into an :class:`InlineSpec`.
 
     Used on the statically read values and, in the worker, on the values the candidate really
-    passes (the two must give the same :meth:`InlineSpec.key`).
+    passes (the two must give the same :meth:`InlineSpec.key`).  With ``allow_vendor_libraries``
+    (``VerifyConfig.allow_vendor_libraries``) ``extra_ldflags`` may hold ``-l<name>`` for the names
+    of :data:`VENDOR_LIBRARIES`, kept in :attr:`InlineSpec.extra_ldflags`.
 
     Raises:
-        UnsupportedFormat: a missing name, an unknown keyword, flags outside the safe subset,
-            ``is_python_module=False``, values of the wrong type.
+        UnsupportedFormat: a missing name, an unknown keyword, flags outside the safe subset
+            (rule ``cuda-library`` for ``-lcublas``... when vendor libraries are not allowed, and
+            always for ``-lnccl`` / ``-lnvshmem``), ``is_python_module=False``, values of the wrong type.
     """
     if len(args) > len(_POSITIONAL):
         raise UnsupportedFormat(f"load_inline takes at most {len(_POSITIONAL)} positional arguments here "
@@ -328,7 +380,7 @@ def spec_from_call(args: tuple, kwargs: dict[str, Any], var: str | None = None, 
         raise UnsupportedFormat(f"name: {name!r} is not an identifier string", "name")
     if "cpp_sources" not in values:
         raise UnsupportedFormat("cpp_sources is missing", "cpp_sources")
-    flags = {k: _flags(_strings(values.get(k), k), k) for k in _FLAG_KWARGS}
+    flags = {k: _flags(_strings(values.get(k), k), k, allow_vendor_libraries) for k in _FLAG_KWARGS}
     return InlineSpec(
         name=name,
         cpp_sources=_strings(values["cpp_sources"], "cpp_sources", allow_none=False),
@@ -337,16 +389,18 @@ def spec_from_call(args: tuple, kwargs: dict[str, Any], var: str | None = None, 
         extra_cflags=flags["extra_cflags"],
         extra_cuda_cflags=flags["extra_cuda_cflags"],
         no_implicit_headers=bool(values.get("no_implicit_headers", False)),
+        extra_ldflags=flags["extra_ldflags"],
         var=var,
         line=line,
     )
 
 
-def extract_specs(src: str) -> list[InlineSpec]:
+def extract_specs(src: str, *, allow_vendor_libraries: bool = False) -> list[InlineSpec]:
     """Read every ``load_inline`` call of a candidate statically (never executes it).
 
     Each call must be the value of a top-level ``name = load_inline(...)`` assignment; its
-    arguments must resolve to constants (see the module docstring).
+    arguments must resolve to constants (see the module docstring).  ``allow_vendor_libraries``
+    (``VerifyConfig.allow_vendor_libraries``) accepts vendor ``-l`` flags (:func:`spec_from_call`).
 
     Returns:
         The specs in source order (empty when the module has no ``load_inline`` call).
@@ -384,7 +438,8 @@ def extract_specs(src: str) -> list[InlineSpec]:
                          for i, a in enumerate(node.args))
             kwargs = {k.arg: (None if k.arg in _IGNORED_KWARGS else resolver.value(k.value, k.arg, line))
                       for k in node.keywords if k.arg is not None}
-            specs.append(spec_from_call(args, kwargs, var=var, line=line))
+            specs.append(spec_from_call(args, kwargs, var=var, line=line,
+                                        allow_vendor_libraries=allow_vendor_libraries))
         except UnsupportedFormat as e:
             e.line = e.line or line
             raise
@@ -462,14 +517,14 @@ def _import_so(entry: dict[str, Any]) -> Any:
     return mod
 
 
-def _make_loader(entries: list[dict[str, Any]]) -> Any:
+def _make_loader(entries: list[dict[str, Any]], allow_vendor_libraries: bool = False) -> Any:
     by_key = {e["key"]: e for e in entries}
 
     def load_inline(*args: Any, **kwargs: Any) -> types.ModuleType:
         try:
-            spec = spec_from_call(args, kwargs)
+            spec = spec_from_call(args, kwargs, allow_vendor_libraries=allow_vendor_libraries)
         except UnsupportedFormat as e:
-            raise _load_error_type()(f"[unsupported-format] load_inline at run time: {e}") from None
+            raise _load_error_type()(f"[{e.rule}] load_inline at run time: {e}") from None
         entry = by_key.get(spec.key())
         if entry is None:
             raise _load_error_type()(
@@ -518,7 +573,9 @@ def exec_inline(candidate_src: str, inline_job: dict[str, Any], guarded: bool) -
 
     ``inline_job["modules"]``: one dict per spec with ``key`` (:meth:`InlineSpec.key`), ``module``
     (the ``PyInit_`` name), ``path`` (the ``.so``; None in compile-only mode: the functions become
-    stubs), ``counting`` and ``has_cuda``.  While the module runs, ``torch.utils.cpp_extension`` is
+    stubs), ``counting`` and ``has_cuda``; ``inline_job["allow_vendor_libraries"]`` (default False)
+    is ``VerifyConfig.allow_vendor_libraries``, so the run-time call is read with the same rules as
+    the static one.  While the module runs, ``torch.utils.cpp_extension`` is
     a stand-in holding only that ``load_inline`` (``import torch.utils.cpp_extension``, ``from
     torch.utils.cpp_extension import load_inline`` and ``from torch.utils import cpp_extension``
     all reach it); the real module is put back afterwards.
@@ -535,7 +592,8 @@ def exec_inline(candidate_src: str, inline_job: dict[str, Any], guarded: bool) -
 
     reset()
     fake = types.ModuleType("torch.utils.cpp_extension")
-    fake.load_inline = _make_loader(list(inline_job.get("modules", [])))  # type: ignore[attr-defined]
+    fake.load_inline = _make_loader(list(inline_job.get("modules", [])),  # type: ignore[attr-defined]
+                                    bool(inline_job.get("allow_vendor_libraries", False)))
     missing = object()
     saved_mod = sys.modules.get("torch.utils.cpp_extension", missing)
     saved_attr = torch.utils.__dict__.get("cpp_extension", missing)

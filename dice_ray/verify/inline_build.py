@@ -17,6 +17,10 @@ its own build instead of calling torch's ``load_inline`` (ninja + one nvcc of th
 * On a GPU machine the two objects are linked (``g++ -shared``, torch's and CUDA's library
   folders) into ``lib/<key>.so``; in compile-only mode (a CPU-only torch has no
   ``libtorch_cuda``) the build stops at the objects, so CI still checks that candidates compile.
+  With ``link_vendor_libraries`` (``VerifyConfig.allow_vendor_libraries``) the link adds the vendor
+  math libraries the spec uses (:meth:`~dice_ray.verify.inline.InlineSpec.vendor_libraries`),
+  found where torch's own copies are (the ``nvidia-*`` wheels' ``lib`` folders first, then torch's
+  and CUDA's library folders) and found again at load time through an rpath.
 
 Cache: ``<cache_dir>/<toolchain key>/`` with ``obj/`` (``<key>.o`` or ``<key>.err``: compile errors
 are cached too), ``lib/``, ``pch/``, ``include/`` and ``tmp/`` (one unique build folder per
@@ -185,6 +189,8 @@ class InlineBuilder:
         pch: precompile ``torch/extension.h`` for ``main.cpp`` (once per toolchain).
         host_opt: optimisation flag of host code (``main.cpp`` and nvcc's host side; device code
             is always ``-O3``).
+        link_vendor_libraries: link the vendor libraries a spec uses (see the module docstring);
+            False (the default, vendor libraries refused by the rules): never.
 
     Raises:
         OSError: the cache folder cannot be created.
@@ -192,7 +198,8 @@ class InlineBuilder:
 
     def __init__(self, cache_dir: str | os.PathLike | None = None, *, arch: str = "sm_90", link: bool = True,
                  max_builds: int = 0, timeout_s: float = 300.0, cpu_s: float = 600.0, memory_gib: float = 8.0,
-                 file_mib: float = 512.0, lite_headers: bool = True, pch: bool = True, host_opt: str = "-O1"):
+                 file_mib: float = 512.0, lite_headers: bool = True, pch: bool = True, host_opt: str = "-O1",
+                 link_vendor_libraries: bool = False):
         if not re.fullmatch(r"sm_\d+a?", arch):
             raise ValueError(f"arch must look like 'sm_90', got {arch!r}")
         if host_opt not in ("-O0", "-O1", "-O2", "-O3"):
@@ -204,6 +211,8 @@ class InlineBuilder:
         self.memory_bytes = int(memory_gib * 2**30)
         self.file_bytes = int(file_mib * 2**20)
         self.lite_headers, self.use_pch, self.host_opt = lite_headers, pch, host_opt
+        self.link_vendor_libraries = link_vendor_libraries
+        self._vendor_paths: dict[str, Path | None] = {}
         self.tc: Toolchain = detect_toolchain(host_opt, lite_headers, pch)
         self.root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         self.dir = self.root / self.tc.key
@@ -305,7 +314,53 @@ class InlineBuilder:
         main_key = sha("main", self.tc.key, spec.cpp_sources, spec.functions, spec.extra_cflags, has_cuda)
         cuda_key = sha("cuda", self.tc.key, self.arch, inst.source, spec.extra_cuda_cflags,
                         spec.no_implicit_headers) if inst is not None else None
-        return main_key, cuda_key, sha("so", main_key, cuda_key, self.link)
+        libs = self._vendor_libs(spec)
+        return main_key, cuda_key, sha("so", main_key, cuda_key, self.link, *([libs] if libs else []))
+
+    # -- vendor libraries (link flags) -------------------------------------------------------------
+    def _vendor_libs(self, spec: InlineSpec) -> tuple[str, ...]:
+        """The vendor libraries ``spec``'s ``.so`` links (none unless linking with vendor libraries on)."""
+        if not (self.link and self.link_vendor_libraries):
+            return ()
+        return spec.vendor_libraries()
+
+    def _vendor_path(self, lib: str) -> Path | None:
+        """``lib<lib>.so`` (or the highest ``lib<lib>.so.N``) in the ``nvidia-*`` wheels' ``lib``
+        folders, then in the toolchain's library folders; None when absent (memoised)."""
+        if lib not in self._vendor_paths:
+            import glob
+            import importlib.util
+
+            dirs: list[str] = []
+            spec = importlib.util.find_spec("nvidia")
+            for root in (spec.submodule_search_locations or []) if spec is not None else []:
+                dirs += sorted(glob.glob(os.path.join(root, "*", "lib")) + glob.glob(os.path.join(root, "*", "lib64")))
+            dirs += list(self.tc.lib_dirs)
+            found = None
+            for d in dirs:
+                exact = Path(d) / f"lib{lib}.so"
+                versioned = sorted(Path(d).glob(f"lib{lib}.so.*"), key=lambda p: [int(x) if x.isdigit() else 0
+                                                                                   for x in p.name.split(".")[2:]])
+                if exact.exists() or versioned:
+                    found = exact if exact.exists() else versioned[-1]
+                    break
+            self._vendor_paths[lib] = found
+        return self._vendor_paths[lib]
+
+    def vendor_link_args(self, spec: InlineSpec) -> list[str]:
+        """Link flags for the vendor libraries of ``spec`` (empty unless ``link`` and
+        ``link_vendor_libraries``): ``-L<dir> -Wl,-rpath,<dir> -l:<file>`` for each library found;
+        a library named in ``extra_ldflags`` but not found is passed as ``-l<name>`` (the linker
+        then reports it, as torch's load_inline would); one only seen in the sources and not found
+        is left out (its symbols resolve at load time from the copy torch has loaded)."""
+        out: list[str] = []
+        for lib in self._vendor_libs(spec):
+            path = self._vendor_path(lib)
+            if path is not None:
+                out += [f"-L{path.parent}", f"-Wl,-rpath,{path.parent}", f"-l:{path.name}"]
+            elif f"-l{lib}" in spec.extra_ldflags:
+                out.append(f"-l{lib}")
+        return out
 
     def _hit(self, r: BuildResult, t0: float) -> Future:
         f: Future = Future()
@@ -403,7 +458,7 @@ class InlineBuilder:
             so_path = self.dir / "lib" / f"{key}.so"
             if not so_path.exists():
                 cached = False
-                linked = self._link(objects, so_path)  # type: ignore[arg-type]
+                linked = self._link(objects, so_path, self.vendor_link_args(spec))  # type: ignore[arg-type]
                 if not linked.ok:
                     return self._result(spec, inst, main_key, key, linked)
             so = str(so_path)
@@ -529,10 +584,11 @@ class InlineBuilder:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
 
-    def _link(self, objects: tuple[str, ...], so_path: Path) -> _Obj:
+    def _link(self, objects: tuple[str, ...], so_path: Path, extra: list[str] | None = None) -> _Obj:
         tmp = self._tmpdir("link")
         try:
-            kind, log, secs = self._run(link_command(self.tc, objects, "ext.so", cuda=len(objects) > 1), tmp)
+            cmd = link_command(self.tc, objects, "ext.so", cuda=len(objects) > 1) + list(extra or ())
+            kind, log, secs = self._run(cmd, tmp)
             with self._lock:
                 self._stats["link_s"] += secs
             if kind != "ok":

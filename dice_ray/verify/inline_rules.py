@@ -12,7 +12,10 @@ regular expressions over the text:
   under ``using namespace torch``, arithmetic operators on ``Tensor`` variables, and torch's own
   kernels (``ATen/native/...`` headers) are the classic fallback cheat of this format.
 * ``cuda-library``: cuBLAS(Lt) / cuDNN / cuSPARSE / cuFFT / cuSOLVER / CUTLASS / CuTe / thrust
-  names and handles (``at::cuda::getCurrentCUDABlasHandle``), headers, ``-lcublas``.
+  names and handles (``at::cuda::getCurrentCUDABlasHandle``), headers, ``-lcublas``; none of it
+  with ``VerifyConfig.allow_vendor_libraries`` (``allow_vendor_libraries=True`` here), except
+  NCCL / NVSHMEM headers.  Torch's own wrappers (``at::cuda::blas::gemm``) stay ``cpp-torch-op``,
+  and the candidate must still define and launch a ``__global__`` kernel (``no-kernel-launch``).
 * ``cuda-stream``: stream, event and graph APIs (``cudaStreamCreate``, ``getStreamFromPool``,
   ``cudaGraph*``...); the current stream (``at::cuda::getCurrentCUDAStream()``) is allowed.
 * ``forbidden-import``: thread and process headers and APIs (``<thread>``, ``std::thread``,
@@ -155,7 +158,8 @@ def _qualified_parts(node: Any) -> list[str]:
 
 
 class _SourceChecker:
-    def __init__(self, text: str, what: str, line: int | None):
+    def __init__(self, text: str, what: str, line: int | None, allow_vendor_libraries: bool = False):
+        self.allow_vendor = allow_vendor_libraries
         self.data = text.encode()
         self.what = what
         self.line = line
@@ -170,6 +174,8 @@ class _SourceChecker:
         self.launches = 0
 
     def add(self, rule: str, message: str, node: Any) -> None:
+        if rule == "cuda-library" and self.allow_vendor:
+            return  # vendor math libraries allowed (NCCL / NVSHMEM headers: check_cuda_source)
         key = (rule, message)
         if key in self.seen:
             return
@@ -179,7 +185,7 @@ class _SourceChecker:
 
     # -- passes ----------------------------------------------------------------------------------
     def run(self) -> None:
-        for v in check_cuda_source(self.data.decode(errors="replace")):
+        for v in check_cuda_source(self.data.decode(errors="replace"), allow_vendor_libraries=self.allow_vendor):
             self.out.append(Violation(v.rule, f"{self.what} line {v.line}: {v.message}", self.line))
         root = self.tree.root_node
         self.prepass(root)
@@ -381,8 +387,9 @@ class _SourceChecker:
             self.add("cpp-torch-op", f"host code applies the operator {opt} to a Tensor (an ATen op)", node)
 
 
-def check_inline_sources(spec: Any) -> tuple[list[Violation], list[str], int]:
-    """Apply the C++/CUDA rules to one :class:`~dice_ray.verify.inline.InlineSpec`.
+def check_inline_sources(spec: Any, allow_vendor_libraries: bool = False) -> tuple[list[Violation], list[str], int]:
+    """Apply the C++/CUDA rules to one :class:`~dice_ray.verify.inline.InlineSpec`
+    (``allow_vendor_libraries``: ``VerifyConfig.allow_vendor_libraries``, see the module docstring).
 
     Returns:
         (violations, names of the ``__global__`` kernels, host launch sites found); each
@@ -394,7 +401,7 @@ def check_inline_sources(spec: Any) -> tuple[list[Violation], list[str], int]:
     for what, text in (("cpp_sources", spec.cpp_source), ("cuda_sources", spec.cuda_source)):
         if not text.strip():
             continue
-        c = _SourceChecker(text, what, spec.line)
+        c = _SourceChecker(text, what, spec.line, allow_vendor_libraries)
         c.run()
         out.extend(c.out)
         kernels.extend(c.kernels)
@@ -402,8 +409,11 @@ def check_inline_sources(spec: Any) -> tuple[list[Violation], list[str], int]:
     return out, kernels, launches
 
 
-def check_inline(src: str, tree: ast.Module, kernel_refs: dict[str, set[str]]) -> list[Violation]:
-    """The load_inline format's extra rules on a candidate (called by ``rules.check_candidate``).
+def check_inline(src: str, tree: ast.Module, kernel_refs: dict[str, set[str]], *,
+                 allow_vendor_libraries: bool = False) -> list[Violation]:
+    """The load_inline format's extra rules on a candidate (called by ``rules.check_candidate``;
+    ``allow_vendor_libraries`` is ``VerifyConfig.allow_vendor_libraries``: no ``cuda-library``
+    violations for vendor math libraries, vendor ``-l`` flags accepted).
 
     Reads the ``load_inline`` calls (``unsupported-format`` when an argument is dynamic), checks
     their sources (see the module docstring), that some kernel exists and is launched
@@ -413,7 +423,7 @@ def check_inline(src: str, tree: ast.Module, kernel_refs: dict[str, set[str]]) -
     from dice_ray.verify.inline import UnsupportedFormat, extract_specs
 
     try:
-        specs = extract_specs(src)
+        specs = extract_specs(src, allow_vendor_libraries=allow_vendor_libraries)
     except UnsupportedFormat as e:
         return [Violation(e.rule, str(e), e.line)]
     if not specs:
@@ -424,7 +434,7 @@ def check_inline(src: str, tree: ast.Module, kernel_refs: dict[str, set[str]]) -
     launches = 0
     try:
         for spec in specs:
-            v, k, n = check_inline_sources(spec)
+            v, k, n = check_inline_sources(spec, allow_vendor_libraries)
             out.extend(v)
             kernels.extend(k)
             launches += n

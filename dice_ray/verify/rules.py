@@ -32,6 +32,11 @@ counting as kernel launches; its C++/CUDA sources get the rules of
 :mod:`dice_ray.verify.inline_rules` (``cpp-torch-op`` and the CUDA-side rules, on a tree-sitter
 parse).
 
+``cuda-library`` (cuBLAS, cuDNN, CUTLASS, thrust...) is a cheat unless
+``VerifyConfig.allow_vendor_libraries`` is set, and then only for the load_inline format
+(``check_candidate(..., allow_vendor_libraries=True)``): NVRTC cannot link host libraries, so the
+fast format keeps the rule.
+
 Each rule has an id (``RULES``); a :class:`Violation` names the rule, the line and what was seen.
 """
 
@@ -88,7 +93,8 @@ RULES: dict[str, Rule] = {
         Rule("forward-module-call", "cheat", "run-time code may not call submodules (self.conv(x)) or .forward"),
         Rule("forward-state", "cheat", "no state across calls (self.x = ..., global, mutable defaults, caches)"),
         Rule("module-state", "cheat", "module top level: imports, defs, classes, constants and load_cuda(...) only"),
-        Rule("cuda-library", "cheat", "no cuBLAS / cuDNN / CUTLASS / CuTe / thrust / cuSPARSE / cuFFT / cuSOLVER includes"),
+        Rule("cuda-library", "cheat", "no cuBLAS / cuDNN / CUTLASS / CuTe / thrust / cuSPARSE / cuFFT / cuSOLVER includes "
+             "(load_inline format: allowed with verify.allow_vendor_libraries, NCCL/NVSHMEM never)"),
         Rule("no-kernel-launch", "cheat", "forward must launch at least one of the candidate's kernels on every call"),
         Rule("input-mutation", "cheat", "the candidate must not modify its inputs"),
         Rule("output-type", "cheat", "outputs must be plain torch.Tensor objects (no subclasses or lazy objects)"),
@@ -146,6 +152,8 @@ _CUDA_LIBRARIES = re.compile(
     r"cusparse\w*|cufft\w*|cusolver\w*|nccl\w*|nvshmem\w*)",
     re.I,
 )
+#: libraries of _CUDA_LIBRARIES that are not math libraries: refused even with vendor libraries allowed
+_COMM_LIBRARIES = re.compile(r"(nccl|nvshmem)", re.IGNORECASE)
 _INCLUDE_PATH = re.compile(r"#\s*include\s*[<\"]\s*(/|~|[^>\"\n]*\.\.)[^>\"\n]*[>\"]?")
 _ALLOWED_DUNDERS = frozenset({"__init__", "__name__"})
 _ALLOWED_DECORATORS = frozenset({"staticmethod", "classmethod", "property", "torch.no_grad", "torch.inference_mode"})
@@ -209,12 +217,19 @@ def import_allowed(module: str, names: tuple[str, ...] = (), inline: bool = Fals
     return True
 
 
-def check_cuda_source(text: str) -> list[Violation]:
+def check_cuda_source(text: str, *, allow_vendor_libraries: bool = False) -> list[Violation]:
     """The CUDA-side rules on any text: ``cuda-library`` (library headers that do the work for the
     kernel) and ``file-access`` (``#include`` of an absolute or ``..`` path: NVRTC would read it
-    and its error log would carry the file's content into the verdict)."""
+    and its error log would carry the file's content into the verdict).
+
+    ``allow_vendor_libraries`` (``VerifyConfig.allow_vendor_libraries``, load_inline sources only)
+    drops the ``cuda-library`` violations of the vendor math libraries (cuBLAS, cuDNN, cuSPARSE,
+    cuFFT, cuSOLVER, CUTLASS, CuTe, thrust); NCCL and NVSHMEM headers are refused all the same.
+    """
     out = []
     for m in _CUDA_LIBRARIES.finditer(text):
+        if allow_vendor_libraries and not _COMM_LIBRARIES.match(m.group(1)):
+            continue
         line = text.count("\n", 0, m.start()) + 1
         out.append(Violation("cuda-library", f"includes the library header {m.group(1)!r}", line))
     for m in _INCLUDE_PATH.finditer(text):
@@ -683,8 +698,15 @@ def _set_parents(tree: ast.AST) -> None:
             child.parent = node  # type: ignore[attr-defined]
 
 
-def check_candidate(src: str) -> StaticReport:
+def check_candidate(src: str, *, allow_vendor_libraries: bool = False) -> StaticReport:
     """Apply every static rule to a candidate of either format (parses only, never executes).
+
+    Args:
+        src: the candidate module's text.
+        allow_vendor_libraries: ``VerifyConfig.allow_vendor_libraries``: for the load_inline format,
+            vendor math libraries (headers, calls, ``-l`` flags of
+            :data:`dice_ray.verify.inline.VENDOR_LIBRARIES`) are not ``cuda-library`` violations;
+            the fast format (NVRTC: device code only, no host library) keeps the rule.
 
     Returns:
         A :class:`StaticReport`; ``report.first()`` is the violation that decides the verdict
@@ -707,11 +729,12 @@ def check_candidate(src: str) -> StaticReport:
     checker = _Checker(tree, inline=is_inline(tree))
     checker.check_module()
     report = checker.report
-    report.violations.extend(check_cuda_source(src))
+    vendor = allow_vendor_libraries and report.format == "inline"
+    report.violations.extend(check_cuda_source(src, allow_vendor_libraries=vendor))
     if report.format == "inline":
         from dice_ray.verify.inline_rules import check_inline
 
-        report.violations.extend(check_inline(src, tree, report.kernel_refs))
+        report.violations.extend(check_inline(src, tree, report.kernel_refs, allow_vendor_libraries=vendor))
         report.kernel_refs = {}  # checked against the extension's functions above
     report.violations.sort(key=lambda v: v.line or 0)
     return report

@@ -220,7 +220,8 @@ class Verifier:
     def _verify(self, task: Any, candidate_src: str) -> dict[str, Any]:
         if not isinstance(candidate_src, str):
             return {"verdict": "compile_error", "reason": f"candidate is a {type(candidate_src).__name__}, not source text"}
-        report = check_candidate(candidate_src) if self.verify_cfg.static_rules else None
+        vendor = self.verify_cfg.allow_vendor_libraries
+        report = check_candidate(candidate_src, allow_vendor_libraries=vendor) if self.verify_cfg.static_rules else None
         if report is not None:
             first = report.first()
             if first is not None:
@@ -268,21 +269,23 @@ class Verifier:
         The builder (:class:`~dice_ray.verify.inline_build.InlineBuilder`, ``inline_*`` fields of
         :class:`~dice_ray.config.VerifyConfig`) is created at the first such candidate (thread-safe)
         and shared by this Verifier's threads: identical specs compile once, different ones in
-        parallel; on a GPU the ``.so`` is linked for this device's arch, in compile-only mode only
-        the objects are built.
+        parallel; on a GPU the ``.so`` is linked for this device's arch (with the vendor libraries
+        the sources use when ``allow_vendor_libraries``), in compile-only mode only the objects are
+        built.
 
         Returns:
             None for a fast-format candidate; verdict fields (``compile_error``: a dynamic
             ``load_inline`` argument, rule ``unsupported-format``, or the nvcc / g++ log) when it
             cannot be built; else ``{"modules": [...]}`` for the worker's
-            :func:`dice_ray.verify.inline.exec_inline`.
+            :func:`dice_ray.verify.inline.exec_inline`, with ``"allow_vendor_libraries"`` so the
+            worker reads the run-time ``load_inline`` call by the same rules.
         """
         from dice_ray.verify import inline
 
         if not inline.is_inline(candidate_src):
             return None
         try:
-            specs = inline.extract_specs(candidate_src)
+            specs = inline.extract_specs(candidate_src, allow_vendor_libraries=self.verify_cfg.allow_vendor_libraries)
         except (inline.UnsupportedFormat, SyntaxError) as e:
             rule = getattr(e, "rule", "unsupported-format")
             return {"verdict": "cheat" if rule == "cuda-library" else "compile_error", "rule": rule,
@@ -300,14 +303,15 @@ class Verifier:
                 link=self.mode == "gpu", max_builds=cfg.inline_max_builds, timeout_s=cfg.inline_build_timeout_s,
                 cpu_s=cfg.inline_build_cpu_s, memory_gib=cfg.inline_build_memory_gib,
                 file_mib=cfg.inline_build_file_mib, lite_headers=cfg.inline_lite_headers, pch=cfg.inline_pch,
-                host_opt=cfg.inline_host_opt)
+                host_opt=cfg.inline_host_opt, link_vendor_libraries=cfg.allow_vendor_libraries)
 
         builder = InlineBuilder.create_once(self, "_inline_builder", make)
         results = [f.result() for f in [builder.submit(spec) for spec in specs]]
         for r in results:
             if not r.ok:
                 return {"verdict": "compile_error", "reason": r.reason()}
-        return {"modules": [r.job_entry(spec) for r, spec in zip(results, specs)]}
+        return {"modules": [r.job_entry(spec) for r, spec in zip(results, specs)],
+                "allow_vendor_libraries": cfg.allow_vendor_libraries}
 
     def _swap(self, worker: WorkerProcess) -> WorkerProcess:
         with self._lock:
