@@ -194,7 +194,7 @@ def pool_scaling(args: argparse.Namespace, jobs: list[tuple]) -> dict:
         met = None if row is None or out.get("mode") != "gpu" else row["ratio"] >= least
         out["targets"][n] = {"least": least, "issue": issue, "met": met}
         state = "not run" if row is None else ("n/a (compile-only)" if met is None else ("met" if met else "NOT met"))
-        print(f"  {issue} target >= {least}x at N={n}: {state}" + (f" ({row['ratio']:.2f}x)" if row else ""))
+        print(f"  target >= {least}x at N={n}: {state}" + (f" ({row['ratio']:.2f}x)" if row else ""))
     out["ok"] = ok
     return out
 

@@ -148,3 +148,15 @@ def test_clip_grad_norm_caps_the_joint_norm_like_torch():
     before = [p.grad.clone() for p in a]
     clip_grad_norm(a, 10.0)  # under the cap: unchanged
     assert all(torch.equal(p.grad, g) for p, g in zip(a, before))
+
+
+def test_warm_start_reports_progress_every_log_every_steps(tmp_path):
+    """The trainer's console shows the warm start moving (the learner actor prints these lines)."""
+    lines: list[str] = []
+    cfg = SFTConfig(steps=4, batch_size=2, target_loss=None, log_every=2, cache_dir=str(tmp_path))
+    warm_start(DiffusionPolicy.build(TINY), PAIRS, cfg, seed=0, log=lines.append)
+    assert [line.split(",")[0] for line in lines] == ["warm start: step 2/4", "warm start: step 4/4"]
+    assert all("loss" in line for line in lines)
+    lines.clear()
+    warm_start(DiffusionPolicy.build(TINY), PAIRS, cfg, seed=0, log=lines.append)  # a cache hit trains nothing
+    assert lines == []

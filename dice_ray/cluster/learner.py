@@ -234,7 +234,8 @@ class Learner:
 
         from dice_ray.policy.sft import warm_start
 
-        report = warm_start(self.policy, pairs, self.cfg.sft, seed=self.cfg.rl.seed)
+        report = warm_start(self.policy, pairs, self.cfg.sft, seed=self.cfg.rl.seed,
+                            log=lambda line: print(line, flush=True))  # reaches the driver's console
         return asdict(report)
 
     def init_engine(self, master_addr: str = "127.0.0.1", master_port: int | None = None) -> dict:

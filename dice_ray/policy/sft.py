@@ -512,7 +512,8 @@ def _torch_threads(n: int | None):
         torch.set_num_threads(before)
 
 
-def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTConfig, seed: int) -> SFTReport:
+def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTConfig, seed: int,
+               log: Callable[[str], None] | None = None) -> SFTReport:
     """Masked-diffusion SFT of ``policy`` (in place) on (prompt, target) pairs, cached by content hash.
 
     The model is left in eval mode. With ``cfg.enabled`` False or ``cfg.steps == 0`` nothing is trained.
@@ -520,6 +521,9 @@ def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTCo
     ``Learner.init_engine`` joins the learner's group, see the module doc); ``cfg.zero_stage`` is ignored.
     The weights equal those ``dice-ray sft`` (:func:`run_sft`) writes for the same pairs, config and seed at
     ``sft.zero_stage=0`` in float32.
+
+    Args:
+        log: called with a progress line every ``cfg.log_every`` steps (not on a cache hit).
 
     Returns:
         :class:`SFTReport` (steps, final loss, seconds, cache_hit).
@@ -550,6 +554,9 @@ def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTCo
         with _torch_threads(cfg.num_threads):
             while not run.finished:
                 run.train_step()
+                if log is not None and run.losses and run.losses[-1][0] == run.step:  # a log_every boundary
+                    log(f"warm start: step {run.step}/{cfg.steps}, loss {run.losses[-1][1]:.3f}, "
+                        f"{time.perf_counter() - t0:.0f} s")
     finally:
         policy.model.zero_grad(set_to_none=True)  # a cache hit leaves none either: RL must start the same
         policy.model.eval()
