@@ -22,6 +22,7 @@ from dice_ray.cluster.learner import (
 )
 from dice_ray.cluster.weight_sync import named_weights, plan_buckets, resolve_mode
 from dice_ray.config import DiceConfig, load_config
+from _helpers import PlainEngine
 
 VOCAB, BLOCK = 4096, 4
 
@@ -84,26 +85,6 @@ def test_merge_rank_stats_weights_by_group_evaluations():
     assert m["loss"] == pytest.approx(1.5) and m["tokens"] == 40 and m["seconds"] == 2.0 and m["ranks"] == 2
 
 
-class _Engine:
-    """The slice of a DeepSpeed engine Learner.train_step uses, on a plain module and SGD."""
-
-    def __init__(self, module):
-        self.module, self.opt = module, torch.optim.SGD(module.parameters(), lr=0.1)
-
-    def train(self):
-        self.module.train()
-
-    def set_gradient_accumulation_boundary(self, _flag):
-        pass
-
-    def backward(self, loss, scale_wrt_gas=False):
-        loss.backward()
-
-    def step(self):
-        self.opt.step()
-        self.opt.zero_grad()
-
-
 @pytest.mark.parametrize("budget", [0, 10**6])
 def test_gradient_checkpointing_and_packing_change_no_update(budget):
     from dice_ray.policy.policy import DiffusionPolicy
@@ -115,7 +96,7 @@ def test_gradient_checkpointing_and_packing_change_no_update(budget):
         learner = object.__new__(Learner.__ray_actor_class__)  # the actor's class, without Ray or DeepSpeed
         learner.cfg, learner.policy, learner.device = cfg, policy, torch.device("cpu")
         ref_model = DiffusionPolicy.from_config(cfg.model, seed=1).model.requires_grad_(False)  # k3 KL term
-        learner.engine, learner.ref_model, learner.step_count = _Engine(policy.model), ref_model, 0
+        learner.engine, learner.ref_model, learner.step_count = PlainEngine(policy.model, torch.optim.SGD(policy.model.parameters(), lr=0.1)), ref_model, 0
         start = [p.detach().clone() for p in policy.model.parameters()]
         out = learner.train_step(_groups(3))
         moved = max(float((p.detach() - q).abs().max()) for p, q in zip(policy.model.parameters(), start))

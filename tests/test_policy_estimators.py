@@ -25,6 +25,7 @@ from dice_ray.policy.logprobs import (
     tracerl_logprobs,
 )
 from dice_ray.policy.model import block_mask, build_model, forward_hidden
+from _helpers import PlainEngine
 
 V, MASK, BS = 6, 5, 2  # tokens 0..4 (0 = pad), 5 = <|mask|>; blocks of 2
 TINY = ModelConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -175,34 +176,13 @@ def test_coupled_is_unbiased_for_the_expectation_over_all_masks():
     assert ((mean - expect).abs() <= 3 * se).all(), f"mean {mean} vs expectation {expect} (se {se})"
 
 
-class _Engine:
-    """The slice of a DeepSpeed engine Learner.train_step uses, on a plain torch module and AdamW."""
-
-    def __init__(self, module):
-        self.module = module
-        self.opt = torch.optim.AdamW(module.parameters(), lr=1e-2)
-
-    def train(self):
-        self.module.train()
-
-    def set_gradient_accumulation_boundary(self, _flag):
-        pass
-
-    def backward(self, loss, scale_wrt_gas=False):
-        loss.backward()
-
-    def step(self):
-        self.opt.step()
-        self.opt.zero_grad()
-
-
 @pytest.mark.parametrize("estimator", ["tracerl", "coupled", "diffu_grpo"])
 def test_learner_train_step_runs_one_update_with_each_estimator(estimator):
     model = _model()
     learner = object.__new__(Learner.__ray_actor_class__)  # the actor's class, without Ray or DeepSpeed
     learner.cfg = DiceConfig(rl=RLConfig(logprob_estimator=estimator, seed=3))
     learner.policy = SimpleNamespace(block_size=BS, mask_id=MASK)
-    learner.device, learner.engine, learner.ref_model, learner.step_count = torch.device("cpu"), _Engine(model), None, 0
+    learner.device, learner.engine, learner.ref_model, learner.step_count = torch.device("cpu"), PlainEngine(model, torch.optim.AdamW(model.parameters(), lr=1e-2)), None, 0
     groups = []
     for k in range(2):
         resp, step = _trace(3, 2, seed=10 + k)

@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 import ray
@@ -16,6 +15,7 @@ from dice_ray import cli
 from dice_ray.cluster.verifier_pool import NAMESPACE, POOL_NAME, VerifierPool
 from dice_ray.config import ClusterConfig, RewardConfig, VerifyConfig
 from dice_ray.tasks.loaders import load_tasks
+from _helpers import wait_for_pool
 
 pytestmark = pytest.mark.slow
 
@@ -46,24 +46,13 @@ def _check(items, verdicts):
         assert v.verdict == ("ok" if src == task.solution_src else "compile_error"), (cid, v.verdict, v.reason[:300])
 
 
-def _wait(pool, cond, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        status = ray.get(pool.status.remote())
-        if cond(status):
-            return status
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}: {json.dumps(status, default=str)[:2000]}")
-        time.sleep(0.2)
-
-
 def test_exactly_one_verdict_per_candidate_despite_actor_death(cluster, relu):
     # two actors, two candidates in flight on each (VerifyConfig.workers=2)
     pool = VerifierPool.remote(VerifyConfig(workers=2), RewardConfig(), 2, 0.0, 120.0)
-    _wait(pool, lambda s: s["serving"] == 2, what="2 serving actors")
+    wait_for_pool(pool, lambda s: s["serving"] == 2, what="2 serving actors")
     items = _batch(relu, 12, "c")
     ref = pool.verify_batch.remote(items)
-    status = _wait(pool, lambda s: s["in_flight"] >= 3, what="candidates in flight")
+    status = wait_for_pool(pool, lambda s: s["in_flight"] >= 3, what="candidates in flight")
     assert status["capacity_per_actor"] == 2 and max(a["in_flight"] for a in status["actors"]) == 2
     # kill one verifier actor while the batch is in flight (Ray restarts it; its work is re-sent)
     victim = ray.get(pool.actors.remote())[0]
@@ -92,7 +81,7 @@ def test_cli_scales_a_running_job_while_batches_run(cluster, relu, capsys):
         return rc, (json.loads(out.out) if rc == 0 else out.err)
 
     try:
-        _wait(pool, lambda s: s["serving"] == 2, what="2 serving actors")
+        wait_for_pool(pool, lambda s: s["serving"] == 2, what="2 serving actors")
         done: list = []
         failed: list = []
         stop = threading.Event()
@@ -113,20 +102,20 @@ def test_cli_scales_a_running_job_while_batches_run(cluster, relu, capsys):
 
         rc, status = verifiers("scale", "3")
         assert rc == 0 and status["size"] == 3, status
-        _wait(pool, lambda s: s["size"] == 3 and all(a["done"] > 0 for a in s["actors"]), what="3 actors serving")
-        _wait(pool, lambda s: s["queue_depth"] >= 2 and all(a["in_flight"] for a in s["actors"]), what="3 busy actors")
+        wait_for_pool(pool, lambda s: s["size"] == 3 and all(a["done"] > 0 for a in s["actors"]), what="3 actors serving")
+        wait_for_pool(pool, lambda s: s["queue_depth"] >= 2 and all(a["in_flight"] for a in s["actors"]), what="3 busy actors")
 
         rc, status = verifiers("scale", "1")
         assert rc == 0 and status["size"] == 1 and status["draining"] == 2, status
         rc, status = verifiers("status")
         assert rc == 0 and status["size"] == 1
-        status = _wait(pool, lambda s: s["draining"] == 0 and len(s["retired"]) == 2, what="drained actors retired")
+        status = wait_for_pool(pool, lambda s: s["draining"] == 0 and len(s["retired"]) == 2, what="drained actors retired")
         # the drained actors finished what they had in flight (nothing re-sent, nothing failed)
         retired = status["retired"]
         assert sum(r["in_flight_at_drain"] for r in retired) >= 1, retired
         assert all(r["done_after_drain"] == r["in_flight_at_drain"] and r["failures"] == 0 for r in retired), retired
         n_before = len(done)
-        _wait(pool, lambda s: len(done) >= n_before + 1, what="a batch on the shrunk pool")
+        wait_for_pool(pool, lambda s: len(done) >= n_before + 1, what="a batch on the shrunk pool")
 
         stop.set()
         for t in threads:
@@ -165,12 +154,12 @@ def test_autoscale_grows_with_the_queue_and_drains_back(cluster, relu):
         status = ray.get(pool.status.remote())
         assert status["autoscale"] == {"min": 1, "max": 2, "target_queue": 1.0, "cooldown_s": 1.0}
         assert status["size"] == 2  # the starting size 5 is clamped into [1, 2]
-        _wait(pool, lambda s: s["size"] == 1 and s["draining"] == 0, what="idle pool shrunk to the minimum")
+        wait_for_pool(pool, lambda s: s["size"] == 1 and s["draining"] == 0, what="idle pool shrunk to the minimum")
         items = _batch(relu, 12, "q")
         ref = pool.verify_batch.remote(items)
-        _wait(pool, lambda s: s["size"] == 2, what="pool grown by queue depth")
+        wait_for_pool(pool, lambda s: s["size"] == 2, what="pool grown by queue depth")
         _check(items, ray.get(ref, timeout=300))
-        status = _wait(pool, lambda s: s["size"] == 1 and s["draining"] == 0, what="pool shrunk after the batch")
+        status = wait_for_pool(pool, lambda s: s["size"] == 1 and s["draining"] == 0, what="pool shrunk after the batch")
         assert status["completed"] == status["submitted"] == 12
     finally:
         ray.kill(pool)
@@ -182,12 +171,12 @@ def test_timeout_restarts_the_actor_and_resends_the_bystander(cluster, relu):
     # then runs out on its own
     pool = VerifierPool.remote(VerifyConfig(workers=2), RewardConfig(), 1, 0.0, 0.2)
     try:
-        _wait(pool, lambda s: s["serving"] == 1, what="a serving actor")
+        wait_for_pool(pool, lambda s: s["serving"] == 1, what="a serving actor")
         items = [("t0", relu, relu.solution_src), ("t1", relu, relu.solution_src)]
         verdicts = ray.get(pool.verify_batch.remote(items), timeout=120)
         assert [v.candidate_id for v in verdicts] == ["t0", "t1"]
         assert all(v.verdict == "timeout" and "actor restarted" in v.reason for v in verdicts)
-        status = _wait(pool, lambda s: s["serving"] == 1, what="the restarted actor serving")
+        status = wait_for_pool(pool, lambda s: s["serving"] == 1, what="the restarted actor serving")
         assert status["completed"] == status["submitted"] == 2
         assert status["actors"][0]["restarts"] == 2 and status["actors"][0]["failures"] == 2
     finally:

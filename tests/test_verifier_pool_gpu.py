@@ -6,8 +6,6 @@ Every candidate gets exactly one verdict, and the same verdict it gets alone fro
 from __future__ import annotations
 
 import importlib.util
-import json
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from dice_ray.cluster.verifier_pool import VerifierPool
 from dice_ray.config import RewardConfig, VerifyConfig
 from dice_ray.tasks.loaders import load_tasks
 from dice_ray.verify.verifier import Verifier
+from _helpers import wait_for_pool
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -46,17 +45,6 @@ def items():
     return [(f"{name}:{kind}", tasks[name], variants(tasks[name].solution_src)[kind]) for name in TASKS for kind in KINDS]
 
 
-def _wait(pool, cond, timeout=180.0, what="condition", poll=0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        status = ray.get(pool.status.remote())
-        if cond(status):
-            return status
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}: {json.dumps(status, default=str)[:2000]}")
-        time.sleep(poll)
-
-
 def test_pool_on_gpus_one_verdict_each_despite_actor_death(items):
     # each candidate alone, one at a time, in this process (before Ray holds the GPU)
     with Verifier(VerifyConfig(mode="gpu", workers=1), RewardConfig(), device=0) as serial:
@@ -75,14 +63,14 @@ def test_pool_on_gpus_one_verdict_each_despite_actor_death(items):
     ray.init(num_gpus=gpus, include_dashboard=False, namespace="dice-ray-test-gpu", log_to_driver=False)
     try:
         pool = VerifierPool.remote(cfg, RewardConfig(), 2, per_actor, 300.0)
-        status = _wait(pool, lambda s: s["serving"] == 2, what="2 serving GPU actors")
+        status = wait_for_pool(pool, lambda s: s["serving"] == 2, what="2 serving GPU actors", timeout=180.0, poll=0.1)
         assert status["mode"] == "gpu" and status["capacity_per_actor"] == 3
         if gpus >= 2:
             assert sorted(g for a in status["actors"] for g in a["gpu"]) == ["0", "1"], status["actors"]
         ref = pool.verify_batch.remote(items)
         # mid-batch: some verdicts in, and work in flight on the actor to be killed
-        status = _wait(pool, lambda s: s["completed"] >= 3 and max(a["in_flight"] for a in s["actors"]) >= 1,
-                       what="a batch half done")
+        status = wait_for_pool(pool, lambda s: s["completed"] >= 3 and max(a["in_flight"] for a in s["actors"]) >= 1,
+                               what="a batch half done", timeout=180.0, poll=0.1)
         assert status["completed"] < len(items), "the batch finished before the kill"
         victim = max(range(2), key=lambda i: status["actors"][i]["in_flight"])
         ray.kill(ray.get(pool.actors.remote())[victim], no_restart=False)
@@ -92,7 +80,7 @@ def test_pool_on_gpus_one_verdict_each_despite_actor_death(items):
         assert all(v.mode == "gpu" for v in verdicts)
         got = {v.candidate_id: v.verdict for v in verdicts}
         assert got == alone, {cid: (got[cid], alone[cid]) for cid in got if got[cid] != alone[cid]}
-        status = _wait(pool, lambda s: s["serving"] == 2, what="the killed actor restarted and serving")
+        status = wait_for_pool(pool, lambda s: s["serving"] == 2, what="the killed actor restarted and serving", timeout=180.0, poll=0.1)
         assert status["completed"] == status["submitted"] == len(items)
         assert sum(a["failures"] for a in status["actors"]) == 1 and sum(a["restarts"] for a in status["actors"]) == 1
         handles = ray.get(pool.actors.remote())

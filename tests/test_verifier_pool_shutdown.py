@@ -13,6 +13,7 @@ import ray
 from dice_ray.cluster.verifier_pool import VerifierPool
 from dice_ray.config import RewardConfig, VerifyConfig
 from dice_ray.tasks.loaders import load_tasks
+from _helpers import wait_for_pool
 
 pytestmark = pytest.mark.slow
 
@@ -24,16 +25,6 @@ def cluster():
     ray.init(num_cpus=2, include_dashboard=False, namespace="dice-ray-test-shutdown", log_to_driver=False)
     yield
     ray.shutdown()
-
-
-def _wait(pool, cond, what, timeout=90.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        status = ray.get(pool.status.remote())
-        if cond(status):
-            return status
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {status}"
-        time.sleep(0.1)
 
 
 def _worker_of(handle) -> tuple[int, Path]:
@@ -57,10 +48,10 @@ def _gone(pid: int) -> bool:
 def test_close_leaves_nothing_pending_and_the_pool_exits_quietly(cluster):
     relu = next(t for t in load_tasks("builtin").tasks if t.name.endswith("relu"))
     pool = VerifierPool.remote(VerifyConfig(workers=1), RewardConfig(), 1, 0.0, 300.0)
-    _wait(pool, lambda s: s["serving"] == 1, "a serving verifier actor")
+    wait_for_pool(pool, lambda s: s["serving"] == 1, "a serving verifier actor", timeout=90.0, poll=0.1)
     items = [(f"c{i}", relu, relu.solution_src) for i in range(4)]
     ref = pool.verify_batch.remote(items)
-    _wait(pool, lambda s: s["in_flight"] == 1 and s["queue_depth"] >= 1, "one candidate in flight, others queued")
+    wait_for_pool(pool, lambda s: s["in_flight"] == 1 and s["queue_depth"] >= 1, "one candidate in flight, others queued", timeout=90.0, poll=0.1)
 
     ray.get(pool.close.remote(), timeout=60)
     # the batch is answered: one verdict each, those that did not run say the pool closed
