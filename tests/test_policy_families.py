@@ -216,8 +216,5 @@ def test_family_errors():
         sample_masked_ids(llada, [[5]], SamplingConfig(max_new_tokens=512), torch.Generator())
     with pytest.raises(ValueError, match="head_dim"):
         DiffusionPolicy.build(ModelConfig(family="llada", **dict(TINY, head_dim=16)))
-    z = torch.zeros(1, 4, dtype=torch.long)
-    with pytest.raises(NotImplementedError, match="RL log-probs .*family='sdar'"):
-        response_logprobs("tracerl", llada.model, torch.tensor([5, 6]), z, z, z.bool(), 4, llada.mask_id)
     with pytest.raises(NotImplementedError, match="SFT"):
         SFTRun(dream, [("a", "b")], SFTConfig(steps=1), seed=0)

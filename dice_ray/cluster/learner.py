@@ -308,6 +308,7 @@ class Learner:
         """
         from torch.utils.checkpoint import checkpoint
 
+        from dice_ray.policy.families import family_of
         from dice_ray.policy.logprobs import response_logprobs
         from dice_ray.rl.loss import clipped_policy_loss
 
@@ -324,9 +325,13 @@ class Learner:
         seeds = [estimator_seed(rl.seed, self.step_count, i) for i in share.indices]
         real = sorted({k for m, pad in zip(share.micro_batches, share.padded) if not pad for k in m})
 
+        # bidirectional families (LLaDA, Dream) decode a canvas of max_new_tokens whatever the group's longest
+        # response: the replay needs its length; SDAR decodes block by block and ignores it
+        canvas = None if family_of(self.engine.module) in (None, "sdar") else self.cfg.sampling.max_new_tokens
+
         def logprobs_of(model, g: TrainGroup, seed: int) -> torch.Tensor:
             return response_logprobs(est, model, g.prompt_ids.to(dev), g.response_ids.to(dev), g.unmask_step.to(dev),
-                                     g.mask.to(dev), block, mask_id, seed=seed)
+                                     g.mask.to(dev), block, mask_id, seed=seed, canvas_len=canvas)
 
         old = {k: gs[k].behaviour_logprobs.to(dev) for k in real}
         if est != "tracerl":  # the ratio's old log-probs: same estimator and masks, pre-update weights

@@ -25,8 +25,9 @@ project's explicit-mask attention (``"dice_block"``, :mod:`dice_ray.policy.model
 no download. :func:`load_checkpoint` reads a folder (``config.json`` + ``*.safetensors`` + ``tokenizer.json``);
 :func:`save_checkpoint` writes one in the family's own format (the inverse renaming for LLaDA).
 
-RL log-probs (:mod:`dice_ray.policy.logprobs`) and SFT (:mod:`dice_ray.policy.sft`) are SDAR-only for now
-(:func:`require_block_diffusion` raises a clear error otherwise); sampling and infilling support every family.
+Sampling, infilling and the RL log-prob estimators (:mod:`dice_ray.policy.logprobs`: full attention over prompt
+and response for LLaDA / Dream, Dream's logits read one position left) support every family; SFT
+(:mod:`dice_ray.policy.sft`) is SDAR-only for now (:func:`require_block_diffusion` raises a clear error otherwise).
 """
 
 from __future__ import annotations

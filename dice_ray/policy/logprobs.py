@@ -1,4 +1,4 @@
-"""Per-token log-probs of sampled responses under the block-diffusion policy: three RL estimators.
+"""Per-token log-probs of sampled responses under the diffusion policy (SDAR, LLaDA, Dream): three RL estimators.
 
 A masked-diffusion policy has no left-to-right factorisation, so an RL loss needs an estimator of
 ``log pi(token)``. Three are offered (``rl.logprob_estimator``; one entry point, :func:`response_logprobs`):
@@ -27,6 +27,18 @@ per noisy state (TraceRL: per step index ``s``, at most ``block_size``; coupled:
 with the same position ids; noisy block ``b`` sees the prompt, clean blocks ``< b`` and itself. This equals
 one ``[prompt, clean, noisy]`` forward with the x_t ‖ x_0 mask, without recomputing the prompt and clean
 part for every state.
+
+The fully bidirectional families (LLaDA, Dream; :mod:`dice_ray.policy.families`) have no blocks: every state
+is one forward of ``prompt ‖ response canvas`` with full attention, as :func:`dice_ray.policy.sampler.span_logits`
+decodes them, and Dream's token at response position ``i`` is read from the logits at ``i - 1``
+(:func:`~dice_ray.policy.families.logit_shift`). The canvas is the response padded with ``<|mask|>`` to
+``canvas_len`` tokens (the sampler's ``max_new_tokens``; default: the padded length R); positions where
+``response_mask`` is False are ``<|mask|>`` in every state, as the sampler leaves the positions after a
+response's first ``<|eos|>``. ``tracerl`` replays the trace over the whole response (``unmask_step`` counts the
+sampler's steps over the whole response: the state at step ``s`` shows the tokens with ``unmask_step < s``);
+``coupled`` masks its two complementary parts of the whole response (DiffuCoder's own setting, on Dream);
+``diffu_grpo`` masks the whole canvas (d1's own setting, on LLaDA). R need not be a multiple of ``block_size``
+there (responses end at their ``<|eos|>``); ``block_size`` is unused.
 """
 
 from __future__ import annotations
@@ -35,13 +47,15 @@ from typing import Literal
 
 import torch
 
-from dice_ray.policy.families import family_of, require_block_diffusion
+from dice_ray.policy.families import family_of, logit_shift
 from dice_ray.policy.model import KVCache, block_mask, forward_hidden, response_blocks, token_logits
 
 Estimator = Literal["tracerl", "coupled", "diffu_grpo"]
 ESTIMATORS: tuple[str, ...] = ("tracerl", "coupled", "diffu_grpo")
 COUPLED_MASK_RATIO = (0.2, 0.8)
 """DiffuCoder's range of the coupled mask ratio ``t`` (``random.uniform(0.2, 0.8)`` in its trainer)."""
+BIDIRECTIONAL: tuple[str, ...] = ("llada", "dream")
+"""Families scored with full attention over prompt ‖ whole response (no block-causal mask)."""
 
 
 def _check(prompt_ids: torch.Tensor, response_ids: torch.Tensor, **same_shape: torch.Tensor) -> None:
@@ -59,6 +73,60 @@ def _gather_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, mask_id
     """FloatTensor[n] log p(targets) from hidden states [n, hidden] (fp32, mask token excluded)."""
     logits = token_logits(model, hidden, mask_id)
     return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+
+
+def _bidirectional_shift(model) -> int | None:
+    """``logit_shift`` of a LLaDA / Dream model (0 / 1); None for SDAR or an unknown model (block layout)."""
+    family = family_of(model)
+    return logit_shift(family) if family in BIDIRECTIONAL else None
+
+
+def _canvas_len(canvas_len: int | None, R: int) -> int:
+    """The canvas length C (``canvas_len``, default R); raises ValueError if it is shorter than R."""
+    if canvas_len is None:
+        return R
+    if canvas_len < R:
+        raise ValueError(f"canvas_len: must be >= the response length {R} (the sampler's max_new_tokens), "
+                         f"got {canvas_len}")
+    return int(canvas_len)
+
+
+def _score_full_states(
+    model, prompt_ids: torch.Tensor, response_ids: torch.Tensor, states: list[tuple[torch.Tensor, torch.Tensor]],
+    mask_id: int, shift: int, canvas_len: int,
+) -> torch.Tensor:
+    """Score tokens in states of the whole response under full attention (LLaDA / Dream).
+
+    Each state is one forward of ``prompt ‖ noisy ‖ <|mask|> * (canvas_len - R)`` over the rows that score a
+    token in it, every query attending every key (the sampler's :func:`dice_ray.policy.sampler.span_logits`);
+    response position ``i`` is read from sequence position ``P + i - shift``.
+
+    Args:
+        prompt_ids: LongTensor[P], P >= 1; response_ids: LongTensor[G, R] (same device as the model).
+        states: ``(noisy_ids, score)`` pairs as in :func:`_score_noisy_states`.
+        shift: :func:`~dice_ray.policy.families.logit_shift` of the family (Dream 1, LLaDA 0).
+        canvas_len: C >= R, the decoded length (positions R..C-1 stay ``<|mask|>``).
+
+    Returns:
+        FloatTensor[G, R] (fp32), log p(token | its state); 0 where no state scores it. Differentiable.
+    """
+    device = response_ids.device
+    P = prompt_ids.numel()
+    G, R = response_ids.shape
+    out = torch.zeros(G, R, dtype=torch.float32, device=device)
+    T = P + canvas_len
+    positions = torch.arange(T, device=device)
+    full = torch.ones(T, T, dtype=torch.bool, device=device)
+    tail = torch.full((G, canvas_len - R), mask_id, dtype=torch.long, device=device)
+    for noisy, score in states:
+        rows = score.any(dim=1).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            continue
+        seq = torch.cat([prompt_ids[None].expand(rows.numel(), -1), noisy[rows], tail[rows]], dim=1)
+        h = forward_hidden(model, seq, positions, full)[:, P - shift: P - shift + R]
+        r_idx, i_idx = score[rows].nonzero(as_tuple=True)
+        out[rows[r_idx], i_idx] = _gather_logprobs(model, h[r_idx, i_idx], response_ids[rows[r_idx], i_idx], mask_id)
+    return out
 
 
 def _score_noisy_states(
@@ -109,46 +177,63 @@ def tracerl_logprobs(
     response_mask: torch.Tensor,
     block_size: int,
     mask_id: int,
+    canvas_len: int | None = None,
 ) -> torch.Tensor:
     """Per-token log-probs of a group's responses in the denoising states that produced them (TraceRL).
 
+    SDAR: block by block (``x_t ‖ x_0``). LLaDA / Dream: the state at step ``s`` is the whole canvas with the
+    tokens of ``unmask_step < s`` visible and the rest ``<|mask|>``, under full attention (Dream: shifted
+    logits); see the module docstring.
+
     Args:
-        model: the policy's Qwen3ForCausalLM (``dice_block`` attention); train or eval mode, grads flow.
+        model: the policy's transformers model (``dice_block`` attention; SDAR Qwen3, LLaDA Llama or Dream
+            Qwen2, told apart by :func:`~dice_ray.policy.families.family_of`); train or eval mode, grads flow.
         prompt_ids: LongTensor[P], the shared prompt of the group.
-        response_ids: LongTensor[G, R], R a multiple of ``block_size`` (rows padded with whole blocks).
-        unmask_step: LongTensor[G, R], 0-based denoising step within its block at which each token was
-            unmasked. Tokens not scored but inside a scored block (e.g. after ``<|eos|>``) must still carry
-            their real step: they are part of the state other tokens were drawn in. Padding blocks: any value.
+        response_ids: LongTensor[G, R]; SDAR: R a multiple of ``block_size`` (rows padded with whole blocks).
+        unmask_step: LongTensor[G, R], 0-based denoising step at which each token was unmasked. SDAR: the step
+            within its block; tokens not scored but inside a scored block (e.g. after ``<|eos|>``) must still
+            carry their real step: they are part of the state other tokens were drawn in; padding blocks: any
+            value. LLaDA / Dream: the step over the whole response (the sampler's count); unscored positions
+            are ``<|mask|>`` in every state, so their value is ignored.
         response_mask: BoolTensor[G, R], True for the tokens to score (padding False).
-        block_size: tokens a block.
+        block_size: tokens a block (SDAR only).
         mask_id: id of ``<|mask|>``.
+        canvas_len: LLaDA / Dream: the length the sampler decoded (its ``max_new_tokens``), >= R; None: R.
+            Ignored for SDAR.
 
     Returns:
         FloatTensor[G, R] (fp32) log p(token | state at its step); 0 where ``response_mask`` is False.
         Differentiable w.r.t. the model parameters.
 
     Raises:
-        ValueError: shapes disagree, R is not a multiple of ``block_size``, or a scored ``unmask_step`` is
-            outside ``[0, block_size)``.
+        ValueError: shapes disagree; SDAR: R is not a multiple of ``block_size`` or a scored ``unmask_step`` is
+            outside ``[0, block_size)``; LLaDA / Dream: a scored ``unmask_step`` is negative or ``canvas_len < R``.
     """
     _check(prompt_ids, response_ids, unmask_step=unmask_step, response_mask=response_mask)
     response_mask = response_mask.bool()
+    shift = _bidirectional_shift(model)
     if response_mask.any():
         scored = unmask_step[response_mask]
-        if scored.min() < 0 or scored.max() >= block_size:
-            raise ValueError(f"unmask_step: scored values must lie in [0, {block_size}), got "
+        top = block_size if shift is None else None
+        if scored.min() < 0 or (top is not None and scored.max() >= top):
+            rule = f"[0, {block_size})" if top is not None else ">= 0 (LLaDA / Dream: steps over the whole response)"
+            raise ValueError(f"unmask_step: scored values must lie in {rule}, got "
                              f"[{int(scored.min())}, {int(scored.max())}]")
-    response_blocks(prompt_ids.numel(), response_ids.shape[1], block_size)  # raises on a partial block
+    if shift is None:
+        response_blocks(prompt_ids.numel(), response_ids.shape[1], block_size)  # raises on a partial block
     device = next(model.parameters()).device
     prompt_ids, response_ids = prompt_ids.to(device), response_ids.to(device)
     unmask_step, response_mask = unmask_step.to(device), response_mask.to(device)
-    n_steps = int(unmask_step[response_mask].max()) + 1 if response_mask.any() else 0
-    states = [
-        (torch.where(unmask_step < s, response_ids, torch.full_like(response_ids, mask_id)),
-         response_mask & (unmask_step == s))
-        for s in range(n_steps)
-    ]
-    return _score_noisy_states(model, prompt_ids, response_ids, states, block_size, mask_id)
+    masked = torch.full_like(response_ids, mask_id)
+    if shift is None:
+        n_steps = int(unmask_step[response_mask].max()) + 1 if response_mask.any() else 0
+        states = [(torch.where(unmask_step < s, response_ids, masked), response_mask & (unmask_step == s))
+                  for s in range(n_steps)]
+        return _score_noisy_states(model, prompt_ids, response_ids, states, block_size, mask_id)
+    C = _canvas_len(canvas_len, response_ids.shape[1])
+    states = [(torch.where(response_mask & (unmask_step < s), response_ids, masked), response_mask & (unmask_step == s))
+              for s in torch.unique(unmask_step[response_mask]).tolist()]
+    return _score_full_states(model, prompt_ids, response_ids, states, mask_id, shift, C)
 
 
 def coupled_mask(shape: tuple[int, int], seed: int) -> torch.Tensor:
@@ -178,14 +263,17 @@ def coupled_logprobs(
     block_size: int,
     mask_id: int,
     mask: torch.Tensor,
+    canvas_len: int | None = None,
 ) -> torch.Tensor:
     """Coupled-GRPO log-probs (DiffuCoder, Gong et al. 2025) for one given mask and its complement.
 
-    Pass 1 masks ``mask`` and scores those tokens; pass 2 masks ``~mask`` and scores the rest. Every block
-    attends the prompt and the clean earlier blocks.
+    Pass 1 masks ``mask`` and scores those tokens; pass 2 masks ``~mask`` and scores the rest. SDAR: every
+    block attends the prompt and the clean earlier blocks. LLaDA / Dream: each pass is one full-attention
+    forward of the whole canvas (unscored positions ``<|mask|>`` in both passes; Dream: shifted logits).
 
     Args:
-        model, prompt_ids, response_ids, response_mask, block_size, mask_id: as in :func:`tracerl_logprobs`.
+        model, prompt_ids, response_ids, response_mask, block_size, mask_id, canvas_len: as in
+            :func:`tracerl_logprobs`.
         mask: BoolTensor[G, R], e.g. from :func:`coupled_mask`.
 
     Returns:
@@ -193,16 +281,23 @@ def coupled_logprobs(
         ``response_mask`` is False. Differentiable.
 
     Raises:
-        ValueError: shapes disagree or R is not a multiple of ``block_size``.
+        ValueError: shapes disagree; SDAR: R is not a multiple of ``block_size``; LLaDA / Dream:
+            ``canvas_len < R``.
     """
     _check(prompt_ids, response_ids, response_mask=response_mask, mask=mask)
-    response_blocks(prompt_ids.numel(), response_ids.shape[1], block_size)
+    shift = _bidirectional_shift(model)
+    if shift is None:
+        response_blocks(prompt_ids.numel(), response_ids.shape[1], block_size)
     device = next(model.parameters()).device
     prompt_ids, response_ids = prompt_ids.to(device), response_ids.to(device)
     response_mask, mask = response_mask.to(device).bool(), mask.to(device).bool()
     masked = torch.full_like(response_ids, mask_id)
-    states = [(torch.where(m, masked, response_ids), response_mask & m) for m in (mask, ~mask)]
-    return _score_noisy_states(model, prompt_ids, response_ids, states, block_size, mask_id)
+    if shift is None:
+        states = [(torch.where(m, masked, response_ids), response_mask & m) for m in (mask, ~mask)]
+        return _score_noisy_states(model, prompt_ids, response_ids, states, block_size, mask_id)
+    C = _canvas_len(canvas_len, response_ids.shape[1])
+    states = [(torch.where(response_mask & ~m, response_ids, masked), response_mask & m) for m in (mask, ~mask)]
+    return _score_full_states(model, prompt_ids, response_ids, states, mask_id, shift, C)
 
 
 def diffu_grpo_logprobs(
@@ -214,14 +309,18 @@ def diffu_grpo_logprobs(
     mask_id: int,
     p_mask_prompt: float = 0.0,
     seed: int = 0,
+    canvas_len: int | None = None,
 ) -> torch.Tensor:
     """d1's one-step log-probs (diffu-GRPO, Zhao et al. 2025): the whole response masked, one forward.
 
-    The masked response runs block-causally after the prompt (block ``b`` attends the prompt and the masked
-    blocks ``<= b``), so each token's log-prob is ``log p(x_i | prompt, response fully masked)``.
+    SDAR: the masked response runs block-causally after the prompt (block ``b`` attends the prompt and the
+    masked blocks ``<= b``). LLaDA / Dream: ``prompt ‖ <|mask|> * canvas_len`` under full attention, one
+    batch-1 forward shared by the group (Dream: shifted logits). Each token's log-prob is
+    ``log p(x_i | prompt, response fully masked)``.
 
     Args:
-        model, prompt_ids, response_ids, response_mask, block_size, mask_id: as in :func:`tracerl_logprobs`.
+        model, prompt_ids, response_ids, response_mask, block_size, mask_id, canvas_len: as in
+            :func:`tracerl_logprobs`.
         p_mask_prompt: d1's prompt masking: each prompt token is replaced by ``<|mask|>`` with this
             probability (one draw shared by the group), from ``seed``; 0 (default) keeps the prompt.
         seed: seeds the prompt mask (CPU generator); unused when ``p_mask_prompt`` is 0.
@@ -230,15 +329,19 @@ def diffu_grpo_logprobs(
         FloatTensor[G, R] (fp32); 0 where ``response_mask`` is False. Differentiable.
 
     Raises:
-        ValueError: shapes disagree, R is not a multiple of ``block_size``, or ``p_mask_prompt`` is outside
-            ``[0, 1]``.
+        ValueError: shapes disagree, ``p_mask_prompt`` is outside ``[0, 1]``; SDAR: R is not a multiple of
+            ``block_size``; LLaDA / Dream: ``canvas_len < R``.
     """
     _check(prompt_ids, response_ids, response_mask=response_mask)
     if not 0.0 <= p_mask_prompt <= 1.0:
         raise ValueError(f"p_mask_prompt: must lie in [0, 1], got {p_mask_prompt}")
     P = prompt_ids.numel()
     G, R = response_ids.shape
-    rb, rpos = response_blocks(P, R, block_size)
+    shift = _bidirectional_shift(model)
+    if shift is None:
+        rb, rpos = response_blocks(P, R, block_size)
+    else:
+        C = _canvas_len(canvas_len, R)
     device = next(model.parameters()).device
     if p_mask_prompt > 0:
         gen = torch.Generator().manual_seed(seed)
@@ -248,6 +351,15 @@ def diffu_grpo_logprobs(
     response_mask = response_mask.to(device).bool()
     out = torch.zeros(G, R, dtype=torch.float32, device=device)
     if not response_mask.any():
+        return out
+    if shift is not None:
+        T = P + C
+        seq = torch.cat([prompt_ids, torch.full((C,), mask_id, dtype=torch.long, device=device)])[None]
+        full = torch.ones(T, T, dtype=torch.bool, device=device)
+        h = forward_hidden(model, seq, torch.arange(T, device=device), full)
+        h = h[0, P - shift: P - shift + R]  # [R, hidden], the same state for every row
+        _, i_idx = response_mask.nonzero(as_tuple=True)
+        out[response_mask] = _gather_logprobs(model, h[i_idx], response_ids[response_mask], mask_id)
         return out
     rb, rpos = rb.to(device), rpos.to(device)
     zp = torch.zeros(P, dtype=torch.long, device=device)
@@ -269,33 +381,41 @@ def response_logprobs(
     block_size: int,
     mask_id: int,
     seed: int = 0,
+    canvas_len: int | None = None,
 ) -> torch.Tensor:
     """Per-token log-probs of a group's responses with the chosen estimator (``rl.logprob_estimator``).
+
+    Every family: SDAR block by block, LLaDA / Dream with full attention over prompt ‖ whole response (Dream's
+    logits shifted by one); the family is read from ``model`` (:func:`~dice_ray.policy.families.family_of`).
 
     Args:
         estimator: ``"tracerl"`` (:func:`tracerl_logprobs`), ``"coupled"`` (:func:`coupled_logprobs` with
             :func:`coupled_mask` of ``seed``) or ``"diffu_grpo"`` (:func:`diffu_grpo_logprobs`, prompt kept).
-        model: the policy's Qwen3ForCausalLM (``dice_block`` attention); grads flow.
-        prompt_ids: LongTensor[P]; response_ids: LongTensor[G, R], R a multiple of ``block_size``.
+        model: the policy's transformers model (``dice_block`` attention; Qwen3 SDAR, Llama LLaDA, Qwen2
+            Dream); grads flow.
+        prompt_ids: LongTensor[P]; response_ids: LongTensor[G, R] (SDAR: R a multiple of ``block_size``).
         unmask_step: LongTensor[G, R], the trace (see :func:`tracerl_logprobs`); only ``tracerl`` reads it.
         response_mask: BoolTensor[G, R], True for the tokens to score.
-        block_size: tokens a block. mask_id: id of ``<|mask|>``.
+        block_size: tokens a block (SDAR). mask_id: id of ``<|mask|>``.
         seed: the coupled mask's seed: pass the same seed for the old-policy and new-policy log-probs of a
             group. ``tracerl`` and ``diffu_grpo`` ignore it.
+        canvas_len: LLaDA / Dream: the sampler's decoded length (``max_new_tokens``), >= R; None: R. SDAR
+            ignores it.
 
     Returns:
         FloatTensor[G, R] (fp32) log-probs; 0 where ``response_mask`` is False. Differentiable.
 
     Raises:
         ValueError: an unknown ``estimator``, or bad input (see the estimator's function).
-        NotImplementedError: ``model`` is a LLaDA / Dream model (these estimators are SDAR-only).
     """
-    require_block_diffusion(family_of(model), "RL log-probs (rl.logprob_estimator)")
     if estimator == "tracerl":
-        return tracerl_logprobs(model, prompt_ids, response_ids, unmask_step, response_mask, block_size, mask_id)
+        return tracerl_logprobs(model, prompt_ids, response_ids, unmask_step, response_mask, block_size, mask_id,
+                                canvas_len=canvas_len)
     if estimator == "coupled":
         mask = coupled_mask(tuple(response_ids.shape), seed)
-        return coupled_logprobs(model, prompt_ids, response_ids, response_mask, block_size, mask_id, mask)
+        return coupled_logprobs(model, prompt_ids, response_ids, response_mask, block_size, mask_id, mask,
+                                canvas_len=canvas_len)
     if estimator == "diffu_grpo":
-        return diffu_grpo_logprobs(model, prompt_ids, response_ids, response_mask, block_size, mask_id)
+        return diffu_grpo_logprobs(model, prompt_ids, response_ids, response_mask, block_size, mask_id,
+                                   canvas_len=canvas_len)
     raise ValueError(f"estimator: must be one of {ESTIMATORS}, got {estimator!r}")
