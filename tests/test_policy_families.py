@@ -11,7 +11,6 @@ from safetensors.torch import load_file
 
 from dice_ray.config import ModelConfig, SamplingConfig, SFTConfig
 from dice_ray.policy import sampler
-from dice_ray.policy.logprobs import response_logprobs
 from dice_ray.policy.model import forward_hidden, token_logits
 from dice_ray.policy.policy import DiffusionPolicy
 from dice_ray.policy.sampler import (
