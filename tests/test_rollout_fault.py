@@ -88,6 +88,20 @@ def cluster():
     ray.shutdown()
 
 
+def _wait_restarted(worker, timeout_s: float = 60.0) -> None:
+    """``ray.kill`` returns at once: wait until the restarted (empty, version -1) process answers, so the
+    next call meets the new process and not the dying one."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if ray.get(worker.ping.remote(), timeout=5) == -1:
+                return
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass
+        assert time.monotonic() < deadline, "the killed worker did not come back"
+        time.sleep(0.1)
+
+
 def _run(pool, tmp: Path, max_staleness: int, die_on: dict[int, int], steps: int = 4, kill_idle_at: int | None = None):
     """The trainer's loop with stand-ins and 2 workers: per step (candidates, lags, restarts), and each
     worker's set_weights log. Checks every step's candidates are those of its prompts' seeds and the
@@ -106,6 +120,7 @@ def _run(pool, tmp: Path, max_staleness: int, die_on: dict[int, int], steps: int
     for step in range(steps):
         if step == kill_idle_at:
             ray.kill(workers[1], no_restart=False)  # dies between steps, holding nothing in flight
+            _wait_restarted(workers[1])
         batch = pipe.take(learner.current)
         groups = pipe.groups(batch)
         assert [g.request for g in groups] == [r for i in range(2) for r in batch.requests[i::2]]
@@ -200,6 +215,7 @@ def test_broadcast_forms_a_new_group_for_a_restarted_worker(cluster, tmp_path):
     assert sync.push(0)["restarts"] == 0 and sync.push(1)["restarts"] == 0
     assert sync.spec.generation == 0
     ray.kill(workers[1], no_restart=False)  # dies between steps: comes back empty, cannot join group 0
+    _wait_restarted(workers[1])
     assert sync.push(2)["restarts"] == 1 and sync.spec.generation == 1
     assert ray.get([w.__ray_call__.remote(lambda self: (self.version, self.weights)) for w in workers]) == [(2, "g1")] * 2
     # a broadcast cannot resend version 1: a new group, the last pushed version, to every worker
