@@ -1,4 +1,5 @@
-"""Helpers shared by several test files: waiting on a VerifierPool's status, a plain-torch engine."""
+"""Helpers shared by several test files: waiting on a VerifierPool's status, a plain-torch engine, the
+coupled estimator's exact expectation."""
 
 from __future__ import annotations
 
@@ -43,3 +44,45 @@ class PlainEngine:
     def step(self):
         self.opt.step()
         self.opt.zero_grad()
+
+
+def coupled_mask_probability(k: int, n: int) -> float:
+    """P(one given mask with k of n positions masked) under DiffuCoder's coupled sampling: t ~ U(lo, hi)
+    (``COUPLED_MASK_RATIO``), each position masked with probability t; (1 / (hi - lo)) * the integral of
+    t^k (1 - t)^(n - k) over [lo, hi], by the binomial expansion."""
+    import math
+
+    from dice_ray.policy.logprobs import COUPLED_MASK_RATIO
+
+    lo, hi = COUPLED_MASK_RATIO
+    total = sum(math.comb(n - k, j) * (-1) ** j * (hi ** (k + j + 1) - lo ** (k + j + 1)) / (k + j + 1)
+                for j in range(n - k + 1))
+    return total / (hi - lo)
+
+
+def coupled_expectation_and_draws(model, prompt, resp, block_size: int, mask_id: int, rows: int = 8, seeds: int = 200):
+    """The coupled estimator's exact expectation over all 2^n masks of ``resp`` (LongTensor[1, n]), float64[n],
+    and the per-seed means of ``seeds`` draws of ``rows`` rows each, float64[seeds, n] (iid seed means: one
+    ratio t a draw)."""
+    import itertools
+
+    from dice_ray.policy.logprobs import coupled_logprobs, response_logprobs
+
+    valid = torch.ones_like(resp, dtype=torch.bool)
+    n = resp.shape[1]
+    expect = torch.zeros(n, dtype=torch.float64)
+    total_p = 0.0
+    for bits in itertools.product([False, True], repeat=n):
+        mask = torch.tensor([bits])
+        p = coupled_mask_probability(int(mask.sum()), n)
+        total_p += p
+        expect += p * coupled_logprobs(model, prompt, resp, valid, block_size, mask_id, mask)[0].double()
+    assert abs(total_p - 1.0) < 1e-12
+    batch = resp.expand(rows, -1)
+    with torch.no_grad():
+        draws = torch.stack([
+            response_logprobs("coupled", model, prompt, batch, batch * 0, valid.expand(rows, -1), block_size, mask_id,
+                              seed=s).mean(0)
+            for s in range(seeds)
+        ]).double()
+    return expect, draws

@@ -17,7 +17,6 @@ import torch
 from dice_ray.cluster.learner import Learner, TrainGroup, estimator_seed
 from dice_ray.config import DiceConfig, ModelConfig, RLConfig
 from dice_ray.policy.logprobs import (
-    COUPLED_MASK_RATIO,
     coupled_logprobs,
     coupled_mask,
     diffu_grpo_logprobs,
@@ -25,7 +24,7 @@ from dice_ray.policy.logprobs import (
     tracerl_logprobs,
 )
 from dice_ray.policy.model import block_mask, build_model, forward_hidden
-from _helpers import PlainEngine
+from _helpers import PlainEngine, coupled_expectation_and_draws
 
 V, MASK, BS = 6, 5, 2  # tokens 0..4 (0 = pad), 5 = <|mask|>; blocks of 2
 TINY = ModelConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -140,37 +139,12 @@ def test_coupled_with_a_fixed_mask_equals_brute_force():
     assert not torch.equal(coupled_mask((3, 4), 7), coupled_mask((3, 4), 8))
 
 
-def _mask_probability(k: int, n: int) -> float:
-    """P(a given mask with k of n positions masked) under t ~ U(lo, hi), each position masked w.p. t:
-    (1 / (hi - lo)) * integral of t^k (1 - t)^(n - k) dt over [lo, hi], by the binomial expansion."""
-    lo, hi = COUPLED_MASK_RATIO
-    total = sum(math.comb(n - k, j) * (-1) ** j * (hi ** (k + j + 1) - lo ** (k + j + 1)) / (k + j + 1)
-                for j in range(n - k + 1))
-    return total / (hi - lo)
-
-
 def test_coupled_is_unbiased_for_the_expectation_over_all_masks():
     """Per-token mean over 200 seeds within 3 standard errors of the exact expectation (all 16 masks)."""
     model = _model()
     resp = torch.tensor([[2, 4, 1, 3]])
-    valid = torch.ones_like(resp, dtype=torch.bool)
-    n = resp.shape[1]
-    expect = torch.zeros(n, dtype=torch.float64)
-    total_p = 0.0
-    for bits in itertools.product([False, True], repeat=n):
-        mask = torch.tensor([bits])
-        p = _mask_probability(int(mask.sum()), n)
-        total_p += p
-        expect += p * coupled_logprobs(model, PROMPT, resp, valid, BS, MASK, mask)[0].double()
-    assert abs(total_p - 1.0) < 1e-12
-
-    G, n_seeds = 8, 200  # 8 rows a draw (one ratio t a draw, so rows are averaged per seed: iid seed means)
-    rows = resp.expand(G, -1)
-    with torch.no_grad():
-        draws = torch.stack([
-            response_logprobs("coupled", model, PROMPT, rows, rows * 0, valid.expand(G, -1), BS, MASK, seed=s).mean(0)
-            for s in range(n_seeds)
-        ]).double()  # [n_seeds, n]
+    n_seeds = 200
+    expect, draws = coupled_expectation_and_draws(model, PROMPT, resp, BS, MASK, seeds=n_seeds)
     mean, se = draws.mean(0), draws.std(0) / math.sqrt(n_seeds)
     assert (se > 1e-4).all(), "the estimator should vary with the mask on this model"
     assert ((mean - expect).abs() <= 3 * se).all(), f"mean {mean} vs expectation {expect} (se {se})"

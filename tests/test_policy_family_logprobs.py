@@ -8,7 +8,6 @@ test) and its probability normalised by hand in float64 over the vocabulary (the
 
 from __future__ import annotations
 
-import itertools
 import math
 from types import SimpleNamespace
 
@@ -20,7 +19,6 @@ from dice_ray.config import DiceConfig, ModelConfig, RLConfig, SamplingConfig
 from dice_ray.policy import sampler
 from dice_ray.policy.families import build_model
 from dice_ray.policy.logprobs import (
-    COUPLED_MASK_RATIO,
     coupled_logprobs,
     coupled_mask,
     diffu_grpo_logprobs,
@@ -29,7 +27,7 @@ from dice_ray.policy.logprobs import (
 )
 from dice_ray.policy.model import forward_hidden
 from dice_ray.policy.policy import DiffusionPolicy
-from _helpers import PlainEngine
+from _helpers import PlainEngine, coupled_expectation_and_draws
 
 V, MASK, BS = 6, 5, 2  # tokens 0..4 (0 = pad), 5 = <|mask|>; block_size is unused by these families
 SHIFT = {"llada": 0, "dream": 1}
@@ -139,37 +137,13 @@ def test_coupled_with_a_fixed_mask_equals_brute_force(family):
     assert (got[~valid] == 0).all() and (got[valid] < 0).all()  # every token scored exactly once
 
 
-def _mask_probability(k: int, n: int) -> float:
-    """P(a given mask with k of n positions masked) under t ~ U(lo, hi), each position masked w.p. t."""
-    lo, hi = COUPLED_MASK_RATIO
-    total = sum(math.comb(n - k, j) * (-1) ** j * (hi ** (k + j + 1) - lo ** (k + j + 1)) / (k + j + 1)
-                for j in range(n - k + 1))
-    return total / (hi - lo)
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_coupled_is_unbiased_for_the_expectation_over_all_masks(family):
     """Per-token mean over 200 seeds within 3 standard errors of the exact expectation (all 16 masks)."""
     model = _model(family)
     resp = torch.tensor([[2, 4, 1, 3]])
-    valid = torch.ones_like(resp, dtype=torch.bool)
-    n = resp.shape[1]
-    expect = torch.zeros(n, dtype=torch.float64)
-    total_p = 0.0
-    for bits in itertools.product([False, True], repeat=n):
-        mask = torch.tensor([bits])
-        p = _mask_probability(int(mask.sum()), n)
-        total_p += p
-        expect += p * coupled_logprobs(model, PROMPT, resp, valid, BS, MASK, mask)[0].double()
-    assert abs(total_p - 1.0) < 1e-12
-
-    G, n_seeds = 8, 200
-    rows = resp.expand(G, -1)
-    with torch.no_grad():
-        draws = torch.stack([
-            response_logprobs("coupled", model, PROMPT, rows, rows * 0, valid.expand(G, -1), BS, MASK, seed=s).mean(0)
-            for s in range(n_seeds)
-        ]).double()
+    n_seeds = 200
+    expect, draws = coupled_expectation_and_draws(model, PROMPT, resp, BS, MASK, seeds=n_seeds)
     mean, se = draws.mean(0), draws.std(0) / math.sqrt(n_seeds)
     # the estimator varies with the mask (Dream's first token, read at the last prompt position, only a little)
     assert (se > 1e-6).all() and se.max() > 1e-3, f"se {se}"
