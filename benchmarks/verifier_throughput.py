@@ -277,6 +277,7 @@ def main() -> None:
     ap.add_argument("--copies", type=int, default=1, help="pool mode: the candidate batch repeated K times")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
+
     if args.tasks < 0 or args.copies < 1:
         ap.error(f"--tasks must be >= 0 and --copies >= 1, got {args.tasks} and {args.copies}")
 
@@ -293,8 +294,10 @@ def main() -> None:
     verifier = Verifier(VerifyConfig(workers=args.workers, **extra), RewardConfig())
     print(f"mode={verifier.mode} workers={verifier.workers} tasks={len(tasks)} candidates={len(jobs)}")
     verifier.verify_many([(tasks[0], tasks[0].solution_src, "warm")] * verifier.workers)  # workers booted
+    gate0 = verifier.stats()["gpu_gate_s"]
     t0 = time.perf_counter()
     verdicts = verifier.verify_many([(task, src, f"{task.task_id}:{kind}") for task, kind, src in jobs])
+    gate = {k: v - gate0[k] for k, v in verifier.stats()["gpu_gate_s"].items()}
     got = Counter()
     wrong = []
     per_kind: dict[str, list[float]] = {}
@@ -308,7 +311,15 @@ def main() -> None:
     print(f"end to end: {len(jobs)} candidates in {total:.1f} s = {rate:.2f} candidates/s "
           f"({verifier.restarts} worker replacements)")
     for kind, secs in per_kind.items():
-        print(f"  {kind:14s} n={len(secs):3d} median latency {statistics.median(secs)*1000:8.1f} ms")
+        kind_stages: dict[str, list[float]] = {}
+        for (_, k, _), verdict in zip(jobs, verdicts):
+            for name, sec in verdict.stage_seconds.items():
+                if k == kind and not name.startswith("timing."):
+                    kind_stages.setdefault(name, []).append(sec)
+        print(f"  {kind:14s} n={len(secs):3d} median latency {statistics.median(secs)*1000:8.1f} ms; stages (median ms, "
+              f"sum s): " + ", ".join(f"{n} {statistics.median(v) * 1000:.0f}/{sum(v):.1f}" for n, v in kind_stages.items()))
+    if gate:
+        print("GPU gate over the batch: " + ", ".join(f"{k} {v:.1f} s ({v / total:.0%})" for k, v in gate.items()))
     print("verdicts:", dict(got))
     print(f"unexpected verdicts: {len(wrong)}")
     for w in wrong[:20]:
@@ -328,7 +339,7 @@ def main() -> None:
         keys = st["forked_boot_phases_s"][0].keys()
         print("forked worker boot, median s from spawn to end of: " + ", ".join(
             f"{k} {statistics.median(p.get(k, 0.0) for p in st['forked_boot_phases_s']):.2f}" for k in keys))
-    print("honest candidates, median seconds a stage: "
+    print("honest candidates, median a stage (timing.* are the timing stage's parts): "
           + ", ".join(f"{k} {statistics.median(v) * 1000:.1f} ms" for k, v in stages.items()))
 
     repeat: dict[str, list[float]] = {}
@@ -336,7 +347,10 @@ def main() -> None:
         for name in args.cov_tasks.split(","):
             task = next(t for t in tasks if t.name.endswith(name))
             runs = [verifier.verify(task, task.solution_src, "repeat") for _ in range(args.repeats)]
-            speedups = repeat[task.task_id] = [v.speedup for v in runs]
+            speedups = repeat[task.task_id] = [v.speedup for v in runs if v.speedup is not None]
+            if len(speedups) < len(runs):
+                print(f"repeatability ({task.task_id}): verdicts {[v.verdict for v in runs]}, no speedup for some")
+                continue
             mean = statistics.fmean(speedups)
             cov = statistics.pstdev(speedups) / mean if mean else float("nan")
             print(f"repeatability ({task.task_id}, reference {statistics.median(v.ref_ms for v in runs):.4f} ms, "
@@ -347,7 +361,8 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump({"mode": verifier.mode, "candidates": len(jobs), "seconds": total, "candidates_per_s": rate,
                        "verdicts": {f"{k}->{v}": n for (k, v), n in got.items()}, "unexpected": wrong,
-                       "repeat_speedups": repeat, "inline": inline_costs, "stage_medians_s": {k: statistics.median(v) for k, v in stages.items()}},
+                       "repeat_speedups": repeat, "inline": inline_costs, "stage_medians_s": {k: statistics.median(v) for k, v in stages.items()},
+                       "gpu_gate_s": gate},
                       f, indent=1)
 
 

@@ -108,3 +108,84 @@ def test_count_mismatches_agrees_with_compare_outputs():
         ok = compare_outputs(out, ref, rtol=1e-2, atol=1e-2).ok
         n = count_mismatches(out, ref, rtol=1e-2, atol=1e-2)
         assert (not isinstance(n, str) and int(n) == 0) == ok, (out, ref, n)
+
+
+def _cases() -> list[tuple]:
+    """(out, ref) pairs on CPU: exact, noisy, wrong, near-zero scale, non-finite, half, integer, nested."""
+    torch.manual_seed(0)
+    r = torch.randn(64, 32)
+    inf_ref = r.clone()
+    inf_ref[0, :4] = torch.tensor([float("inf"), float("-inf"), float("nan"), float("nan")])
+    return [
+        (r.clone(), r), (r + 1e-4, r), (r + 0.5, r), (torch.zeros_like(r), r * 1e-4), (r * 1e-4, r * 1e-4),
+        (torch.where(r > 0, float("nan"), r), r), (r.half(), r.half()), ((r + 0.03).half(), r.half()),
+        (r.long(), r.long()), ((r.long(), r + 1e-5), (r.long(), r)), (inf_ref.clone(), inf_ref),
+        (torch.where(torch.isfinite(inf_ref), inf_ref, 0.0), inf_ref), (-inf_ref, inf_ref), (r.bfloat16(), r.bfloat16()),
+        (r * 1e3 + 1.0, r * 1e3), (torch.zeros(0), torch.zeros(0)),
+    ]
+
+
+def test_count_mismatches_batch_agrees_with_compare_outputs_pair_by_pair():
+    """One batch of pairs of different scales (each row compared against its own reference's rms)
+    gives, pair by pair, zero exactly where compare_outputs passes."""
+    from dice_ray.verify.correctness import count_mismatches_batch
+
+    cases = _cases()
+    counts = count_mismatches_batch(cases, **TOL)
+    assert not isinstance(counts, tuple) and counts.shape == (len(cases),)
+    for (out, ref), n in zip(cases, counts.tolist()):
+        assert (n == 0) == compare_outputs(out, ref, **TOL).ok, (out, ref, n)
+    # the same pairs repeated: the stacked rows stay independent
+    again = count_mismatches_batch(cases + cases, **TOL)
+    assert again.tolist() == counts.tolist() * 2
+
+
+def test_count_mismatches_batch_names_the_first_pair_with_another_structure():
+    from dice_ray.verify.correctness import count_mismatches_batch
+
+    r = torch.randn(8)
+    assert count_mismatches_batch([(r, r), (r[:4], r), ((r, r), r)], **TOL) == (1, "output 0: (4,) torch.float32 on cpu, "
+                                                                                 "expected (8,) torch.float32 on cpu")
+
+
+def test_timed_output_checks_report_wrong_calls_and_compare_aliased_outputs_at_once():
+    """Kept outputs are compared later, except an output living in an input slot (the slot is refilled
+    before the check stage): that one is compared when added."""
+    from dice_ray.verify.harness import TimedOutputChecks, _Mismatch
+
+    checks = TimedOutputChecks(dict(TOL, half_rtol=5e-2, half_atol=5e-2), lambda j: f"call {j}")
+    slot = torch.randn(16)
+    checks.add(0, slot, slot.clone(), [slot])  # the reference returns its input: compared now
+    slot.add_(100.0)  # the slot is refilled with the next call's values
+    ref = torch.randn(16)
+    checks.add(1, ref, ref.clone(), [torch.randn(16)])
+    checks.add(2, ref, ref + 1.0, [torch.randn(16)])
+    assert checks.wrong() == ([(2, 16)], 3)
+    tiny = TimedOutputChecks(dict(TOL, half_rtol=5e-2, half_atol=5e-2), lambda j: f"call {j}", keep_bytes=1)
+    with pytest.raises(_Mismatch, match="call 7: output 0: "):
+        tiny.add(7, ref, ref[:8], [])  # over the kept budget: compared (and refused) at once
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_fused_mismatch_kernels_count_what_the_torch_rule_counts():
+    """The fused kernels (dice_ray.verify.mismatch_kernel) give the torch rule's count, element for
+    element, for every float dtype, non-finite values, near-zero scales, a grid-stride size and a
+    non-contiguous output."""
+    from dice_ray.verify import mismatch_kernel
+    from dice_ray.verify.correctness import _value_masks, count_mismatches_batch
+
+    cuda = [(o.cuda(), r.cuda()) for o, r in _cases() if isinstance(o, torch.Tensor) and o.is_floating_point()]
+    big = torch.randn(3_000_001, device="cuda")
+    cuda += [(big + 0.02 * torch.randn_like(big), big), (big.double() * 1.001, big.double()),
+             (torch.randn(64, 64, device="cuda").t(), torch.randn(64, 64, device="cuda").t().contiguous())]
+    assert all(mismatch_kernel.supported(o, r) for o, r in cuda if r.numel())
+    got = count_mismatches_batch(cuda, **TOL).tolist()
+    for (o, r), n in zip(cuda, got):
+        if not r.numel():
+            assert n == 0
+            continue
+        rtol, atol = (5e-2, 5e-2) if r.dtype in (torch.float16, torch.bfloat16) else (1e-2, 1e-2)
+        misplaced, bad, *_ = _value_masks(o, r, rtol, atol)
+        assert n == int((misplaced | bad).sum()), (o.dtype, n)
+    assert 0 < got[-3] < big.numel() and got[-2] == 0

@@ -169,3 +169,33 @@ def test_concurrent_workers_give_the_serial_verdicts():
     assert [x.candidate_id for x in verdicts] == [f"c{i}" for i in range(len(batch))]
     assert [x.verdict for x in verdicts] == [want for _, _, want in batch]
 
+
+
+def test_gpu_gate_yield_lets_a_waiting_timer_go_and_accounts_held_time():
+    """A shared holder yielding between the parts of its stage lets a waiting exclusive holder go
+    first, then gets shared access back; held_seconds splits the time into exclusive/shared/idle."""
+    gate = GpuGate()
+    time.sleep(0.02)
+    gate.acquire("shared")
+    order: list[str] = []
+
+    def timer() -> None:
+        gate.acquire("exclusive")
+        order.append("exclusive")
+        time.sleep(0.05)
+        gate.release("exclusive")
+
+    t = threading.Thread(target=timer)
+    t.start()
+    while not gate._writers_waiting:
+        time.sleep(0.001)
+    gate.yield_shared()  # returns once the timer is done and shared access is back
+    order.append("shared again")
+    gate.release("shared")
+    t.join(5)
+    assert order == ["exclusive", "shared again"]
+    held = gate.held_seconds()
+    assert held["idle"] >= 0.02 and held["exclusive"] >= 0.05 and held["shared"] > 0
+    gate.acquire("shared")
+    gate.yield_shared()  # nobody waiting: a no-op
+    gate.release("shared")

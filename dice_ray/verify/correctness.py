@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["Comparison", "compare_outputs", "count_mismatches", "flatten_outputs", "tolerance"]
+__all__ = ["Comparison", "compare_outputs", "count_mismatches", "count_mismatches_batch", "flatten_outputs",
+           "tolerance"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -74,14 +75,19 @@ def _compare_tensor(i: int, out: torch.Tensor, ref: torch.Tensor, tol: tuple[flo
     )
 
 
-def _value_masks(out: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> tuple[torch.Tensor, ...]:
+def _value_masks(out: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float,
+                 batched: bool = False) -> tuple[torch.Tensor, ...]:
     """The value rule of both comparisons, on the device without a host sync.
+
+    Args:
+        out, ref: same shape and dtype; with ``batched``, ``[B, ...]``: B outputs stacked, each
+            compared with its own reference row (its own ``rms``).
 
     Returns:
         ``(misplaced, bad, err, atol_eff, rms)``: bool masks (ref's shape) of NaN/inf in the wrong
         places and of finite elements with ``|out - ref| > atol_eff + rtol * |ref|``; the absolute
         errors; ``atol_eff = clamp(min(atol, rtol * rms(ref)), min=atol * 1e-4)`` and ``rms(ref)``
-        as 0-dim tensors (fp32, or fp64 for fp64 references).
+        (0-dim, or ``[B, 1, ...]`` when batched; fp32, or fp64 for fp64 references).
     """
     work = torch.float64 if ref.dtype == torch.float64 else torch.float32
     r, o = ref.detach().to(work), out.detach().to(work)
@@ -90,7 +96,11 @@ def _value_masks(out: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float)
     misplaced = (r_fin != o_fin) | ((~r_fin) & ~same_nonfinite)
     rf = torch.where(r_fin, r, 0.0)
     of = torch.where(r_fin, o, 0.0)
-    rms = rf.square().mean().sqrt()
+    if batched:
+        rows = rf.shape[0]
+        rms = rf.square().reshape(rows, -1).mean(1).sqrt().reshape(rows, *[1] * (rf.dim() - 1))
+    else:
+        rms = rf.square().mean().sqrt()
     atol_eff = torch.clamp(torch.clamp(rms * rtol, max=atol), min=atol * 1e-4)
     err = (of - rf).abs()
     return misplaced, err > atol_eff + rtol * rf.abs(), err, atol_eff, rms
@@ -144,28 +154,82 @@ def count_mismatches(
 
     Returns:
         A reason (str), or a 0-dim int64 tensor on the outputs' device: the number of elements that
-        fail (0: the outputs match).  Reading it synchronizes; stack many and read once.
+        fail (0: the outputs match).  Reading it synchronizes; stack many and read once, or use
+        :func:`count_mismatches_batch`.
     """
-    outs, refs = flatten_outputs(out), flatten_outputs(ref)
-    if len(outs) != len(refs):
-        return f"forward returned {len(outs)} outputs, the reference {len(refs)}"
-    total: torch.Tensor | None = None
-    for i, (o, r) in enumerate(zip(outs, refs)):
-        if not isinstance(r, torch.Tensor):
-            c = compare_outputs(o, r, rtol=rtol, atol=atol, half_rtol=half_rtol, half_atol=half_atol)
-            if not c.ok:
-                return c.reason
-            continue
-        if not isinstance(o, torch.Tensor):
-            return f"output {i}: got {type(o).__name__}, expected a Tensor"
-        if tuple(o.shape) != tuple(r.shape) or o.dtype != r.dtype or o.device != r.device:
-            return f"output {i}: {tuple(o.shape)} {o.dtype} on {o.device}, expected {tuple(r.shape)} {r.dtype} on {r.device}"
-        if not (r.is_floating_point() or r.is_complex()):
-            bad = (o != r).sum()
-        elif r.numel() == 0:
-            continue
-        else:
-            misplaced, bad_mask, _, _, _ = _value_masks(o, r, *tolerance(r.dtype, rtol, atol, half_rtol, half_atol))
-            bad = (misplaced | bad_mask).sum()
-        total = bad if total is None else total + bad
-    return total if total is not None else torch.zeros((), dtype=torch.int64)
+    counts = count_mismatches_batch([(out, ref)], rtol=rtol, atol=atol, half_rtol=half_rtol, half_atol=half_atol)
+    return counts[1] if isinstance(counts, tuple) else counts[0]
+
+
+#: stacked outputs one batched comparison works on at most (bytes of the outputs, before the fp32 copies)
+_BATCH_BYTES = 128 * 2**20
+
+
+def count_mismatches_batch(
+    pairs: list[tuple[Any, Any]], *, rtol: float, atol: float, half_rtol: float = 5e-2, half_atol: float = 5e-2
+) -> torch.Tensor | tuple[int, str]:
+    """:func:`count_mismatches` of many ``(out, ref)`` pairs in a few kernels, without a host sync.
+
+    Floating CUDA outputs are compared by two fused kernels a pair
+    (:mod:`dice_ray.verify.mismatch_kernel`); the others (CPU, integer, complex) are stacked by
+    position, shape and dtype (at most ``_BATCH_BYTES`` at a time) and compared row by row, each
+    row against its own reference's scale.  Same rule as :func:`compare_outputs`.  The verifier
+    checks a candidate's timed outputs this way (``dice_ray.verify.harness``).
+
+    Args:
+        pairs: ``[(candidate output, reference output), ...]``, each a Tensor or nested
+            tuples/lists of Tensors and numbers.
+        rtol, atol, half_rtol, half_atol: as in :func:`compare_outputs`.
+
+    Returns:
+        ``(index, reason)`` for the first pair whose structure, shapes, dtypes, devices or
+        non-tensor values differ; else a ``[len(pairs)]`` int64 tensor (on the outputs' device,
+        CPU when there are no tensors): the failing elements of each pair.
+    """
+    from dice_ray.verify import mismatch_kernel
+
+    groups: dict[tuple, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
+    fused: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+    device = None
+    for p, (out, ref) in enumerate(pairs):
+        outs, refs = flatten_outputs(out), flatten_outputs(ref)
+        if len(outs) != len(refs):
+            return p, f"forward returned {len(outs)} outputs, the reference {len(refs)}"
+        for i, (o, r) in enumerate(zip(outs, refs)):
+            if not isinstance(r, torch.Tensor):
+                c = compare_outputs(o, r, rtol=rtol, atol=atol, half_rtol=half_rtol, half_atol=half_atol)
+                if not c.ok:
+                    return p, c.reason
+                continue
+            if not isinstance(o, torch.Tensor):
+                return p, f"output {i}: got {type(o).__name__}, expected a Tensor"
+            if tuple(o.shape) != tuple(r.shape) or o.dtype != r.dtype or o.device != r.device:
+                return p, (f"output {i}: {tuple(o.shape)} {o.dtype} on {o.device}, "
+                           f"expected {tuple(r.shape)} {r.dtype} on {r.device}")
+            device = r.device
+            if mismatch_kernel.supported(o, r):
+                fused.append((p, o, r))
+            elif r.numel():
+                groups.setdefault((i, tuple(r.shape), r.dtype, r.device), []).append((p, o, r))
+    device = fused[0][2].device if fused else device  # the fused kernels add into totals on their GPU
+    totals = torch.zeros(len(pairs), dtype=torch.int64, device=device)
+    if fused:
+        acc = torch.zeros(len(fused), dtype=torch.float64, device=device)
+        for k, (p, o, r) in enumerate(fused):
+            mismatch_kernel.count_into(o, r, *tolerance(r.dtype, rtol, atol, half_rtol, half_atol), acc[k:], totals[p:])
+    for (_, _, dtype, _), members in groups.items():
+        first = members[0][2]
+        step = max(1, _BATCH_BYTES // max(first.numel() * first.element_size(), 1))
+        for c in range(0, len(members), step):
+            chunk = members[c: c + step]
+            rows = torch.tensor([p for p, _, _ in chunk], device=totals.device)
+            o = torch.stack([m[1] for m in chunk])
+            r = torch.stack([m[2] for m in chunk])
+            if not (dtype.is_floating_point or dtype.is_complex):
+                bad = o != r
+            else:
+                misplaced, bad_mask, _, _, _ = _value_masks(o, r, *tolerance(dtype, rtol, atol, half_rtol, half_atol),
+                                                            batched=True)
+                bad = misplaced | bad_mask
+            totals.index_add_(0, rows, bad.reshape(len(chunk), -1).sum(1).to(totals.device))
+    return totals

@@ -23,7 +23,9 @@ with the run-time anti-cheat rules added:
 * timing (:mod:`dice_ray.verify.timing`): windows of ``k..2k-1`` calls (sizes secret) long enough
   that host jitter does not matter, fresh inputs every call, the timed calls' outputs compared with
   the reference's (caching, batch-and-skip, deferring work and behaving differently once timed give
-  ``incorrect``), and speedups above ``audit_speedup`` re-timed by the host clock: ``timing-audit``.
+  ``incorrect``; compared after the timing stage, in the shared ``check`` stage, by
+  :class:`TimedOutputChecks`), and speedups above ``audit_speedup`` re-timed by the host clock:
+  ``timing-audit``.
 
 Failures are typed (:class:`JobResult`), not recognised by matching exception text, except the
 CUDA-error probe that decides whether the worker must be replaced (``fatal``).
@@ -49,8 +51,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dice_ray import launch
 from dice_ray.tasks.task import shape_constant
-from dice_ray.verify import inline, timing
-from dice_ray.verify.correctness import compare_outputs, count_mismatches, flatten_outputs
+from dice_ray.verify import inline, mismatch_kernel, timing
+from dice_ray.verify.correctness import Comparison, compare_outputs, count_mismatches_batch, flatten_outputs
 from dice_ray.verify.rules import check_cuda_source, import_allowed
 
 __all__ = ["ALLOWED_ATEN_OPS", "Harness", "JobResult", "RuleBroken", "warm_imports"]
@@ -85,6 +87,7 @@ _STAGE_BUDGET_FRACTION = 0.3  # timing of one side may use this share of run_tim
 _CHECK_ALL_BYTES = 64 * 2**20  # outputs up to this size: _CHECKED_CALLS and window ends checked; larger: output_checks
 _CHECKED_CALLS = 64  # timed calls (besides each window's last) whose outputs are checked, drawn in secret
 _WINDOW_OUTPUT_BYTES = 2**30  # a timed window's outputs (alive until checked) stay under this
+_KEPT_OUTPUT_BYTES = 512 * 2**20  # checked timed outputs kept for the shared check stage; beyond, compared at once
 _SELF_TEST_REFERENCE = """
 import torch
 import torch.nn as nn
@@ -148,6 +151,7 @@ class JobResult:
     candidate_spread: float | None = None
     compiled_ref_ms: float | None = None
     speedup_compiled: float | None = None
+    timing_s: dict[str, float] | None = None  # host seconds of the timing stage's parts (Harness._measure)
     fatal: bool = False  # the worker must be replaced (sticky CUDA error)
 
     def to_dict(self) -> dict[str, Any]:
@@ -294,6 +298,7 @@ class Harness:
             self.dev = torch.device("cuda", device)
             l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 * 2**20) or 64 * 2**20
             self.flush = torch.empty(int(2 * l2) // 4, dtype=torch.int32, device=self.dev)
+            mismatch_kernel.warm(device)  # the output checks' kernels, before any gated stage
         else:
             self.dev = torch.device("cpu")
         self._torch_state = self._save_torch_state()
@@ -391,9 +396,12 @@ class Harness:
         return out
 
     def _compare(self, out: Any, ref: Any) -> Any:
-        s = self.settings
-        return compare_outputs(out, ref, rtol=s["rtol"], atol=s["atol"], half_rtol=s["half_rtol"],
-                               half_atol=s["half_atol"])
+        """:func:`compare_outputs` (its reason on failure), counted first by the fused kernels."""
+        tol = {k: self.settings[k] for k in ("rtol", "atol", "half_rtol", "half_atol")}
+        counts = count_mismatches_batch([(out, ref)], **tol)
+        if not isinstance(counts, tuple) and int(counts[0]) == 0:
+            return Comparison(True, "")
+        return compare_outputs(out, ref, **tol)
 
     # -- the job ------------------------------------------------------------------------------
     def run(self, job: dict[str, Any], stage: Callable[[str], None]) -> JobResult:
@@ -576,7 +584,9 @@ class Harness:
         if bad:
             return JobResult("compile_error", compiled=True, reason=bad, rule="unknown-kernel")
         notes: list[str] = []
-        for label, make in self._trials(ref, seeds, inputs0, reference_src, notes):
+        for n, (label, make) in enumerate(self._trials(ref, seeds, inputs0, reference_src, notes)):
+            if n:
+                stage("run")  # between trials: a worker waiting to time goes first (runner.GpuGate)
             failed = self._trial(model, ref_model, make, label, ref_mutates, precision=label.startswith("trial 0"),
                                  notes=notes)
             if failed is not None:
@@ -585,7 +595,7 @@ class Harness:
         _synchronize(self.device)
 
         stage("timing")
-        t = self._measure(ref, ref_model, model, ref_mutates)
+        t = self._measure(ref, ref_model, model, ref_mutates, stage)
         if isinstance(t, JobResult):
             return t
         notes.append(t.pop("note"))
@@ -751,10 +761,12 @@ class Harness:
             worst = max(worst, e_cand)
         return f"fp32 error vs float64 {worst:.1e}"
 
-    def _measure(self, ref: dict, ref_model: Any, model: Any, ref_mutates: bool) -> dict[str, Any] | JobResult:
+    def _measure(self, ref: dict, ref_model: Any, model: Any, ref_mutates: bool,
+                 stage: Callable[[str], None]) -> dict[str, Any] | JobResult:
         """Time reference and candidate on one :class:`~dice_ray.verify.timing.InputSchedule`,
-        check the timed calls' outputs, audit large speedups; returns the JobResult fields or a
-        failing JobResult.
+        audit large speedups, then (stage ``check``: the GPU shared again) compare the timed
+        calls' outputs with the reference's (:class:`TimedOutputChecks`); returns the JobResult
+        fields or a failing JobResult.
 
         Raises:
             RuleBroken: ``no-kernel-launch`` (a call launched no candidate kernel), ``timing-audit``.
@@ -765,12 +777,15 @@ class Harness:
         pool_bytes = int(s.get("input_pool_mib", 1024) * 2**20)
         warmup = max(1, s["warmup"])
         make = lambda seed: self._inputs(ref, seed, dev)  # noqa: E731
-        probe = timing.InputSchedule(make, base - 2, 2, pool_bytes)
+        start = _perf()
+        # the call-time probe: 3 one-call windows a side after a warm-up one (the median resists one slow window)
+        probe = timing.InputSchedule(make, base - 4, 4, pool_bytes)
         t0 = _perf()
-        p = timing.time_calls(ref_model, model, probe, {"reference": [1, 1], "candidate": [1, 1]}, 1, self.flush,
+        p = timing.time_calls(ref_model, model, probe, {"reference": [1] * 4, "candidate": [1] * 4}, 1, self.flush,
                               self.device, ref_mutates=ref_mutates)
-        per_call = (_perf() - t0) / 4  # host seconds of one call in its own window (either side)
-        call_ms = {k: p[k][0] - p["empty"][0] for k in ("reference", "candidate")}
+        per_call = (_perf() - t0) / 8  # host seconds of one call in its own window (either side)
+        empty_ms = timing.spread_stats(p["empty"])[0]
+        call_ms = {k: timing.spread_stats(p[k])[0] - empty_ms for k in ("reference", "candidate")}
         enqueue_s = {k: self._enqueue_seconds(m, probe(1)) for k, m in (("reference", ref_model), ("candidate", model))}
         in_bytes = timing.input_bytes(probe(1))
         with torch.no_grad():
@@ -797,7 +812,7 @@ class Harness:
             n = min(len(cand_calls) - 1, int(s.get("output_checks", 5)))
             checked = {cand_calls[-1], *secret.sample(cand_calls[:-1], n)}
         counts = [_launch_count()]
-        bad: dict[int, torch.Tensor] = {}
+        parts = {"probe": _perf() - start, "check": 0.0}
 
         def launched(side: str, j: int) -> None:
             if side != "candidate":
@@ -807,28 +822,30 @@ class Harness:
                 raise RuleBroken("no-kernel-launch", f"timed call {j} of ModelNew.forward launched no kernel")
             counts[0] = _launch_count()
 
-        def check(j: int, ref_out: Any, out: Any) -> None:
-            _check_output_types(out)
-            n_bad = count_mismatches(out, ref_out, rtol=s["rtol"], atol=s["atol"], half_rtol=s["half_rtol"],
-                                     half_atol=s["half_atol"])
-            if isinstance(n_bad, str):
-                raise _Mismatch(f"timed call {j} (inputs of seed {base + j}): {n_bad}")
-            bad[j] = n_bad
+        tolerances = {k: s[k] for k in ("rtol", "atol", "half_rtol", "half_atol")}
+        checks = TimedOutputChecks(tolerances, lambda j: f"timed call {j} (inputs of seed {base + j})")
 
+        def check(j: int, ref_out: Any, out: Any, inputs: list[Any]) -> None:
+            t_check = _perf()
+            try:
+                checks.add(j, ref_out, out, inputs)
+            finally:
+                counts[0] = _launch_count()  # the comparison kernels are not the candidate's launches
+                parts["check"] += _perf() - t_check
+
+        t_windows = _perf()
         try:
             times = timing.time_calls(ref_model, model, schedule, sizes, warmup, self.flush, self.device, check,
                                       checked, ref_mutates, self._compiled(ref_model, schedule(0)), spin=spin,
                                       each_call=launched)
         except _Mismatch as e:
             return JobResult("incorrect", compiled=True, correct=False, reason=str(e))
-        if bad:
-            counts_host = torch.stack([bad[j].to(self.dev) for j in sorted(bad)]).tolist()
-            wrong = [(j, n) for j, n in zip(sorted(bad), counts_host) if n]
-            if wrong:
-                j, n = wrong[0]
-                return JobResult("incorrect", compiled=True, correct=False,
-                                 reason=f"timed call {j} (inputs of seed {base + j}): {n} elements differ from the "
-                                 f"reference's; {len(wrong)} of {len(bad)} checked timed calls wrong")
+        parts["fill"] = schedule.fill_s
+        parts["windows"] = _perf() - t_windows - parts["fill"] - parts["check"]
+        parts["gpu"] = 1e-3 * sum(t * n for side, v in times.items() if side != "empty"
+                                  for t, n in zip(v, sizes["candidate" if side == "candidate" else "reference"][warmup:]))
+        parts["spin"] = sum(spin[side] * len(sizes[side]) for side in spin) / timing.SPIN_CYCLES_PER_S
+        t_rest = _perf()
         overhead_ms, _ = timing.spread_stats(times["empty"])  # one window's synchronize and event records
         net = {side: timing.spread_stats([max(t - overhead_ms / n, 1e-4)
                                           for t, n in zip(v, sizes["candidate" if side == "candidate" else "reference"][warmup:])])
@@ -854,8 +871,23 @@ class Harness:
                 raise RuleBroken("timing-audit", f"CUDA events give {speedup:.1f}x but the host wall clock {wall_speedup:.1f}x "
                                  f"(reference {ref_wall:.4f} ms, candidate {cand_wall:.4f} ms a call): more than {factor:g}x apart")
             note += f"; audit: wall-clock speedup {wall_speedup:.1f}x"
+        parts["audit"] = _perf() - t_rest
+        del schedule
+        stage("check")
+        t_check = _perf()
+        try:
+            wrong, n_checked = checks.wrong()
+        except _Mismatch as e:
+            return JobResult("incorrect", compiled=True, correct=False, reason=str(e))
+        parts["check"] += _perf() - t_check
+        if wrong:
+            j, n = wrong[0]
+            return JobResult("incorrect", compiled=True, correct=False,
+                             reason=f"timed call {j} (inputs of seed {base + j}): {n} elements differ from the "
+                             f"reference's; {len(wrong)} of {n_checked} checked timed calls wrong")
         fields = {"speedup": speedup, "ref_ms": ref_ms, "candidate_ms": cand_ms, "ref_spread": ref_spread,
-                  "candidate_spread": cand_spread, "note": note}
+                  "candidate_spread": cand_spread, "note": note,
+                  "timing_s": {k: round(v, 5) for k, v in parts.items()}}
         if "baseline" in net:
             compiled_ms = net["baseline"][0]
             fields.update(compiled_ref_ms=compiled_ms, speedup_compiled=compiled_ms / max(cand_ms, 1e-6))
@@ -893,6 +925,77 @@ class Harness:
 
 class _Mismatch(Exception):
     """A timed call's output differs from the reference's (verdict ``incorrect``)."""
+
+
+def _shares_memory(outputs: list[Any], inputs: list[Any]) -> bool:
+    """Whether a tensor of ``outputs`` lives in the storage of a tensor of ``inputs``."""
+    held = {x.untyped_storage().data_ptr() for x in inputs if isinstance(x, torch.Tensor)}
+    return any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in held for o in outputs)
+
+
+class TimedOutputChecks:
+    """The timed calls' outputs to compare with the reference's, kept and compared in batches.
+
+    :meth:`add` keeps a pair (no GPU work, so the exclusive timing stage spends nothing on it)
+    until ``keep_bytes`` of outputs are held; then the held pairs are compared at once
+    (:func:`~dice_ray.verify.correctness.count_mismatches_batch`: a few kernels, no sync).
+    :meth:`wrong` compares the rest and reads every count with one sync: the harness calls it in
+    the shared ``check`` stage, after the timing stage.
+
+    Args:
+        tolerances: ``rtol``, ``atol``, ``half_rtol``, ``half_atol`` (VerifyConfig fields).
+        describe: ``j -> str`` naming timed call ``j`` in a reason (its inputs' seed).
+        keep_bytes: outputs (candidate's and reference's) held before a batch is compared (bytes).
+    """
+
+    def __init__(self, tolerances: dict[str, float], describe: Callable[[int], str],
+                 keep_bytes: int = _KEPT_OUTPUT_BYTES):
+        self.tolerances = tolerances
+        self.describe = describe
+        self.keep_bytes = keep_bytes
+        self._pending: list[tuple[int, Any, Any]] = []
+        self._held = 0
+        self._counts: list[tuple[list[int], torch.Tensor]] = []
+
+    def add(self, j: int, ref_out: Any, out: Any, inputs: list[Any] = ()) -> None:
+        """Keep timed call ``j``'s outputs for comparison; compare at once when an output shares
+        memory with ``inputs`` (a pool slot whose values change before the check stage).
+
+        Raises:
+            RuleBroken: ``output-type`` (an output is not a plain Tensor).
+            _Mismatch: a batch compared now has a structure, shape or dtype mismatch.
+        """
+        _check_output_types(out)
+        self._pending.append((j, ref_out, out))
+        self._held += sum(timing.input_bytes(flatten_outputs(o)) for o in (ref_out, out))
+        if self._held > self.keep_bytes or _shares_memory([*flatten_outputs(ref_out), *flatten_outputs(out)], inputs):
+            self._compare()
+
+    def _compare(self) -> None:
+        if not self._pending:
+            return
+        calls = [j for j, _, _ in self._pending]
+        counts = count_mismatches_batch([(out, ref) for _, ref, out in self._pending], **self.tolerances)
+        self._pending, self._held = [], 0
+        if isinstance(counts, tuple):
+            i, reason = counts
+            raise _Mismatch(f"{self.describe(calls[i])}: {reason}")
+        self._counts.append((calls, counts))
+
+    def wrong(self) -> tuple[list[tuple[int, int]], int]:
+        """Compare what is held and read every count (one sync).
+
+        Returns:
+            ``([(call, failing elements), ...] for the wrong calls in call order, calls checked)``.
+        Raises:
+            _Mismatch: a structure, shape or dtype mismatch.
+        """
+        self._compare()
+        if not self._counts:
+            return [], 0
+        calls = [j for js, _ in self._counts for j in js]
+        counts = torch.cat([c.to(self._counts[0][1].device) for _, c in self._counts]).tolist()
+        return sorted((j, n) for j, n in zip(calls, counts) if n), len(calls)
 
 
 def _finite(out: Any) -> bool:

@@ -31,7 +31,8 @@ __all__ = ["STAGE_ACCESS", "GpuGate", "JobOutcome", "WorkerError", "WorkerProces
 
 
 #: GPU access each stage needs: loading compiles on the CPU, checks share the GPU, timing owns it
-STAGE_ACCESS: dict[str, str | None] = {"load": None, "reference": "shared", "run": "shared", "timing": "exclusive"}
+STAGE_ACCESS: dict[str, str | None] = {"load": None, "reference": "shared", "run": "shared", "timing": "exclusive",
+                                       "check": "shared"}
 
 
 class GpuGate:
@@ -40,6 +41,8 @@ class GpuGate:
     Several workers load, compile and check candidates at once (``shared``), but a worker times
     alone (``exclusive``): no other worker's kernels run while its CUDA events are open, so the
     speedup does not depend on how busy the verifier is.
+
+    :meth:`held_seconds` tells how the wall time went: exclusive, shared (>= 1 holder) or idle.
     """
 
     def __init__(self) -> None:
@@ -47,6 +50,24 @@ class GpuGate:
         self._readers = 0
         self._writer = False
         self._writers_waiting = 0
+        self._since = time.monotonic()  # start of the current state's interval
+        self._held = {"exclusive": 0.0, "shared": 0.0, "idle": 0.0}
+
+    def _state(self) -> str:
+        return "exclusive" if self._writer else "shared" if self._readers else "idle"
+
+    def _account(self) -> None:
+        """Add the time since the last change to the current state (call under the lock, before a change)."""
+        now = time.monotonic()
+        self._held[self._state()] += now - self._since
+        self._since = now
+
+    def held_seconds(self) -> dict[str, float]:
+        """Wall seconds since the gate was made with exclusive access held, with shared access held
+        (by >= 1 worker) and with neither (``idle``)."""
+        with self._cond:
+            self._account()
+            return dict(self._held)
 
     def acquire(self, mode: str) -> None:
         """Block until ``mode`` (``"shared"`` or ``"exclusive"``) access is granted."""
@@ -55,14 +76,27 @@ class GpuGate:
                 self._writers_waiting += 1
                 self._cond.wait_for(lambda: not self._writer and self._readers == 0)
                 self._writers_waiting -= 1
+                self._account()
                 self._writer = True
             else:
                 self._cond.wait_for(lambda: not self._writer and self._writers_waiting == 0)
+                self._account()
                 self._readers += 1
+
+    def yield_shared(self) -> None:
+        """Holding shared access: let the workers waiting for exclusive access go first (give it
+        back and take it again; returns at once when none waits).  A worker calls this between
+        the parts of a long shared stage, so a timing stage does not wait for all of it."""
+        with self._cond:
+            if not self._writers_waiting:
+                return
+        self.release("shared")
+        self.acquire("shared")
 
     def release(self, mode: str) -> None:
         """Give back access taken with :meth:`acquire` in the same ``mode``."""
         with self._cond:
+            self._account()
             if mode == "exclusive":
                 self._writer = False
             else:
@@ -270,7 +304,9 @@ class WorkerProcess:
     def run(self, job: dict[str, Any], limits: dict[str, float]) -> JobOutcome:
         """Send a job and wait for its result.  At each stage the worker announces, the gate access
         of :data:`STAGE_ACCESS` is taken (waiting does not count), the worker is told to go, and
-        ``limits[stage]`` (s) applies from then on.  On timeout or death the worker is killed
+        ``limits[stage]`` (s) applies from then on; a stage announced again is its next part: the
+        limit keeps running and a shared holder first lets waiting timing stages go
+        (:meth:`GpuGate.yield_shared`).  On timeout or death the worker is killed
         (``alive()`` is then False); the gate is always given back.
 
         Raises:
@@ -307,15 +343,21 @@ class WorkerProcess:
                 if msg.get("type") == "stage":
                     now = time.monotonic()
                     spent[stage] = spent.get(stage, 0.0) + now - mark
+                    again = str(msg.get("stage")) == stage  # a stage announced again: its next part
                     stage = str(msg.get("stage"))
-                    held = self._switch_gate(held, STAGE_ACCESS.get(stage, "exclusive"))
+                    if again and held == "shared" and self.gate is not None:
+                        self.gate.yield_shared()
+                    else:
+                        held = self._switch_gate(held, STAGE_ACCESS.get(stage, "exclusive"))
                     mark = time.monotonic()
                     spent["gate_wait"] = spent.get("gate_wait", 0.0) + mark - now
                     try:
                         write_frame(self._w, {"op": "go"})
                     except OSError:
                         return outcome("died", detail=self._death())
-                    deadline = time.monotonic() + limits.get(stage, max(limits.values()))
+                    # a stage's limit runs from its first part; waiting for the gate does not count
+                    deadline = (deadline + mark - now if again else
+                                time.monotonic() + limits.get(stage, max(limits.values())))
                 elif msg.get("type") == "result":
                     if msg.get("fatal"):
                         self.kill()

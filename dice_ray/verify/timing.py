@@ -91,12 +91,14 @@ class InputSchedule:
         pool_bytes: GPU memory for the pool (bytes); ``slots = clamp(pool_bytes // set_bytes, 2, calls)``.
 
     A slot is filled when first used and refilled in place (``copy_``: same address, new values)
-    whenever it holds another call's values, so any call order is served correctly.
+    whenever it holds another call's values, so any call order is served correctly.  ``fill_s``
+    counts the host seconds spent making and copying inputs (the first set included).
     """
 
     def __init__(self, make: Callable[[int], list[Any]], base_seed: int, calls: int, pool_bytes: int):
         self.make = make
         self.base_seed = base_seed
+        t0 = _perf()
         first = make(base_seed)
         per_set = max(input_bytes(first), 1)
         self.slots = int(max(min(2, calls), min(calls, pool_bytes // per_set)))
@@ -104,11 +106,13 @@ class InputSchedule:
         self.holds: list[int | None] = [None] * self.slots
         self.pool[0], self.holds[0] = first, 0
         self.refills = 0
+        self.fill_s = _perf() - t0
 
     def __call__(self, j: int) -> list[Any]:
         """The input set of call ``j`` (filled or refilled now when needed; never inside a timed window)."""
         k = j % self.slots
         if self.holds[k] != j:
+            t0 = _perf()
             fresh = self.make(self.base_seed + j)
             if self.pool[k] is None:
                 self.pool[k] = fresh
@@ -118,6 +122,7 @@ class InputSchedule:
                         dst.copy_(src)
                 self.refills += 1
             self.holds[k] = j
+            self.fill_s += _perf() - t0
         slot = self.pool[k]
         assert slot is not None
         return slot
@@ -131,7 +136,7 @@ def time_calls(
     warmup: int,
     flush: torch.Tensor,
     device: int,
-    after: Callable[[int, Any, Any], None] | None = None,
+    after: Callable[[int, Any, Any, list[Any]], None] | None = None,
     checked: Container[int] = (),
     ref_mutates: bool = False,
     baseline: Callable[..., Any] | None = None,
@@ -156,9 +161,10 @@ def time_calls(
             number of windows; :func:`window_sizes`), the first ``warmup`` windows untimed.
         flush: a device buffer twice the L2 size, zeroed before each window.
         device: CUDA ordinal (``torch.cuda.synchronize(device)`` waits for every stream on it).
-        after: ``after(j, ref_out, cand_out)`` for each candidate call ``j`` in ``checked``, once the
-            window set ran (output checks); ``ref_out`` is the reference's timed output of call ``j``,
-            or, past the end of its window, one computed then (untimed) on the same inputs.  It may raise.
+        after: ``after(j, ref_out, cand_out, inputs)`` for each candidate call ``j`` in ``checked``,
+            once the window set ran (output checks); ``ref_out`` is the reference's timed output of
+            call ``j``, or, past the end of its window, one computed then (untimed) on the same
+            inputs; ``inputs`` the candidate's input set (a pool slot, refilled later).  It may raise.
         checked: the candidate calls ``after`` sees.
         ref_mutates: the reference modifies its inputs: it (and ``baseline``) get copies, made
             outside the window.
@@ -231,7 +237,7 @@ def time_calls(
                 else:
                     with torch.no_grad():
                         ref_out = ref_fn(*(fresh(args[i]) if ref_mutates else args[i]))
-                after(j, ref_out, outs["candidate"][i])
+                after(j, ref_out, outs["candidate"][i], args[i])
         del outs
     _synchronize(device)
     return {k: [_elapsed(starts[k][w], ends[k][w]) / (1 if k == "empty" else side_sizes[k][w])

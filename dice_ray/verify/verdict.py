@@ -39,7 +39,12 @@ class Verdict(BaseModel):
         mode: ``gpu`` or ``compile_only``.
         seconds: wall time of this verification (s), worker start included when it happened.
         stage_seconds: wall seconds of each worker stage (``load``, ``reference``, ``run``,
-            ``timing``) and of waiting for the GPU gate (``gate_wait``); empty when no worker ran.
+            ``timing``, ``check``) and of waiting for the GPU gate (``gate_wait``); empty when no worker ran.
+            For an ``ok`` verdict also the timing stage's parts (host seconds): ``timing.probe``
+            (call-time probe), ``timing.fill`` (making timed inputs), ``timing.windows`` (the timed
+            windows, spins and synchronizes), ``timing.check`` (timed outputs compared),
+            ``timing.audit``, and ``timing.gpu`` (the timed windows' GPU time) and ``timing.spin``
+            (nominal GPU spin before windows).
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -87,6 +87,7 @@ class Verifier:
             "reference": verify_cfg.run_timeout_s,
             "run": verify_cfg.run_timeout_s,
             "timing": verify_cfg.run_timeout_s,
+            "check": verify_cfg.run_timeout_s,
         }
         self._gate = GpuGate() if mode == "gpu" else None
         self._lock = threading.Lock()  # guards _spares, _busy, restarts, closed
@@ -149,7 +150,8 @@ class Verifier:
     def stats(self) -> dict[str, Any]:
         """Worker book-keeping: ``workers``, ``restarts``, ``boot_s`` (spawn to ready of every worker
         so far, s; forked and cold separately) and ``ready_wait_s`` (job time spent waiting for a
-        worker to become ready, s)."""
+        worker to become ready, s) and, on a GPU, ``gpu_gate_s``: wall seconds the GPU gate was held
+        exclusive (timing), shared (loads and checks) or idle since the Verifier started."""
         with self._lock:
             current = list(self._idle.queue) + list(self._busy)
             rows = self._retired + [(w.boot_s, w.ready_wait_s, w.forked) for w in current]
@@ -160,6 +162,7 @@ class Verifier:
             "boot_s_cold": [round(b, 2) for b, _, f in rows if b is not None and not f],
             "ready_wait_s": round(sum(w for _, w, _ in rows), 2),
             "forked_boot_phases_s": list(self._boot_phases),
+            "gpu_gate_s": self._gate.held_seconds() if self._gate is not None else {},
         }
 
     def close(self) -> None:
@@ -322,7 +325,9 @@ class Verifier:
         return new
 
     def _from_outcome(self, outcome: JobOutcome) -> dict[str, Any]:
-        return {**self._outcome_fields(outcome), "stage_seconds": outcome.stage_s}
+        fields = self._outcome_fields(outcome)
+        parts = {f"timing.{k}": v for k, v in (fields.pop("timing_s", None) or {}).items()}
+        return {**fields, "stage_seconds": {**outcome.stage_s, **parts}}
 
     @staticmethod
     def _outcome_fields(outcome: JobOutcome) -> dict[str, Any]:
