@@ -158,3 +158,28 @@ def test_after_a_crash_a_warm_spare_takes_over(unguarded):
     assert spare.forked  # forked from the zygote, torch already imported
     check(unguarded, HONEST, "ok")
     test_environment_stripped_and_private_cwd(unguarded)  # the forked worker is as sandboxed
+
+
+def test_private_folders_of_dead_verifiers_are_swept():
+    """A verifier killed with SIGKILL cannot remove its workers' folders; the next one removes the
+    folders whose owning process is dead and leaves a live owner's alone."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from dice_ray.verify.sandbox import private_dir, sweep_private_dirs
+
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = Path(tempfile.mkdtemp(prefix=f"dice-ray-worker-{owner.pid}-"))
+    (dead / "worker.log").write_text("left behind")
+    live = Path(private_dir("zygote"))
+    assert live.name.startswith(f"dice-ray-zygote-{os.getpid()}-")
+    owner.kill()
+    owner.wait()
+    try:
+        assert sweep_private_dirs() >= 1
+        assert not dead.exists() and live.is_dir()
+    finally:
+        live.rmdir()

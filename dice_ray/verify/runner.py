@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dice_ray.verify.protocol import FrameReader, ProtocolError, write_frame
-from dice_ray.verify.sandbox import clean_env
+from dice_ray.verify.sandbox import clean_env, private_dir
 from dice_ray.verify.zygote import Zygote, ZygoteError
 
 __all__ = ["STAGE_ACCESS", "GpuGate", "JobOutcome", "WorkerError", "WorkerProcess"]
@@ -173,7 +172,7 @@ class WorkerProcess:
     def __init__(self, settings: dict[str, Any], zygote: Zygote | None = None, gate: GpuGate | None = None):
         self.settings = settings
         self.gate = gate
-        self.workdir = tempfile.mkdtemp(prefix="dice-ray-worker-")
+        self.workdir = private_dir("worker")
         self.log_path = Path(self.workdir) / "worker.log"
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()

@@ -17,13 +17,18 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
+import shutil
+import tempfile
 import platform
 import resource
 import struct
 import sys
 from pathlib import Path
 
-__all__ = ["apply_limits", "clean_env", "install_seccomp", "set_cpu_budget"]
+__all__ = ["apply_limits", "clean_env", "install_seccomp", "private_dir", "set_cpu_budget", "sweep_private_dirs"]
+
+_PRIVATE = re.compile(r"dice-ray-(?:worker|zygote)-(\d+)-\w+")
 
 #: Environment variables a worker keeps (everything else, tokens and keys included, is dropped).
 ENV_KEEP = (
@@ -45,6 +50,35 @@ def clean_env(workdir: str) -> dict[str, str]:
     )
     env.setdefault("OMP_NUM_THREADS", "2")
     return env
+
+
+def private_dir(kind: str) -> str:
+    """A new private folder ``dice-ray-<kind>-<pid>-*`` in the temporary folder for a worker or the
+    fork server (``kind``: ``"worker"`` or ``"zygote"``), tagged with this process's id so that
+    :func:`sweep_private_dirs` can remove it once this process is gone."""
+    return tempfile.mkdtemp(prefix=f"dice-ray-{kind}-{os.getpid()}-")
+
+
+def sweep_private_dirs() -> int:
+    """Remove the :func:`private_dir` folders whose owning process is dead (a verifier killed with
+    SIGKILL, as Ray kills an actor, cannot remove its own); returns how many were removed.  Folders
+    of live processes, and of processes this user cannot signal, are left alone."""
+    removed = 0
+    root = Path(tempfile.gettempdir())
+    for path in root.glob("dice-ray-*-*-*"):
+        m = _PRIVATE.fullmatch(path.name)
+        if m is None or not path.is_dir():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue  # the owner is alive
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed += not path.exists()
+    return removed
 
 
 def _set(limit: int, soft: int, hard: int | None = None) -> None:

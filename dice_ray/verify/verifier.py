@@ -32,6 +32,7 @@ from dice_ray.config import RewardConfig, VerifyConfig
 from dice_ray.verify.reward import compute_reward
 from dice_ray.verify.rules import check_candidate
 from dice_ray.verify.runner import GpuGate, JobOutcome, WorkerError, WorkerProcess
+from dice_ray.verify.sandbox import sweep_private_dirs
 from dice_ray.verify.verdict import Verdict
 from dice_ray.verify.zygote import Zygote, ZygoteError
 
@@ -89,6 +90,7 @@ class Verifier:
             "timing": verify_cfg.run_timeout_s,
             "check": verify_cfg.run_timeout_s,
         }
+        self.swept_dirs = sweep_private_dirs()  # folders left by verifiers that were killed
         self._gate = GpuGate() if mode == "gpu" else None
         self._lock = threading.Lock()  # guards _spares, _busy, restarts, closed
         self._idle: queue.Queue[WorkerProcess] = queue.Queue()

@@ -43,14 +43,14 @@ class Zygote:
     """
 
     def __init__(self) -> None:
-        from dice_ray.verify.sandbox import clean_env
+        from dice_ray.verify.sandbox import clean_env, private_dir
 
         if not sys.platform.startswith("linux") or not hasattr(socket, "send_fds"):
             raise ZygoteError("the fork server needs Linux and socket.send_fds")
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
             raise ZygoteError(f"prctl(PR_SET_CHILD_SUBREAPER) failed: errno {ctypes.get_errno()}")
-        self.workdir = tempfile.mkdtemp(prefix="dice-ray-zygote-")
+        self.workdir = private_dir("zygote")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         with open(os.path.join(self.workdir, "zygote.log"), "wb") as log:
             self.proc = subprocess.Popen(
