@@ -79,17 +79,23 @@ def test_tracerl_equals_a_manual_replay_of_the_trace(family):
     G, R, C = 3, 5, 7  # R not a multiple of block_size; the sampler decoded a canvas of 7
     resp, step = _trace(G, R, seed=1)
     valid = torch.ones(G, R, dtype=torch.bool)
-    valid[2, 3:] = False  # row 2 ended earlier: padding (the learner pads ids and steps with 0)
-    resp[2, 3:], step[2, 3:] = 0, 0
+    valid[2, 2:] = False  # row 2's response ended at 2; position 2 is its tail (decoded at step 0 before
+    resp[2, 4], step[2, 3:] = 0, -1  # the eos), 3 was never decoded, 4 is padding (the learner: id 0, step -1)
+    step[2, 2] = 0
     got = tracerl_logprobs(model, PROMPT, resp, step, valid, BS, MASK, canvas_len=C)
     want = torch.zeros_like(got)
     for g in range(G):
         for s in step[g][valid[g]].unique().tolist():  # the sampler's state before step s
-            state = torch.where(valid[g] & (step[g] < s), resp[g], torch.full((R,), MASK))
+            state = torch.where((valid[g] | (step[g] >= 0)) & (step[g] < s), resp[g], torch.full((R,), MASK))
             lp = _brute(model, shift, PROMPT, state, resp[g], C)
             want[g] = torch.where(valid[g] & (step[g] == s), lp, want[g])
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     assert (got[~valid] == 0).all() and (got[valid] < 0).all()
+    # the tail is part of the states after its step: hiding it moves row 2's values
+    untailed = step.clone()
+    untailed[2, 2] = -1
+    hidden = tracerl_logprobs(model, PROMPT, resp, untailed, valid, BS, MASK, canvas_len=C)
+    assert (hidden - got)[2][valid[2] & (step[2] > 0)].abs().max() > 1e-4
     # the test can fail: the state matters (all tokens scored fully masked give other values) ...
     blind = tracerl_logprobs(model, PROMPT, resp, torch.zeros_like(step), valid, BS, MASK, canvas_len=C)
     assert (blind - got)[valid & (step > 0)].abs().max() > 1e-3
@@ -246,3 +252,43 @@ def test_bad_input_is_refused_on_bidirectional_families():
         tracerl_logprobs(model, PROMPT, resp, step - 1, ok, BS, MASK)
     with pytest.raises(ValueError, match="prompt_ids"):
         diffu_grpo_logprobs(model, PROMPT[:0], resp, ok, BS, MASK)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tracerl_replays_rollouts_whose_tail_was_decoded_before_their_eos(family, monkeypatch):
+    """The sampler decodes by confidence, so a position after the eventual eos can be decoded first. The
+    rollout keeps it as its tail (no reward, no loss) and the learner's TraceRL replay shows it in the later
+    states: the replayed log-probs equal the sampler's recorded ones; without the tail they do not."""
+    from dice_ray.cluster.learner import make_train_group
+
+    pol = DiffusionPolicy.build(ModelConfig(family=family, **TINY), seed=1)
+    real = sampler.token_logits
+
+    def eos_likely_at_4(model, hidden, mask_id):
+        logits = real(model, hidden, mask_id)
+        logits[..., 4, pol.eos_id] += 8.0  # likely, not certain: often drawn after other positions
+        return logits
+
+    monkeypatch.setattr(sampler, "token_logits", eos_likely_at_4)
+    cfg = SamplingConfig(max_new_tokens=8, temperature=1.0, remasking="static", steps_per_block=4)
+    group = sampler.sample_group(pol, "def kernel(x):\n", 8, cfg, seed=3)
+    tailed = [r for r in group if any(s >= 0 for s in r.tail_steps)]
+    assert tailed, [(r.response_ids, r.unmask_step) for r in group]  # the case under test happened
+    for r in group:
+        assert len(r.response_ids) + len(r.tail_ids) <= 8 and len(r.tail_ids) == len(r.tail_steps)
+        assert not r.tail_ids or r.response_ids[-1] == pol.eos_id  # a tail follows the response's eos
+    monkeypatch.setattr(sampler, "token_logits", real)
+    train = make_train_group(group[0].prompt_ids, list(group), torch.zeros(len(group)))
+    with torch.no_grad():
+        got = tracerl_logprobs(pol.model, train.prompt_ids, train.response_ids, train.unmask_step, train.mask,
+                               pol.block_size, pol.mask_id, canvas_len=8)
+        no_tail = train.unmask_step.clone()
+        no_tail[~train.mask] = -1
+        blind = tracerl_logprobs(pol.model, train.prompt_ids, train.response_ids, no_tail, train.mask,
+                                 pol.block_size, pol.mask_id, canvas_len=8)
+    # position 4 was biased in the sampler only; every other scored token must match what the sampler recorded
+    scored = train.mask.clone()
+    scored[:, 4] = False
+    torch.testing.assert_close(got[scored], train.behaviour_logprobs[scored], atol=1e-4, rtol=0)
+    rows = [i for i, r in enumerate(group) if r in tailed]
+    assert (blind - got)[rows][scored[rows]].abs().max() > 1e-4

@@ -41,8 +41,10 @@ class TrainGroup:
     Attributes:
         prompt_ids: int64 [P].
         response_ids: int64 [G, R].
-        unmask_step: int64 [G, R], the denoising step within its block at which a token was unmasked.
-        mask: bool [G, R], True on real response tokens.
+        unmask_step: int64 [G, R], the denoising step at which a token was unmasked (SDAR: within its block;
+            LLaDA / Dream: over the whole response); -1 on padding and never-decoded tail positions.
+        mask: bool [G, R], True on real response tokens (False on padding and on a rollout's ``tail_ids``,
+            the decoded positions after a LLaDA / Dream response's ``eos``, kept for the TraceRL replay).
         behaviour_logprobs: float32 [G, R], log-probs recorded when the rollout was sampled.
         advantages: float32 [G].
     """
@@ -56,17 +58,20 @@ class TrainGroup:
 
 
 def make_train_group(prompt_ids: list[int], rollouts: list, advantages: torch.Tensor) -> TrainGroup:
-    """Pad a group's rollouts into a :class:`TrainGroup` (pad id 0, masked out)."""
+    """Pad a group's rollouts into a :class:`TrainGroup` (pad id 0 and step -1, masked out); a rollout's
+    ``tail_ids`` / ``tail_steps`` follow its response, masked out (context for the TraceRL replay)."""
     g = len(rollouts)
-    r = max(len(x.response_ids) for x in rollouts)
+    r = max(len(x.response_ids) + len(getattr(x, "tail_ids", [])) for x in rollouts)
     ids = torch.zeros(g, r, dtype=torch.long)
-    steps = torch.zeros(g, r, dtype=torch.long)
+    steps = torch.full((g, r), -1, dtype=torch.long)
     mask = torch.zeros(g, r, dtype=torch.bool)
     blp = torch.zeros(g, r, dtype=torch.float32)
     for i, x in enumerate(rollouts):
         n = len(x.response_ids)
-        ids[i, :n] = torch.tensor(x.response_ids)
-        steps[i, :n] = torch.tensor(x.unmask_step)
+        tail = list(getattr(x, "tail_ids", []))
+        ids[i, :n + len(tail)] = torch.tensor(list(x.response_ids) + tail, dtype=torch.long)
+        steps[i, :n + len(tail)] = torch.tensor(list(x.unmask_step) + list(getattr(x, "tail_steps", [])),
+                                                dtype=torch.long)
         mask[i, :n] = True
         blp[i, :n] = torch.tensor(x.behaviour_logprobs)
     return TrainGroup(torch.tensor(prompt_ids, dtype=torch.long), ids, steps, mask, blp, advantages.float())

@@ -34,8 +34,10 @@ decodes them, and Dream's token at response position ``i`` is read from the logi
 (:func:`~dice_ray.policy.families.logit_shift`). The canvas is the response padded with ``<|mask|>`` to
 ``canvas_len`` tokens (the sampler's ``max_new_tokens``; default: the padded length R); positions where
 ``response_mask`` is False are ``<|mask|>`` in every state, as the sampler leaves the positions after a
-response's first ``<|eos|>``. ``tracerl`` replays the trace over the whole response (``unmask_step`` counts the
-sampler's steps over the whole response: the state at step ``s`` shows the tokens with ``unmask_step < s``);
+response's first ``<|eos|>``, except, for ``tracerl``, those the sampler decoded before that ``eos`` (their
+``unmask_step >= 0``: a rollout's tail). ``tracerl`` replays the trace over the whole response (``unmask_step``
+counts the sampler's steps over the whole response: the state at step ``s`` shows the tokens with
+``unmask_step < s``);
 ``coupled`` masks its two complementary parts of the whole response (DiffuCoder's own setting, on Dream);
 ``diffu_grpo`` masks the whole canvas (d1's own setting, on LLaDA). R need not be a multiple of ``block_size``
 there (responses end at their ``<|eos|>``); ``block_size`` is unused.
@@ -193,8 +195,10 @@ def tracerl_logprobs(
         unmask_step: LongTensor[G, R], 0-based denoising step at which each token was unmasked. SDAR: the step
             within its block; tokens not scored but inside a scored block (e.g. after ``<|eos|>``) must still
             carry their real step: they are part of the state other tokens were drawn in; padding blocks: any
-            value. LLaDA / Dream: the step over the whole response (the sampler's count); unscored positions
-            are ``<|mask|>`` in every state, so their value is ignored.
+            value. LLaDA / Dream: the step over the whole response (the sampler's count); an unscored position
+            with a step >= 0 is context the sampler decoded (a tail after ``eos``, :attr:`Rollout.tail_ids`):
+            visible in the states after its step; with -1 (padding, never decoded) it is ``<|mask|>`` in every
+            state.
         response_mask: BoolTensor[G, R], True for the tokens to score (padding False).
         block_size: tokens a block (SDAR only).
         mask_id: id of ``<|mask|>``.
@@ -231,7 +235,8 @@ def tracerl_logprobs(
                   for s in range(n_steps)]
         return _score_noisy_states(model, prompt_ids, response_ids, states, block_size, mask_id)
     C = _canvas_len(canvas_len, response_ids.shape[1])
-    states = [(torch.where(response_mask & (unmask_step < s), response_ids, masked), response_mask & (unmask_step == s))
+    shown = response_mask | (unmask_step >= 0)  # scored tokens, and decoded context after the eos (tail)
+    states = [(torch.where(shown & (unmask_step < s), response_ids, masked), response_mask & (unmask_step == s))
               for s in torch.unique(unmask_step[response_mask]).tolist()]
     return _score_full_states(model, prompt_ids, response_ids, states, mask_id, shift, C)
 

@@ -50,6 +50,11 @@ class Rollout:
         text: the response decoded up to (not including) the first ``<|eos|>``.
         finished: True when the response holds ``<|eos|>`` (False: cut at ``max_new_tokens``).
         suffix_ids: infilling only (:func:`infill_group`): the fixed tokens after the span ``response_ids``.
+        tail_ids, tail_steps: LLaDA / Dream: the canvas positions after the response's first ``eos`` up to the
+            last one the sampler decoded before it stopped (it decodes by confidence, so a position after the
+            eventual ``eos`` may come first): the token and step there, ``<|mask|>`` and -1 where never
+            decoded. Not part of the response (no reward, no loss), but part of the later denoising states:
+            the TraceRL replay shows them (:func:`dice_ray.policy.logprobs.tracerl_logprobs`). Empty otherwise.
 
     SDAR responses are a multiple of ``block_size`` long; LLaDA / Dream responses end at their first ``eos``.
     """
@@ -61,6 +66,8 @@ class Rollout:
     text: str
     finished: bool
     suffix_ids: list[int] = field(default_factory=list)
+    tail_ids: list[int] = field(default_factory=list)
+    tail_steps: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -302,11 +309,17 @@ def sample_group(
     """
     prompt_ids = policy.encode(prompt)
     gen = torch.Generator(device=policy.device).manual_seed(seed)
-    responses, steps, lps, stats = sample_ids(policy, prompt_ids, num_samples, cfg, gen)
+    if policy.family == "sdar" or num_samples < 1:
+        responses, steps, lps, stats = sample_ids(policy, prompt_ids, num_samples, cfg, gen)
+    else:  # the canvas as decoded: the response to its first eos, then the tail the replay needs
+        responses, steps, lps, stats = sample_masked_ids(policy, [list(prompt_ids)] * num_samples, cfg, gen,
+                                                         keep_tail=True)
     group = RolloutGroup()
     for resp, st, lp in zip(responses, steps, lps):
         cut = resp.index(policy.eos_id) if policy.eos_id in resp else len(resp)
-        group.append(Rollout(list(prompt_ids), resp, st, lp, policy.decode(resp[:cut]), cut < len(resp)))
+        end = len(resp) if policy.family == "sdar" else min(cut + 1, len(resp))
+        group.append(Rollout(list(prompt_ids), resp[:end], st[:end], lp[:end], policy.decode(resp[:cut]),
+                             cut < len(resp), tail_ids=resp[end:], tail_steps=st[end:]))
     group.stats = stats
     return group
 
@@ -351,13 +364,14 @@ def span_logits(policy: DiffusionPolicy, rows: list[torch.Tensor], starts: list[
 
 def _denoise_spans(policy: DiffusionPolicy, prefixes: list[list[int]], suffixes: list[list[int]],
                    span_lens: list[int], cfg: SamplingConfig, generator: torch.Generator, stop_at_eos: bool,
-                   grow_to: int | None):
+                   grow_to: int | None, keep_tail: bool = False):
     """The decoding loop of the bidirectional families: row ``r`` is ``prefix ‖ span ‖ suffix``, span masked.
 
     Each step one forward over the active rows; the span's masked positions are drawn (:func:`draw_tokens`) and
     the most confident kept (:func:`_choose`; static: ``transfer_schedule(block_size, steps_per_block)`` tokens a
     step, cycled). ``stop_at_eos``: positions after the first unmasked ``eos`` are never decoded and the span is
-    cut after it once everything before it is unmasked. ``grow_to``: a span filled without ``eos`` gets
+    cut after it once everything before it is unmasked (``keep_tail``: cut after the last position decoded
+    instead, ``<|mask|>`` and step -1 where never decoded). ``grow_to``: a span filled without ``eos`` gets
     ``block_size`` more masked positions (before the suffix) until it reaches ``grow_to`` tokens.
 
     Returns:
@@ -409,6 +423,8 @@ def _denoise_spans(policy: DiffusionPolicy, prefixes: list[list[int]], suffixes:
                 still.append(r)
             elif stop_at_eos and first[i] < n:  # finished at the end marker: cut after it
                 e = int(first[i]) + 1
+                if keep_tail:  # ... or after the last position decoded beyond it
+                    e = int((step_of[r] >= 0).nonzero().max()) + 1
                 span[r], step_of[r], lp_of[r] = span[r][:e], step_of[r][:e], lp_of[r][:e]
             elif grow_to is not None and n < grow_to:  # filled without an end marker: one more block
                 g = min(bs, grow_to - n)
@@ -422,7 +438,8 @@ def _denoise_spans(policy: DiffusionPolicy, prefixes: list[list[int]], suffixes:
 
 
 def _run_spans(policy: DiffusionPolicy, prefixes: list[list[int]], suffixes: list[list[int]], span_lens: list[int],
-               cfg: SamplingConfig, generator: torch.Generator, stop_at_eos: bool, grow_to: int | None):
+               cfg: SamplingConfig, generator: torch.Generator, stop_at_eos: bool, grow_to: int | None,
+               keep_tail: bool = False):
     """Validate, run :func:`_denoise_spans` in inference mode, convert to lists and time it."""
     if policy.family == "sdar":
         raise ValueError(
@@ -444,18 +461,19 @@ def _run_spans(policy: DiffusionPolicy, prefixes: list[list[int]], suffixes: lis
     try:
         with torch.inference_mode():
             span, steps, lps, forwards = _denoise_spans(policy, prefixes, suffixes, span_lens, cfg, generator,
-                                                        stop_at_eos, grow_to)
+                                                        stop_at_eos, grow_to, keep_tail)
     finally:
         model.train(was_training)
     seconds = time.perf_counter() - t0
     out = [t.tolist() for t in span], [t.tolist() for t in steps], [t.tolist() for t in lps]
-    new = sum(map(len, out[0]))
+    new = sum(int((t >= 0).sum()) for t in steps)  # decoded tokens (a kept tail's never-decoded positions: -1)
     stats = SampleStats(len(prefixes), sum(map(len, prefixes)), new, forwards, seconds, new / max(seconds, 1e-9))
     return (*out, stats)
 
 
 def sample_masked_ids(
-    policy: DiffusionPolicy, prompts: list[list[int]], cfg: SamplingConfig, generator: torch.Generator
+    policy: DiffusionPolicy, prompts: list[list[int]], cfg: SamplingConfig, generator: torch.Generator,
+    keep_tail: bool = False,
 ) -> tuple[list[list[int]], list[list[int]], list[list[float]], SampleStats]:
     """Masked-diffusion decoding of one response a prompt for LLaDA / Dream (batched prompts of any lengths).
 
@@ -467,10 +485,15 @@ def sample_masked_ids(
     tokens before it are unmasked. Batched rows are right-padded and padding is never attended, so a batch
     gives each row what it gets alone (greedy).
 
+    Args:
+        keep_tail: also return the positions after the first ``eos`` up to the last one decoded (a position
+            after the eventual ``eos`` may be decoded before it): ``<|mask|>`` and step -1 where never decoded
+            (:attr:`Rollout.tail_ids`; :func:`sample_group` keeps them for the TraceRL replay).
+
     Returns:
         (response_ids, unmask_step, behaviour_logprobs, stats): per prompt, lists of equal length (up to and
-        including the first ``eos``, else ``max_new_tokens``); ``unmask_step`` counts steps over the whole
-        response (not per block). ``stats.prompt_tokens`` sums the prompts.
+        including the first ``eos``, or with ``keep_tail`` its tail, else ``max_new_tokens``); ``unmask_step``
+        counts steps over the whole response (not per block). ``stats.prompt_tokens`` sums the prompts.
 
     Raises:
         ValueError: an SDAR policy, an empty prompt, or prompt + max_new_tokens beyond max_position_embeddings.
@@ -478,7 +501,7 @@ def sample_masked_ids(
     if any(len(p) == 0 for p in prompts):
         raise ValueError("prompt_ids: must not be empty")
     return _run_spans(policy, prompts, [[] for _ in prompts], [cfg.max_new_tokens] * len(prompts), cfg, generator,
-                      stop_at_eos=True, grow_to=None)
+                      stop_at_eos=True, grow_to=None, keep_tail=keep_tail)
 
 
 def infill_ids(
