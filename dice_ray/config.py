@@ -73,7 +73,7 @@ class ModelConfig(_Section):
         description="Diffusion LM family (dice_ray.policy.families): 'sdar' block diffusion (SDAR / TraDo / DICE, "
         "Qwen3 with a block-causal mask), 'llada' (LLaDA: Llama-shaped, fully bidirectional, no logit shift) or "
         "'dream' (Dream: Qwen2-shaped, fully bidirectional, logits shifted by one). LLaDA and Dream sample and infill "
-        "over the whole masked response; every family trains with RL; SFT is SDAR-only (set sft.enabled=false).",
+        "over the whole masked response; every family trains with RL and SFT.",
     )
 
 

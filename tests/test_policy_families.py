@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from dice_ray.config import ModelConfig, SamplingConfig, SFTConfig
+from dice_ray.config import ModelConfig, SamplingConfig
 from dice_ray.policy import sampler
 from dice_ray.policy.model import forward_hidden, token_logits
 from dice_ray.policy.policy import DiffusionPolicy
@@ -20,7 +20,6 @@ from dice_ray.policy.sampler import (
     sample_masked_ids,
     span_logits,
 )
-from dice_ray.policy.sft import SFTRun
 
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 256, "block_size": 4}
@@ -215,5 +214,3 @@ def test_family_errors():
         sample_masked_ids(llada, [[5]], SamplingConfig(max_new_tokens=512), torch.Generator())
     with pytest.raises(ValueError, match="head_dim"):
         DiffusionPolicy.build(ModelConfig(family="llada", **dict(TINY, head_dim=16)))
-    with pytest.raises(NotImplementedError, match="SFT"):
-        SFTRun(dream, [("a", "b")], SFTConfig(steps=1), seed=0)

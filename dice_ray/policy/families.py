@@ -25,9 +25,9 @@ project's explicit-mask attention (``"dice_block"``, :mod:`dice_ray.policy.model
 no download. :func:`load_checkpoint` reads a folder (``config.json`` + ``*.safetensors`` + ``tokenizer.json``);
 :func:`save_checkpoint` writes one in the family's own format (the inverse renaming for LLaDA).
 
-Sampling, infilling and the RL log-prob estimators (:mod:`dice_ray.policy.logprobs`: full attention over prompt
-and response for LLaDA / Dream, Dream's logits read one position left) support every family; SFT
-(:mod:`dice_ray.policy.sft`) is SDAR-only for now (:func:`require_block_diffusion` raises a clear error otherwise).
+Sampling, infilling, the RL log-prob estimators (:mod:`dice_ray.policy.logprobs`) and SFT (:mod:`dice_ray.policy.sft`)
+support every family: SDAR in the block-diffusion ``x_t ‖ x_0`` layout, LLaDA / Dream with full attention over prompt
+and response, Dream's logits read one position left.
 """
 
 from __future__ import annotations
@@ -105,18 +105,6 @@ def family_of(model: torch.nn.Module) -> str | None:
     model = getattr(model, "module", model)
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     return _FAMILY_OF_MODEL_TYPE.get(str(model_type).lower()) if model_type else None
-
-
-def require_block_diffusion(family: str | None, what: str) -> None:
-    """Raise NotImplementedError unless ``family`` is ``"sdar"`` (or unknown, None): ``what`` is SDAR-only.
-
-    Used by the RL log-prob estimators and SFT, which implement the block-diffusion ``x_t ‖ x_0`` layout only.
-    """
-    if family is not None and family != "sdar":
-        raise NotImplementedError(
-            f"{what} supports model.family='sdar' (block diffusion) only; this policy is {family!r}. LLaDA and "
-            f"Dream policies can sample and infill (dice_ray.policy.sampler) but not train with RL or SFT yet."
-        )
 
 
 def _instantiate(hf_config, family: str, dtype: str, empty: bool = False) -> torch.nn.Module:

@@ -345,6 +345,17 @@ def span_logits(policy: DiffusionPolicy, rows: list[torch.Tensor], starts: list[
     Raises:
         ValueError: a span starting at 0 under a shifted family (Dream needs a token before the span).
     """
+    return token_logits(policy.model, span_hidden(policy, rows, starts, lengths), policy.mask_id)
+
+
+def span_hidden(policy: DiffusionPolicy, rows: list[torch.Tensor], starts: list[int], lengths: list[int]) -> torch.Tensor:
+    """The final hidden states :func:`span_logits` reads its logits from: FloatTensor[B, S, H] in the model's
+    dtype (Dream: shifted one position left), so a caller can project only the positions it needs (SFT scores
+    the masked ones: ``[n, V]`` logits instead of ``[B, S, V]``).
+
+    Raises:
+        ValueError: as :func:`span_logits`.
+    """
     if policy.logit_shift and min(starts) < policy.logit_shift:
         raise ValueError("prompt / prefix: must not be empty for a shifted family (Dream reads position i-1)")
     device = policy.device
@@ -358,8 +369,7 @@ def span_logits(policy: DiffusionPolicy, rows: list[torch.Tensor], starts: list[
     h = forward_hidden(policy.model, ids, ar, valid[:, None, :].expand(-1, T, -1))  # a view: no [B, T, T] copy
     at = torch.tensor(starts, device=device)[:, None] + torch.arange(S, device=device)[None] - policy.logit_shift
     at = at.clamp(0, T - 1)
-    h = h.gather(1, at[..., None].expand(-1, -1, h.shape[-1]))
-    return token_logits(policy.model, h, policy.mask_id)
+    return h.gather(1, at[..., None].expand(-1, -1, h.shape[-1]))
 
 
 def _denoise_spans(policy: DiffusionPolicy, prefixes: list[list[int]], suffixes: list[list[int]],

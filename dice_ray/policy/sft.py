@@ -1,16 +1,27 @@
-"""Masked-diffusion SFT warm start of the block-diffusion policy (SDAR / BD3-LM block diffusion training).
+"""Masked-diffusion SFT warm start of the policy, every family (:mod:`dice_ray.policy.families`).
 
 Each training example is a (prompt, target) pair; the target gets ``<|eos|>`` appended and is padded with
-``<|eos|>`` to a multiple of ``block_size`` (the sampler stops after the block holding ``<|eos|>``).
-One pass uses BD3-LM's ``x_t ‖ x_0`` layout (see :mod:`dice_ray.policy.model`): the prompt (one bidirectional
-block) and the clean response are encoded block-causally, then a noisy copy of the response attends them.
-In the noisy copy every block hides its own random number ``k ~ U{1..block_size}`` of tokens (random
-positions) behind ``<|mask|>``; with ``complementary_mask`` a second noisy copy hides exactly the other
-tokens of each block (DiffuCoder's coupled sampling), so every response token is a target once a step.
+``<|eos|>`` to a multiple of ``block_size`` (the sampler stops after the block holding ``<|eos|>``). The loss
+depends on the family, chosen in one place (:func:`diffusion_loss`); the rest of the loop is shared.
 
-Loss: cross-entropy of the masked tokens, **mean over masked tokens** of the batch (no 1/t ELBO weight as
-in BD3-LM / MDLM: the warm start only has to make the policy reproduce its targets, and the plain mean is
-the steadier objective for that). Optimiser: AdamW (betas 0.9, 0.98), gradient-norm clipping, linear warm-up
+* SDAR (block diffusion, SDAR / BD3-LM training): one pass uses BD3-LM's ``x_t ‖ x_0`` layout (see
+  :mod:`dice_ray.policy.model`): the prompt (one bidirectional block) and the clean response are encoded
+  block-causally, then a noisy copy of the response attends them. In the noisy copy every block hides its own
+  random number ``k ~ U{1..block_size}`` of tokens (random positions) behind ``<|mask|>``; with
+  ``complementary_mask`` a second noisy copy hides exactly the other tokens of each block (DiffuCoder's coupled
+  sampling), so every response token is a target once a step. Loss: cross-entropy of the masked tokens, **mean
+  over masked tokens** of the batch (no 1/t ELBO weight as in BD3-LM / MDLM: the warm start only has to make the
+  policy reproduce its targets, and the plain mean is the steadier objective for that).
+* LLaDA / Dream (fully bidirectional): LLaDA's SFT objective (Nie et al. 2025, arXiv 2502.09992, eq. 3 and its SFT
+  section; :func:`masked_diffusion_loss`): per item ``t ~ U(eps, 1]`` (:data:`MASK_EPS`), each response token
+  masked with probability ``t``, the prompt clean, one forward of ``prompt ‖ noisy response`` with full
+  attention (padding keys never attended), cross-entropy of the masked tokens weighted ``1 / t`` and divided by
+  the response length, mean over the batch's items (an unbiased estimate of the mean per-token cross-entropy over
+  masking levels, so ``target_loss`` reads on the same scale). Dream's logits are read one position to the left.
+  ``complementary_mask``: a second copy masks exactly the other tokens (ratio ``1 - t``, weight ``1 / (1 - t)``,
+  ``t`` then drawn from ``U(eps, 1 - eps)``), the two copies averaged.
+
+Optimiser: AdamW (betas 0.9, 0.98), gradient-norm clipping, linear warm-up
 and cosine decay to ``min_lr_ratio`` (a ``LambdaLR``), ``gradient_accumulation_steps`` batches a step.
 
 The loop is :class:`SFTRun`, a resumable state (weights, AdamW moments, lr schedule, data order, mask RNG),
@@ -53,12 +64,16 @@ import yaml
 from safetensors.torch import load_model, save_model
 
 from dice_ray.config import DiceConfig, SFTConfig, load_config
+from dice_ray.policy.logprobs import BIDIRECTIONAL
 from dice_ray.policy.model import KVCache, block_mask, forward_hidden, token_logits
 from dice_ray.policy.policy import DiffusionPolicy
+from dice_ray.policy.sampler import span_hidden
 
 SFT_VERSION = "2"  # bump when the training recipe changes: old cache entries stop matching
 # fields that do not change the warm start's weights (zero_stage only picks dice-ray sft's engine)
 _BOOKKEEPING = {"enabled", "cache_dir", "num_threads", "log_every", "checkpoint_every", "zero_stage"}
+MASK_EPS = 1e-3
+"""LLaDA's lower bound of the mask ratio ``t`` of the bidirectional families' SFT (the ``1 / t`` weight <= 1000)."""
 
 
 @dataclass
@@ -68,8 +83,9 @@ class SFTReport:
     Attributes:
         steps: optimizer steps taken (fewer than ``cfg.steps`` when ``target_loss`` stopped it early;
             0 on a cache hit or when disabled).
-        final_loss: mean masked-token cross-entropy (nats) over the last logged window, as trained
-            (also on a cache hit); NaN when nothing was trained.
+        final_loss: the SFT loss (nats a token: SDAR's mean masked-token cross-entropy, LLaDA / Dream's 1/t-weighted
+            one, see the module doc) over the last logged window, as trained (also on a cache hit); NaN when
+            nothing was trained.
         seconds: wall time of the call (s).
         cache_hit: True when the weights came from the cache.
         cache_key: the content hash naming the cache entry.
@@ -135,22 +151,107 @@ def _collate(items: list[tuple[list[int], list[int]]], pad_id: int, device: torc
     return prompt, resp, P, valid
 
 
+def masked_diffusion_loss(
+    policy: DiffusionPolicy,
+    items: list[tuple[list[int], list[int]]],
+    masks: list[torch.Tensor],
+    t: torch.Tensor,
+) -> torch.Tensor:
+    """Per-item masked-diffusion SFT loss of a bidirectional policy (LLaDA / Dream) for given masks and ratios.
+
+    LLaDA's SFT objective (Nie et al. 2025, arXiv 2502.09992, eq. 3 and its SFT section; ``GSAI-ML/LLaDA``'s
+    guidelines): item ``i``'s row is ``prompt ‖ noisy response`` (the response's ``masks[i]`` positions replaced
+    by ``<|mask|>``, the prompt clean), one forward with full attention (padding keys of the batch never
+    attended: :func:`dice_ray.policy.sampler.span_hidden`, which also reads Dream's logits one position to the
+    left, :func:`~dice_ray.policy.families.logit_shift`; only the masked positions are projected to logits); the loss is
+    ``sum over masked j of CE(logits_j, target_j) / t_i``, divided by the response length ``len(target_i)``.
+    An item's value does not depend on the other items of the batch.
+
+    Args:
+        items: ``(prompt_ids, target_ids)``, non-empty prompts (Dream reads the first target from the last prompt
+            position).
+        masks: BoolTensor[len(target_i)] per item (True: masked; any device).
+        t: FloatTensor[B], each item's mask ratio in (0, 1] (the ``1 / t`` weight).
+
+    Returns:
+        FloatTensor[B] (fp32, differentiable): each item's loss (nats a response token).
+
+    Raises:
+        ValueError: the policy is SDAR (block diffusion: :func:`diffusion_loss`), or ``masks`` / ``t`` do not match
+            ``items`` (count, lengths), or a ``t`` outside (0, 1].
+    """
+    if policy.family not in BIDIRECTIONAL:
+        raise ValueError(f"policy: masked_diffusion_loss needs family in {BIDIRECTIONAL}, got {policy.family!r}")
+    if len(masks) != len(items) or t.shape != (len(items),):
+        raise ValueError(f"masks ({len(masks)}) and t {tuple(t.shape)}: need one per item ({len(items)})")
+    if any(m.shape != (len(r),) for m, (_, r) in zip(masks, items)):
+        raise ValueError("masks: masks[i] must be a BoolTensor of len(target_i) entries")
+    if not bool(((t > 0) & (t <= 1)).all()):
+        raise ValueError(f"t: mask ratios must lie in (0, 1], got {t.tolist()}")
+    device, mask_id = policy.device, policy.mask_id
+    rows, starts, lengths = [], [], []
+    for (p, r), m in zip(items, masks):
+        resp = torch.tensor(r, dtype=torch.long, device=device)
+        noisy = torch.where(m.to(device), torch.full_like(resp, mask_id), resp)
+        rows.append(torch.cat([torch.tensor(p, dtype=torch.long, device=device), noisy]))
+        starts.append(len(p))
+        lengths.append(len(r))
+    h = span_hidden(policy, rows, starts, lengths)  # [B, S, H], Dream's shift applied
+    S = h.shape[1]
+    sel = torch.zeros(len(items), S, dtype=torch.bool, device=device)
+    target = torch.zeros(len(items), S, dtype=torch.long, device=device)
+    for i, ((_, r), m) in enumerate(zip(items, masks)):
+        sel[i, : len(r)] = m.to(device)
+        target[i, : len(r)] = torch.tensor(r, dtype=torch.long, device=device)
+    ce = F.cross_entropy(token_logits(policy.model, h[sel], mask_id), target[sel], reduction="none")  # [n_masked]
+    weight = 1.0 / (t.to(device).float() * torch.tensor(lengths, dtype=torch.float32, device=device))  # [B]
+    row = sel.nonzero()[:, 0]
+    return torch.zeros(len(items), dtype=torch.float32, device=device).index_add(0, row, ce * weight[row])
+
+
+def _bidirectional_loss(
+    policy: DiffusionPolicy, items: list[tuple[list[int], list[int]]], generator: torch.Generator, complementary: bool
+) -> tuple[torch.Tensor, int]:
+    """:func:`diffusion_loss` for LLaDA / Dream: draw ``t`` and the masks item by item, then
+    :func:`masked_diffusion_loss` (both copies in one forward), mean over the items (and the two copies)."""
+    hi = 1.0 - MASK_EPS if complementary else 1.0  # the complement's ratio 1 - t stays >= eps too
+    ts, masks = [], []
+    for _, r in items:  # item by item: a batch draws what its items draw one after another
+        t = MASK_EPS + (hi - MASK_EPS) * torch.rand((), generator=generator)
+        masks.append(torch.rand(len(r), generator=generator) < t)
+        ts.append(t)
+    t = torch.stack(ts)
+    if complementary:
+        items, masks, t = items + items, masks + [~m for m in masks], torch.cat([t, 1.0 - t])
+    loss = masked_diffusion_loss(policy, items, masks, t).mean()
+    return loss, int(sum(int(m.sum()) for m in masks))
+
+
 def diffusion_loss(
     policy: DiffusionPolicy,
     items: list[tuple[list[int], list[int]]],
     generator: torch.Generator,
     complementary: bool = True,
 ) -> tuple[torch.Tensor, int]:
-    """Masked block-diffusion cross-entropy of a batch (BD3-LM ``x_t ‖ x_0`` layout; see module doc).
+    """Masked-diffusion SFT loss of a batch for the policy's family (see the module doc).
+
+    SDAR: masked block-diffusion cross-entropy, BD3-LM's ``x_t ‖ x_0`` layout, every block hiding
+    ``k ~ U{1..block_size}`` tokens, mean over the masked tokens. LLaDA / Dream: LLaDA's SFT loss
+    (:func:`masked_diffusion_loss`) with ``t ~ U(eps, 1]`` per item (``eps`` = :data:`MASK_EPS`; with
+    ``complementary`` ``t ~ U(eps, 1 - eps)``), each response token masked with probability ``t``, mean over
+    the items.
 
     Args:
-        items: ``(prompt_ids, target_ids)``, targets a multiple of ``block_size`` long.
-        generator: CPU torch.Generator drawing the masks.
-        complementary: add the complementary noisy copy (DiffuCoder coupled sampling).
+        items: ``(prompt_ids, target_ids)``, targets a multiple of ``block_size`` long (SDAR).
+        generator: CPU torch.Generator drawing the masks (and ``t``).
+        complementary: add the complementary noisy copy (DiffuCoder coupled sampling; LLaDA / Dream: weighted
+            ``1 / (1 - t)``, the two copies averaged).
 
     Returns:
-        (scalar fp32 loss, mean over masked target tokens, differentiable; number of masked tokens).
+        (scalar fp32 loss, differentiable; number of masked target tokens).
     """
+    if getattr(policy, "family", "sdar") in BIDIRECTIONAL:
+        return _bidirectional_loss(policy, items, generator, complementary)
     model, bs, mask_id = policy.model, policy.block_size, policy.mask_id
     device = policy.device
     prompt, resp, P, valid = _collate(items, policy.pad_id, device)
@@ -314,7 +415,8 @@ def deepspeed_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 class SFTRun:
-    """One masked-diffusion SFT run as a resumable state: weights, AdamW moments, lr schedule, data order, mask RNG.
+    """One masked-diffusion SFT run (any family) as a resumable state: weights, AdamW moments, lr schedule, data
+    order, mask RNG.
 
     :func:`warm_start` (the trainer's warm start, plain torch) and ``dice-ray sft`` (:func:`run_sft`, through a
     DeepSpeed engine) both step it. One generator, seeded with ``seed``, draws the epochs' batch orders
@@ -344,9 +446,6 @@ class SFTRun:
 
     def __init__(self, policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTConfig, seed: int,
                  use_deepspeed: bool = False):
-        from dice_ray.policy.families import require_block_diffusion
-
-        require_block_diffusion(getattr(policy, "family", None), "SFT (dice_ray.policy.sft)")
         if not pairs:
             raise ValueError("pairs: need at least one (prompt, target) pair")
         self.policy, self.cfg = policy, cfg
@@ -382,7 +481,7 @@ class SFTRun:
 
         Returns:
             ``{"step", "loss", "lr", "tokens", "seconds", "tokens_per_s"}``: the step number (1-based), the mean
-            masked-token cross-entropy (nats) of its batches, the lr it used, their prompt + target tokens,
+            :func:`diffusion_loss` (nats) of its batches, the lr it used, their prompt + target tokens,
             its wall time (s) and tokens / s.
 
         Raises:
@@ -537,9 +636,6 @@ def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTCo
     pairs = [(str(p), str(t)) for p, t in pairs]
     if not cfg.enabled or cfg.steps == 0:
         return SFTReport(0, float("nan"), time.perf_counter() - t0, False, "", len(pairs))
-    from dice_ray.policy.families import require_block_diffusion
-
-    require_block_diffusion(getattr(policy, "family", None), "SFT warm start (sft.enabled)")
     key = sft_cache_key(policy, pairs, cfg, seed)
     entry = Path(cfg.cache_dir).expanduser() / key
     if (entry / "model.safetensors").is_file() and (entry / "report.json").is_file():
