@@ -10,6 +10,11 @@ import ray
 import torch
 
 
+TINY_FAMILY_SHAPE = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                     "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 256, "block_size": 4}
+"""ModelConfig fields of the tiny random LLaDA / Dream / SDAR models the family tests build (no download)."""
+
+
 def wait_for_pool(pool, cond, what: str = "condition", timeout: float = 60.0, poll: float = 0.2) -> dict:
     """Poll ``pool.status`` until ``cond(status)`` holds; returns that status.
 

@@ -21,8 +21,9 @@ from dice_ray.policy.sampler import (
     span_logits,
 )
 
-TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 256, "block_size": 4}
+from _helpers import TINY_FAMILY_SHAPE
+
+TINY = TINY_FAMILY_SHAPE
 PROMPTS = ["import torch\n", "class Model(nn.Module):\n    def forward(self, x):\n", "x = 1\n"]
 GREEDY = SamplingConfig(max_new_tokens=12, temperature=0.0, remasking="static", steps_per_block=2)
 

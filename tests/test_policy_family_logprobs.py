@@ -27,7 +27,7 @@ from dice_ray.policy.logprobs import (
 )
 from dice_ray.policy.model import forward_hidden
 from dice_ray.policy.policy import DiffusionPolicy
-from _helpers import PlainEngine, coupled_expectation_and_draws
+from _helpers import TINY_FAMILY_SHAPE, PlainEngine, coupled_expectation_and_draws
 
 V, MASK, BS = 6, 5, 2  # tokens 0..4 (0 = pad), 5 = <|mask|>; block_size is unused by these families
 SHIFT = {"llada": 0, "dream": 1}
@@ -181,8 +181,7 @@ def test_dream_reads_the_logits_one_position_to_the_left(estimator):
             assert (got - want).abs().max() > 1e-2
 
 
-TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 256, "block_size": 4}
+TINY = TINY_FAMILY_SHAPE
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -23,8 +23,9 @@ from dice_ray.policy.sft import (
     warm_start,
 )
 
-TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 256, "block_size": 4}
+from _helpers import TINY_FAMILY_SHAPE
+
+TINY = TINY_FAMILY_SHAPE
 PAIRS = [  # prompts and targets of different lengths: every batch is padded
     ("Reference: relu\nCUDA:\n", "y[i] = fmaxf(x[i], 0.f);\n"),
     ("Reference: tanh of the input tensor\nCUDA:\n", "y[i] = tanhf(x[i]);\n"),
