@@ -65,7 +65,10 @@ class ModelConfig(_Section):
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Parameter dtype; bf16 matmul is ~85x slower than fp32 on AVX2-only CPUs."
     )
-    path: str | None = Field(None, description="Load a saved policy from this folder instead of building one.")
+    path: str | None = Field(None, description="Load a saved policy from this folder instead of building one: a "
+                             "dice-ray policy folder, an SDAR / LLaDA / Dream checkpoint folder, or a Hugging Face Hub "
+                             "id (org/name[@revision]; the local hub cache first, then a download of the config, "
+                             "safetensors and tokenizer only).")
     rope_theta: float = Field(10000.0, gt=0.0, description="RoPE base (Qwen3).")
     tie_word_embeddings: bool = Field(True, description="Share the input embedding and the LM head (fewer params).")
     family: Literal["sdar", "llada", "dream"] = Field(

@@ -215,3 +215,28 @@ def test_family_errors():
         sample_masked_ids(llada, [[5]], SamplingConfig(max_new_tokens=512), torch.Generator())
     with pytest.raises(ValueError, match="head_dim"):
         DiffusionPolicy.build(ModelConfig(family="llada", **dict(TINY, head_dim=16)))
+
+
+def test_hub_id_loads_from_the_local_hub_cache_without_network(tmp_path, monkeypatch):
+    """``model.path`` may be a hub id (``org/name[@revision]``): a snapshot in the local hub cache (the layout
+    huggingface_hub writes: models--org--name/{refs,snapshots}) loads with no network; an id that is not there
+    fails, naming the id, when offline."""
+    a = _policy("llada", False)
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--dice-test--tiny-llada"
+    a.save_checkpoint(repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "refs" / "v1").write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for name in ("dice-test/tiny-llada", "dice-test/tiny-llada@v1"):
+        b = DiffusionPolicy.load(name, ModelConfig(family="llada", block_size=4))
+        assert b.family == "llada" and b.model_cfg.path.endswith(commit)
+        ids = torch.tensor([a.encode("x = 1\n")])
+        torch.testing.assert_close(_logits(b, ids), _logits(a, ids), rtol=0, atol=1e-6)
+    with pytest.raises(FileNotFoundError, match="'dice-test/absent'.*HF_HUB_OFFLINE"):
+        DiffusionPolicy.load("dice-test/absent")
+    with pytest.raises(FileNotFoundError, match="not a hub id"):
+        DiffusionPolicy.load(str(tmp_path / "no" / "such" / "folder"))

@@ -33,6 +33,7 @@ and response, Dream's logits read one position left.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -187,6 +188,49 @@ class FolderTokenizer(DiceTokenizer):
 def is_checkpoint_folder(path: str | Path) -> bool:
     """True when ``path`` holds a transformers-style ``config.json`` (an SDAR / LLaDA / Dream checkpoint)."""
     return (Path(path) / "config.json").is_file()
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
+_HUB_FILES = ["config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
+              "generation_config.json"]
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """The local folder of a checkpoint named by a path or a Hugging Face Hub id (``org/name`` or
+    ``org/name@revision``, e.g. ``GSAI-ML/LLaDA-8B-Instruct``).
+
+    An existing local path is returned as it is.  A hub id is looked up in the local hub cache first
+    (``HF_HUB_CACHE`` / ``HF_HOME``; no network), then downloaded with ``huggingface_hub.snapshot_download``
+    (only ``config.json``, the safetensors and the tokenizer files: the remote code is neither fetched nor run),
+    unless ``HF_HUB_OFFLINE`` is set.
+
+    Raises:
+        FileNotFoundError: ``path`` is neither an existing path nor a hub id, or the hub id is not in the cache
+            and cannot be downloaded (offline, no network, unknown repository); the message names the id.
+    """
+    local = Path(path)
+    text = str(path)
+    if local.exists() or not _HUB_ID.fullmatch(text):
+        if not local.exists():
+            raise FileNotFoundError(f"model path {text!r}: no such folder, and not a hub id (org/name[@revision])")
+        return local
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    repo, _, revision = text.partition("@")
+    try:
+        return Path(snapshot_download(repo, revision=revision or None, allow_patterns=_HUB_FILES,
+                                      local_files_only=True))
+    except LocalEntryNotFoundError:
+        pass
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        raise FileNotFoundError(f"model path {text!r}: no local folder of that name; as a hub id it is not in the "
+                                f"local hub cache, and HF_HUB_OFFLINE is set")
+    try:
+        return Path(snapshot_download(repo, revision=revision or None, allow_patterns=_HUB_FILES))
+    except Exception as e:  # noqa: BLE001 - network, auth, unknown repo: one clear error naming the id
+        raise FileNotFoundError(f"model path {text!r}: no local folder of that name; as a hub id it is not in the "
+                                f"local hub cache and the download failed ({type(e).__name__}: {e})") from None
 
 
 def _first_id(value) -> int | None:

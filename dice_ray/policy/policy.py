@@ -90,17 +90,18 @@ class DiffusionPolicy:
 
     @classmethod
     def load(cls, path: str | Path, model_cfg: ModelConfig | None = None) -> "DiffusionPolicy":
-        """Load a policy written by :meth:`save`, or an SDAR / LLaDA / Dream checkpoint folder.
+        """Load a policy written by :meth:`save`, or an SDAR / LLaDA / Dream checkpoint folder or hub id.
 
         A folder with ``model_config.json`` is this project's format (``model_cfg`` is not read); one with only a
         ``config.json`` is a checkpoint loaded by :func:`dice_ray.policy.families.load_checkpoint` (``model_cfg``
-        gives the expected family, block size and dtype).
+        gives the expected family, block size and dtype). A Hugging Face Hub id (``org/name[@revision]``) is
+        resolved to its cached or downloaded snapshot first (:func:`~dice_ray.policy.families.resolve_checkpoint`).
 
         Raises:
-            FileNotFoundError: ``path`` lacks one of the files.
+            FileNotFoundError: ``path`` lacks one of the files, or is a hub id that cannot be had.
             ValueError: see :func:`~dice_ray.policy.families.load_checkpoint`.
         """
-        path = Path(path)
+        path = families.resolve_checkpoint(path)
         if not (path / _CONFIG_FILE).is_file() and families.is_checkpoint_folder(path):
             model, tok, cfg = families.load_checkpoint(path, model_cfg)
             return cls(model, tok, cfg)
