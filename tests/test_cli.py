@@ -47,8 +47,11 @@ def test_train_bad_config_fails_before_any_actor():
     assert "num_generationz" in proc.stderr and "ray" not in proc.stdout.lower()
 
 
-@pytest.mark.parametrize("args, says", [(["rl.bogus=1"], "rl.bogus: unknown key"), (["--config", "/no/such.yaml"], "no such file")])
-def test_config_errors_are_one_line(args, says):
+@pytest.mark.parametrize("args, says", [(["rl.bogus=1"], "rl.bogus: unknown key"), (["--config", "/no/such.yaml"], "no such file"),
+                                        (["model.path=dice-test/absent"], "'dice-test/absent': no local folder"),
+                                        (["model.path=/no/such/policy"], "not a hub id")])
+def test_config_errors_are_one_line(args, says, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a hub id not in the cache fails at once, before Ray starts
     proc = _cli("train", *args)
     assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 

@@ -501,7 +501,8 @@ def train(config_path: str | None, overrides: list[str], resume: str | None, con
 
     Raises:
         pydantic.ValidationError / ValueError: a bad config key or value (before any actor starts).
-        FileNotFoundError: ``--resume`` names a folder with no config or checkpoint.
+        FileNotFoundError: ``--resume`` names a folder with no config or checkpoint, or ``model.path`` is neither
+            a folder nor a hub id that can be had (before any actor starts).
     """
     if resume:
         run_dir = Path(resume).expanduser().resolve()
@@ -512,6 +513,10 @@ def train(config_path: str | None, overrides: list[str], resume: str | None, con
     else:
         cfg = load_config(config_path, overrides)
         run_dir = new_run_dir(cfg)
+    if cfg.model.path:  # a missing folder or an unreachable hub id fails here, not in every actor (the cache is filled)
+        from dice_ray.policy.families import resolve_checkpoint
+
+        resolve_checkpoint(cfg.model.path)
     trainer = Trainer(cfg, run_dir, resume=bool(resume), console=console)
     try:
         return trainer.run()
