@@ -332,9 +332,9 @@ def main() -> None:
                 stages.setdefault(name, []).append(sec)
     st = verifier.stats()
     forked = st["boot_s_forked"]
-    print(f"workers: {st['workers']}, replaced {st['restarts']}; boot median cold "
-          f"{statistics.median(st['boot_s_cold']) if st['boot_s_cold'] else float('nan'):.2f} s, forked "
-          f"{statistics.median(forked) if forked else float('nan'):.2f} s; jobs waited {st['ready_wait_s']:.1f} s for workers to boot")
+    boots = ", ".join(f"{kind} {statistics.median(v):.2f} s" for kind, v in (("cold", st["boot_s_cold"]), ("forked", forked)) if v)
+    print(f"workers: {st['workers']}, replaced {st['restarts']}; boot median: {boots or 'none'}; jobs waited "
+          f"{st['ready_wait_s']:.1f} s in all for workers to boot (the warm-up before the timed batch included)")
     if st["forked_boot_phases_s"]:
         keys = st["forked_boot_phases_s"][0].keys()
         print("forked worker boot, median s from spawn to end of: " + ", ".join(
@@ -357,6 +357,8 @@ def main() -> None:
                   f"{args.repeats} repeats): speedups {['%.3f' % x for x in speedups]} CoV {cov:.2%}")
     verifier.close()
     inline_costs = inline_path(args, rate) if verifier.mode == "gpu" and args.inline else {}
+    if verifier.mode != "gpu" and args.inline:
+        print("load_inline path: skipped (compile-only: its per-candidate cost is measured on a GPU)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"mode": verifier.mode, "candidates": len(jobs), "seconds": total, "candidates_per_s": rate,

@@ -295,7 +295,8 @@ class Learner:
             "wall_clock_breakdown": False,
         }
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
-        return {"backend": backend, "zero_stage": c.zero_stage, "ranks": self.world_size,
+        return {"family": self.policy.family, "model": self.cfg.model.path or "built (random init)",
+                "backend": backend, "zero_stage": c.zero_stage, "ranks": self.world_size,
                 "seconds": time.perf_counter() - t0, "device": str(self.device),
                 "params": sum(p.numel() for p in self.policy.model.parameters())}
 

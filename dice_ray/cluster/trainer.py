@@ -194,7 +194,10 @@ class Trainer:
         from dice_ray.tasks.prompts import sft_pairs
 
         cfg, con = self.cfg, self.console
-        if not cfg.sft.enabled or cfg.model.path:
+        if cfg.model.path:
+            con.print(f"[bold]warm start[/] skipped: the policy comes from model.path={cfg.model.path}")
+            return
+        if not cfg.sft.enabled:
             return
         pairs = [p for t in self.train_tasks if t.solution_src for p in sft_pairs(t, cfg.tasks.prompt_template)]
         if not pairs:
