@@ -126,5 +126,8 @@ def test_policy_build_save_load(tmp_path):
                                forward_hidden(c.model.eval(), ids, torch.arange(n), m))
     c.load_state_dict(DiffusionPolicy.build(TINY, seed=4).state_dict())
     assert not torch.equal(c.state_dict()["model.embed_tokens.weight"], a.state_dict()["model.embed_tokens.weight"])
-    with pytest.raises(FileNotFoundError, match="missing"):
+    with pytest.raises(FileNotFoundError, match="no such folder"):
         DiffusionPolicy.load(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="missing"):
+        DiffusionPolicy.load(tmp_path / "empty")
