@@ -61,17 +61,16 @@ def make_train_group(prompt_ids: list[int], rollouts: list, advantages: torch.Te
     """Pad a group's rollouts into a :class:`TrainGroup` (pad id 0 and step -1, masked out); a rollout's
     ``tail_ids`` / ``tail_steps`` follow its response, masked out (context for the TraceRL replay)."""
     g = len(rollouts)
-    r = max(len(x.response_ids) + len(getattr(x, "tail_ids", [])) for x in rollouts)
+    r = max(len(x.response_ids) + len(x.tail_ids) for x in rollouts)
     ids = torch.zeros(g, r, dtype=torch.long)
     steps = torch.full((g, r), -1, dtype=torch.long)
     mask = torch.zeros(g, r, dtype=torch.bool)
     blp = torch.zeros(g, r, dtype=torch.float32)
     for i, x in enumerate(rollouts):
         n = len(x.response_ids)
-        tail = list(getattr(x, "tail_ids", []))
-        ids[i, :n + len(tail)] = torch.tensor(list(x.response_ids) + tail, dtype=torch.long)
-        steps[i, :n + len(tail)] = torch.tensor(list(x.unmask_step) + list(getattr(x, "tail_steps", [])),
-                                                dtype=torch.long)
+        end = n + len(x.tail_ids)
+        ids[i, :end] = torch.tensor(list(x.response_ids) + list(x.tail_ids), dtype=torch.long)
+        steps[i, :end] = torch.tensor(list(x.unmask_step) + list(x.tail_steps), dtype=torch.long)
         mask[i, :n] = True
         blp[i, :n] = torch.tensor(x.behaviour_logprobs)
     return TrainGroup(torch.tensor(prompt_ids, dtype=torch.long), ids, steps, mask, blp, advantages.float())

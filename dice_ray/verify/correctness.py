@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from dice_ray.verify import mismatch_kernel
+
 __all__ = ["Comparison", "compare_outputs", "count_mismatches", "count_mismatches_batch", "flatten_outputs",
            "tolerance"]
 
@@ -186,8 +188,6 @@ def count_mismatches_batch(
         non-tensor values differ; else a ``[len(pairs)]`` int64 tensor (on the outputs' device,
         CPU when there are no tensors): the failing elements of each pair.
     """
-    from dice_ray.verify import mismatch_kernel
-
     groups: dict[tuple, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
     fused: list[tuple[int, torch.Tensor, torch.Tensor]] = []
     device = None
