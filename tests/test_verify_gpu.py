@@ -128,6 +128,9 @@ def test_illegal_memory_access_crashes_then_honest_ok(gpu):
     assert "illegal" in v.reason.lower() or "CUDA" in v.reason
     assert gpu.worker_pid != pid
     check(gpu, HONEST, "ok")
+    # the replacement was forked and its self-test stopped before the exclusive timing stage
+    (worker,) = [w for w in list(gpu._idle.queue) if w.pid == gpu.worker_pid]
+    assert worker.forked and worker.info["self_test"].startswith("ok") and "timing skipped" in worker.info["self_test"]
 
 
 def test_endless_kernel_times_out_then_honest_ok(gpu):

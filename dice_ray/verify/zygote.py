@@ -126,7 +126,7 @@ def _become_worker(sock: socket.socket, request: dict[str, Any], fds: list[int])
     os.dup2(log, 2)
     code = 2
     try:
-        code = worker.main([str(fds[0]), str(fds[1]), json.dumps(request["settings"])])
+        code = worker.main([str(fds[0]), str(fds[1]), json.dumps({**request["settings"], "forked": True})])
     finally:
         sys.stdout.flush()
         os._exit(code)
