@@ -134,7 +134,7 @@ class FakeRollout:
     def set_weights(self, version):
         self.version = version
 
-    def generate(self, requests, g):
+    def generate(self, requests, g, tasks):
         time.sleep(ROLLOUT_S)
         return [GroupRollout(r, [], ["src"] * g, 4, ROLLOUT_S, self.version) for r in requests]
 

@@ -162,7 +162,7 @@ def test_two_gloo_ranks_take_the_one_rank_update_and_sync_weights(ray_local):
 
     # the bucketed gloo broadcast (small buckets: several collectives) and the object store, to 2 workers
     cfg = one.cfg
-    workers = [RolloutWorker.remote(cfg.model, cfg.sampling, {}, cfg.tasks.prompt_template, 1) for _ in range(2)]
+    workers = [RolloutWorker.remote(cfg.model, cfg.sampling, cfg.tasks.prompt_template, 1) for _ in range(2)]
 
     def held(w):
         return ray.get(w.__ray_call__.remote(lambda self: {k: v.clone() for k, v in self.policy.model.state_dict().items()}))
@@ -207,7 +207,7 @@ def test_nccl_broadcast_to_a_gpu_rollout_worker_matches_the_learner():
         cfg = load_config(None, ["cluster.learner_gpus=1", "cluster.rollout_gpus=1", "cluster.zero_stage=2"])
         learner = LearnerGroup(cfg, use_gpu=True, env=learner_env(True))
         ray.get(learner.init_engine.remote())
-        worker = RolloutWorker.options(num_gpus=1).remote(cfg.model, cfg.sampling, {}, cfg.tasks.prompt_template)
+        worker = RolloutWorker.options(num_gpus=1).remote(cfg.model, cfg.sampling, cfg.tasks.prompt_template)
         mode, backend = resolve_mode(cfg.cluster.weight_sync, 1.0, 1.0, 2)
         assert (mode, backend) == ("broadcast", "nccl")
         info = WeightSync(learner, [worker], mode, backend, bucket_mb=0.25).push(1)

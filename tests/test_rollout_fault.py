@@ -50,7 +50,8 @@ class CrashingRollout:
                 f.write(f"{version}\n")
         return version
 
-    def generate(self, requests, g):
+    def generate(self, requests, g, tasks):
+        assert set(tasks) == {r.task_id for r in requests}  # the call carries exactly its requests' tasks
         self.calls += 1
         if self.die_on == -1 or (self.calls == self.die_on and not os.path.exists(self.marker)):
             Path(self.marker).touch()

@@ -23,6 +23,8 @@ def _train(args, env, timeout=600):
     cmd = [sys.executable, "-m", "dice_ray.cli", "train", *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
+    # restartable actors take no constructor arguments Ray keeps in its object store (ray#53727)
+    assert "constructor arguments in the object store" not in proc.stdout + proc.stderr
     return proc.stdout
 
 

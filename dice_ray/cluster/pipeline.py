@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import ray
 
 from dice_ray.cluster.metrics import Interval, StageTimeline
-from dice_ray.cluster.rollout import WeightsMissing, wait_until_alive
+from dice_ray.cluster.rollout import WeightsMissing, tasks_of, wait_until_alive
 from dice_ray.tasks.task import Task
 
 MAX_SHARD_FAILURES = 3
@@ -329,7 +329,7 @@ class StepPipeline:
         step, frac, phase, requests = ray.get(self.scheduler.next_batch.remote())
         n = len(self.rollout_workers)
         shards = [(i, requests[i::n]) for i in range(n) if requests[i::n]]
-        refs = [self.rollout_workers[i].generate.remote(s, self.num_generations) for i, s in shards]
+        refs = [self.rollout_workers[i].generate.remote(s, self.num_generations, tasks_of(s, self.tasks)) for i, s in shards]
         rollout = Flight(refs, self.timeline.add("rollout", start), self._wake)
         self.pending.append(Batch(step, frac, phase, requests, schedule, version, rollout, shards))
         self.next_step = step + 1
@@ -349,7 +349,7 @@ class StepPipeline:
             worker = self.rollout_workers[i]
             wait_until_alive(worker)
             self.weight_sync.resync(i, batch.version)
-            calls.append((j, worker.generate.remote(requests, self.num_generations)))
+            calls.append((j, worker.generate.remote(requests, self.num_generations, tasks_of(requests, self.tasks))))
             batch.restarts += 1
         batch.rollout.retry(calls, self.timeline.add("rollout", time.perf_counter()))
 

@@ -57,6 +57,15 @@ FAULT_ENV = "DICE_RAY_FAULT_ROLLOUT_EXIT"
 (1-based) while ``marker path`` does not exist create it and ``os._exit(1)`` (a crash, once a run)."""
 
 
+def tasks_of(requests: list[PromptRequest], tasks: dict[str, Task]) -> dict[str, Task]:
+    """The tasks ``requests`` name, by id: what one :meth:`RolloutWorker.generate` call needs.
+
+    Raises:
+        KeyError: a request names a task not in ``tasks``.
+    """
+    return {r.task_id: tasks[r.task_id] for r in requests}
+
+
 class WeightsMissing(RuntimeError):
     """A worker was asked to sample before it held any weights (a restarted worker not re-synced yet)."""
 
@@ -106,15 +115,14 @@ class RolloutWorker:
     Args:
         model_cfg: builds the policy's architecture (weights come by :meth:`set_weights`).
         sampling_cfg: decoding knobs.
-        tasks: the tasks it may be asked to prompt, by id.
         template: prompt template set (``TasksConfig.prompt_template``).
         num_threads: torch CPU threads (0: leave torch's default).
         granularity: where infill scaffolds are cut (``PhaseConfig.scaffold_granularity``).
     """
 
     def __init__(
-        self, model_cfg: ModelConfig, sampling_cfg: SamplingConfig, tasks: dict[str, Task], template: str,
-        num_threads: int = 0, granularity: str = "source",
+        self, model_cfg: ModelConfig, sampling_cfg: SamplingConfig, template: str, num_threads: int = 0,
+        granularity: str = "source",
     ):
         from dice_ray.policy.policy import DiffusionPolicy
 
@@ -124,7 +132,6 @@ class RolloutWorker:
         self.policy = DiffusionPolicy.from_config(model_cfg)
         self.policy.model.to(self.device)
         self.sampling_cfg = sampling_cfg
-        self.tasks = tasks
         self.template = template
         self.granularity = granularity
         self.version = -1
@@ -155,11 +162,19 @@ class RolloutWorker:
         self.version = version
         return version
 
-    def generate(self, requests: list[PromptRequest], num_generations: int) -> list[GroupRollout]:
+    def generate(self, requests: list[PromptRequest], num_generations: int, tasks: dict[str, Task]) -> list[GroupRollout]:
         """Sample ``num_generations`` completions for each request.
 
+        The tasks come with the call, not the constructor: constructor arguments that large sit in
+        Ray's object store, which a restartable actor must not rely on (ray-project/ray#53727).
+
+        Args:
+            requests: the prompts to sample.
+            num_generations: group size ``G``.
+            tasks: at least the requests' tasks, by id (:func:`tasks_of`).
+
         Raises:
-            KeyError: a request names a task this worker was not given.
+            KeyError: a request names a task missing from ``tasks``.
             WeightsMissing: no weights were set since the process started (a restarted worker).
         """
         from dice_ray.policy.sampler import sample_group
@@ -171,7 +186,7 @@ class RolloutWorker:
             raise WeightsMissing("this rollout worker holds no weights (restarted, not re-synced): set_weights first")
         out = []
         for req in requests:
-            task = self.tasks[req.task_id]
+            task = tasks[req.task_id]
             prompt = build_prompt(task, req.phase, self.template, self.granularity)
             t0 = time.perf_counter()
             rollouts = sample_group(self.policy, prompt, num_generations, self.sampling_cfg, seed=req.seed)

@@ -28,7 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from dice_ray.cluster.learner import LearnerGroup, TrainGroup, learner_env, make_train_group
 from dice_ray.cluster.metrics import GpuBusySampler, RunMetrics, StageTimeline
 from dice_ray.cluster.pipeline import Flight, StepPipeline, staleness_stats, verify_items
-from dice_ray.cluster.rollout import ROLLOUT_MAX_RESTARTS, GroupRollout, RolloutWorker
+from dice_ray.cluster.rollout import ROLLOUT_MAX_RESTARTS, GroupRollout, RolloutWorker, tasks_of
 from dice_ray.cluster.scheduler import NAMESPACE, SCHEDULER_NAME, PhaseSchedulerActor
 from dice_ray.cluster.storage import CheckpointStore, run_store_url
 from dice_ray.cluster.verifier_pool import POOL_NAME, VerifierPool
@@ -162,7 +162,7 @@ class Trainer:
             RolloutWorker.options(
                 num_gpus=cfg.cluster.rollout_gpus if gpus else 0, max_restarts=ROLLOUT_MAX_RESTARTS, max_task_retries=0
             ).remote(
-                cfg.model, cfg.sampling, self.tasks, cfg.tasks.prompt_template, threads, cfg.phase.scaffold_granularity
+                cfg.model, cfg.sampling, cfg.tasks.prompt_template, threads, cfg.phase.scaffold_granularity
             )
             for _ in range(cfg.cluster.num_rollout_workers)
         ]
@@ -364,7 +364,8 @@ class Trainer:
                 continue
             reqs = [PromptRequest(f"eval-{when}-{phase}-{i}", t.task_id, phase, 7919 + i) for i, t in enumerate(eligible)]
             n = len(self.rollout_workers)
-            refs = [w.generate.remote(reqs[i::n], self.cfg.eval.samples) for i, w in enumerate(self.rollout_workers) if reqs[i::n]]
+            refs = [w.generate.remote(reqs[i::n], self.cfg.eval.samples, tasks_of(reqs[i::n], self.tasks))
+                    for i, w in enumerate(self.rollout_workers) if reqs[i::n]]
             groups = [g for part in ray.get(refs) for g in part]
             verdicts = self.verify(groups)
             measured = [v for v in verdicts if v.correct is not None]
