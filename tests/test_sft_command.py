@@ -216,3 +216,17 @@ def test_sft_on_the_gpu_with_nccl_zero2_bf16(tmp_path, capsys):
     recs = _metrics(out)
     assert len(recs) == 3 and all(0 < r["loss"] < 100 for r in recs)
     assert DiffusionPolicy.load(out).state_dict()["model.embed_tokens.weight"].dtype == torch.bfloat16
+
+
+def test_the_last_progress_line_shows_the_final_loss(tmp_path, capsys):
+    """The progress line's loss is the logged window's mean: the last one equals the summary's final_loss."""
+    out = tmp_path / "sft"
+    assert _sft(out, "--data", "builtin", *SMALL, "sft.steps=4", "sft.log_every=2") == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    lines = [ln for ln in captured.err.splitlines() if " loss " in ln and "step " in ln]
+    assert [ln.split("step ")[1].split()[0] for ln in lines] == ["2/4", "4/4"], captured.err
+    shown = float(lines[-1].split(" loss ")[1].split()[0])
+    assert shown == round(summary["final_loss"], 4)
+    recs = _metrics(out)
+    assert abs(summary["final_loss"] - (recs[2]["loss"] + recs[3]["loss"]) / 2) < 1e-9  # the mean of steps 3-4

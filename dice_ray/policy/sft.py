@@ -871,9 +871,9 @@ def _run_sft(data, out, config_path, overrides, resume, log) -> dict:
             rec = run.train_step()
             f.write(json.dumps(rec) + "\n")
             f.flush()
-            if run.step % cfg.sft.log_every == 0 or run.finished:
-                log(f"step {run.step}/{cfg.sft.steps} loss {rec['loss']:.4f} lr {rec['lr']:.2e} "
-                    f"tokens/s {rec['tokens_per_s']:.0f}")
+            if run.losses and run.losses[-1][0] == run.step:  # a logged window ends here (what final_loss reports)
+                log(f"step {run.step}/{cfg.sft.steps} loss {run.losses[-1][1]:.4f} (mean since the last line) "
+                    f"lr {rec['lr']:.2e} tokens/s {rec['tokens_per_s']:.0f}")
             if run.step % cfg.sft.checkpoint_every == 0 and not run.finished:
                 log(f"checkpoint {_save_checkpoint(run, out, key, cfg.keep_checkpoints)}")
     policy.model.eval()
