@@ -120,7 +120,8 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.resume = resume
-        self.console = console or Console(width=None if Console().is_terminal else 132)
+        # a terminal wraps at its width; a log (ray job logs, a file) keeps each line whole
+        self.console = console or (Console() if Console().is_terminal else Console(soft_wrap=True, width=160))
         self.ckpt_dir = self.run_dir / "checkpoints"  # the checkpoints, or their staging folder with storage_path
         self.store = CheckpointStore(run_store_url(cfg.storage_path, self.run_dir.name)) if cfg.storage_path else None
         self.start_step = 0
