@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import math
 import subprocess
 import sys
@@ -122,8 +123,10 @@ def test_layer_checkpointing_keeps_gradients(mode):
 
 def test_learner_benchmark_tiny_cpu(tmp_path):
     out = tmp_path / "learner.json"
+    # a process group an earlier test left in this process holds its MASTER_PORT: the benchmark picks its own
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
     proc = subprocess.run([sys.executable, str(BENCH / "learner_throughput.py"), "--device", "cpu", "--tiny",
-                           "--out", str(out)], check=False, capture_output=True, text=True, timeout=120)
+                           "--out", str(out)], check=False, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for field in ("processed tokens", "MFU (6 x", "matmul MFU", "attention", "ZeRO-2", "gloo"):
         assert field in proc.stdout

@@ -47,7 +47,7 @@ def _brute(model, prompt: torch.Tensor, visible: torch.Tensor, targets: torch.Te
     """
     P, n = prompt.numel(), visible.numel()
     seq = torch.cat([prompt, visible])
-    blocks = torch.cat([torch.zeros(P, dtype=torch.long), torch.arange(n) // BS + 1])
+    blocks = torch.cat([-((P - 1 - torch.arange(P)) // BS), torch.arange(n) // BS + 1])
     clean = torch.zeros(P + n, dtype=torch.long)
     with torch.no_grad():
         h = forward_hidden(model, seq[None], torch.arange(P + n), block_mask(blocks, clean, blocks, clean))[0, P:]

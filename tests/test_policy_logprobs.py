@@ -95,7 +95,7 @@ def test_tracerl_against_brute_force_per_step_recomputation():
                 noisy = torch.where(step[g, sl] < s, resp[g, sl], torch.full((bs,), mask_id))
                 seq = torch.cat([prompt, resp[g, : b * bs], noisy])[None]
                 L = seq.shape[1]
-                blocks = torch.cat([torch.zeros(P, dtype=torch.long), torch.arange((b + 1) * bs) // bs + 1])
+                blocks = torch.cat([-((P - 1 - torch.arange(P)) // bs), torch.arange((b + 1) * bs) // bs + 1])
                 m = block_mask(blocks, torch.zeros(L, dtype=torch.long), blocks, torch.zeros(L, dtype=torch.long))
                 h = forward_hidden(model, seq, torch.arange(L), m)[0, -bs:]
                 lp = torch.log_softmax(token_logits(model, h, mask_id), -1).gather(-1, resp[g, sl][:, None])[:, 0]

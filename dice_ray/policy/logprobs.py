@@ -50,7 +50,7 @@ from typing import Literal
 import torch
 
 from dice_ray.policy.families import family_of, logit_shift
-from dice_ray.policy.model import KVCache, block_mask, forward_hidden, response_blocks, token_logits
+from dice_ray.policy.model import KVCache, block_mask, forward_hidden, prompt_blocks, response_blocks, token_logits
 
 Estimator = Literal["tracerl", "coupled", "diffu_grpo"]
 ESTIMATORS: tuple[str, ...] = ("tracerl", "coupled", "diffu_grpo")
@@ -156,11 +156,12 @@ def _score_noisy_states(
     rb, rpos = rb.to(device), rpos.to(device)
     zp = torch.zeros(P, dtype=torch.long, device=device)
     zr = torch.zeros(R, dtype=torch.long, device=device)
+    pb = prompt_blocks(P, block_size, device)
 
     cache = KVCache()
-    forward_hidden(model, prompt_ids[None], torch.arange(P, device=device), block_mask(zp, zp, zp, zp), cache)
+    forward_hidden(model, prompt_ids[None], torch.arange(P, device=device), block_mask(pb, zp, pb, zp), cache)
     cache.expand(G)
-    k_block = torch.cat([zp, rb])
+    k_block = torch.cat([pb, rb])
     forward_hidden(model, response_ids, rpos, block_mask(rb, zr, k_block, torch.zeros_like(k_block)), cache)
 
     ones = torch.ones(R, dtype=torch.long, device=device)
@@ -367,8 +368,7 @@ def diffu_grpo_logprobs(
         out[response_mask] = _gather_logprobs(model, h[i_idx], response_ids[response_mask], mask_id)
         return out
     rb, rpos = rb.to(device), rpos.to(device)
-    zp = torch.zeros(P, dtype=torch.long, device=device)
-    blocks, clean = torch.cat([zp, rb]), torch.zeros(P + R, dtype=torch.long, device=device)
+    blocks, clean = torch.cat([prompt_blocks(P, block_size, device), rb]), torch.zeros(P + R, dtype=torch.long, device=device)
     seq = torch.cat([prompt_ids[None].expand(G, -1), torch.full_like(response_ids, mask_id)], dim=1)
     h = forward_hidden(model, seq, torch.arange(P + R, device=device), block_mask(blocks, clean, blocks, clean))
     h = h[:, P:][response_mask]

@@ -2,9 +2,13 @@
 
 Sequence layout (used by SFT, sampling and the TraceRL trainer alike):
 
-* the prompt is ONE block, bidirectional among its tokens (block 0);
+* the prompt is split in blocks of ``block_size`` tokens aligned to its END (:func:`prompt_blocks`: blocks
+  ``..., -1, 0``, the first one possibly shorter), as if it were left-padded to a multiple of the block
+  length: SDAR's own generation mask (and its training partition from position 0 when the prompt length is
+  a multiple of the block length). Remote-code comparison: ``tests/test_policy_sdar_remote.py``;
 * the response is split in blocks of ``block_size`` tokens (blocks 1, 2, ...); a query in block ``b``
-  attends the keys of blocks ``<= b`` (bidirectional within a block, causal across blocks);
+  attends the keys of blocks ``<= b`` (bidirectional within a block, causal across blocks), prompt and
+  response alike;
 * logits at a masked position predict the token AT that position (no shift, as in SDAR / LLaDA).
 
 Training passes use BD3-LM's / SDAR's ``x_t ‖ x_0`` layout: the clean response ``x_0`` (copy 0) and one or
@@ -152,7 +156,7 @@ def block_mask(
     """The block-diffusion attention rule (SDAR / BD3-LM ``x_t ‖ x_0``) as a boolean mask.
 
     Args:
-        q_block, q_copy: LongTensor[q] block index (prompt = 0, response block j = j + 1) and copy
+        q_block, q_copy: LongTensor[q] block index (prompt <= 0: :func:`prompt_blocks`; response block j = j + 1) and copy
             (0 = clean / prompt, c >= 1 = noisy copy c) of each query.
         k_block, k_copy: LongTensor[kv], the same for each key.
 
@@ -166,6 +170,17 @@ def block_mask(
     sees_clean = (kc == 0) & torch.where(clean_q, kb <= qb, kb < qb)
     sees_own = (~clean_q) & (kc == qc) & (kb == qb)
     return sees_clean | sees_own
+
+
+def prompt_blocks(prompt_len: int, block_size: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Block index of each prompt token: blocks of ``block_size`` aligned to the prompt's end, the last
+    one 0 and earlier ones negative (the first possibly shorter), so the response's blocks (1, 2, ...)
+    start right after it. Under :func:`block_mask` the prompt is block-causal, as in SDAR.
+
+    Returns:
+        LongTensor[prompt_len] (``-((prompt_len - 1 - i) // block_size)``).
+    """
+    return -((prompt_len - 1 - torch.arange(prompt_len, device=device)) // block_size)
 
 
 def response_blocks(prompt_len: int, response_len: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dice_ray.config import SamplingConfig
-from dice_ray.policy.model import KVCache, block_mask, forward_hidden, token_logits
+from dice_ray.policy.model import KVCache, block_mask, forward_hidden, prompt_blocks, token_logits
 from dice_ray.policy.policy import DiffusionPolicy
 
 
@@ -169,9 +169,10 @@ def _decode_blocks(policy: DiffusionPolicy, prompt_ids: list[int], G: int, n_blo
     cache = KVCache()
     prompt = torch.tensor([prompt_ids], device=device)
     zeros = torch.zeros(P, dtype=torch.long, device=device)
+    p_block = prompt_blocks(P, bs, device)
     forwards = 0
     if kv_cache:
-        forward_hidden(model, prompt, torch.arange(P, device=device), block_mask(zeros, zeros, zeros, zeros), cache)
+        forward_hidden(model, prompt, torch.arange(P, device=device), block_mask(p_block, zeros, p_block, zeros), cache)
         cache.expand(G)
         forwards = 1
     done = prompt.expand(G, -1)  # kv_cache=False: prompt + committed blocks of each active row, re-run every step
@@ -181,8 +182,8 @@ def _decode_blocks(policy: DiffusionPolicy, prompt_ids: list[int], G: int, n_blo
     out_step: list[list[torch.Tensor]] = [[] for _ in range(G)]
     out_lp: list[list[torch.Tensor]] = [[] for _ in range(G)]
     prev: torch.Tensor | None = None  # [A, bs] finished block not yet committed to the cache
-    # block / copy ids of the committed cache: prompt = block 0, response block j = j + 1, all clean
-    k_block = zeros.clone()
+    # block / copy ids of the committed cache: prompt blocks <= 0, response block j = j + 1, all clean
+    k_block = p_block.clone()
 
     for b in range(n_blocks):
         A = rows.numel()
@@ -196,7 +197,7 @@ def _decode_blocks(policy: DiffusionPolicy, prompt_ids: list[int], G: int, n_blo
             if not masked.any():
                 break
             if not kv_cache:  # no cache (baseline): the whole sequence, this block last, block-causal
-                blocks = torch.cat([zeros, torch.arange(done.shape[1] - P + bs, device=device) // bs + 1])
+                blocks = torch.cat([p_block, torch.arange(done.shape[1] - P + bs, device=device) // bs + 1])
                 ids, clean = torch.cat([done, x], dim=1), torch.zeros_like(blocks)
                 h = forward_hidden(model, ids, torch.arange(blocks.numel(), device=device),
                                    block_mask(blocks, clean, blocks, clean))

@@ -69,7 +69,7 @@ from dice_ray.policy.model import KVCache, block_mask, forward_hidden, token_log
 from dice_ray.policy.policy import DiffusionPolicy
 from dice_ray.policy.sampler import span_hidden
 
-SFT_VERSION = "2"  # bump when the training recipe changes: old cache entries stop matching
+SFT_VERSION = "3"  # bump when the training recipe changes: old cache entries stop matching
 # fields that do not change the warm start's weights (zero_stage only picks dice-ray sft's engine)
 _BOOKKEEPING = {"enabled", "cache_dir", "num_threads", "log_every", "checkpoint_every", "zero_stage"}
 MASK_EPS = 1e-3
@@ -271,8 +271,11 @@ def diffusion_loss(
     p_valid = ar_p[None] < P[:, None]  # [B, Pm] real prompt keys
     rb = ar_r // bs + 1
     zp, zr = torch.zeros_like(ar_p), torch.zeros_like(ar_r)
+    # the prompt pass: each row's prompt block-causal in blocks aligned to its own end (model.prompt_blocks)
+    p_block = -((P[:, None] - 1 - ar_p[None]) // bs)  # [B, Pm]
+    p_mask = p_valid[:, None, :] & (p_block[:, None, :] <= p_block[:, :, None])
     cache = KVCache()
-    forward_hidden(model, prompt, ar_p, p_valid[:, None, :].expand(B, Pm, Pm), cache)
+    forward_hidden(model, prompt, ar_p, p_mask, cache)
     k_block = torch.cat([zp, rb])
     m_clean = block_mask(rb, zr, k_block, torch.zeros_like(k_block))[None] & torch.cat(
         [p_valid, valid.new_ones(B, Rm)], 1
