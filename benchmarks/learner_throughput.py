@@ -26,7 +26,7 @@ memory-efficient kernel serves it unless ``--sdpa-backend`` says otherwise).
 
     python benchmarks/learner_throughput.py [--device cuda] [--groups 2] [--group-size 16] [--micro-batch 8]
         [--prompt-len 512] [--response-len 512] [--steps-per-block 4] [--grad-ckpt layers] [--zero-stage 2]
-        [--sdpa-backend auto] [--warmup 1] [--repeats 3] [--out learner.json]
+        [--sdpa-backend auto] [--warmup 1] [--repeats 3] [--out learner.json] [--profile top_ops.txt]
     python benchmarks/learner_throughput.py --device cpu --tiny     # seconds; what the CPU test runs
 """
 
@@ -136,6 +136,14 @@ def attended_pairs(P: int, R: int, bs: int) -> int:
     return sum(P + (j // bs + 1) * bs for j in range(R))
 
 
+def prompt_pairs(P: int, bs: int) -> int:
+    """Query-key pairs the block mask allows within a prompt of ``P`` tokens: block-causal in blocks of
+    ``bs`` aligned to its end (:func:`dice_ray.policy.model.prompt_blocks`); token ``i`` sees every prompt
+    token up to the end of its own block."""
+    first = P % bs or bs  # the first block's length (the others are full)
+    return sum(first + ((i - first) // bs + 1) * bs if i >= first else first for i in range(P))
+
+
 def update_flops(args: argparse.Namespace, params: int, embed: int, vocab: int, hidden: int, layers: int,
                  heads: int, head_dim: int) -> dict:
     """FLOPs of one update (forward + backward) and what they count (see the module docstring)."""
@@ -143,7 +151,7 @@ def update_flops(args: argparse.Namespace, params: int, embed: int, vocab: int, 
     passes = 1 + args.steps_per_block  # clean + noisy copies
     processed = n * (P + passes * G * R)
     scored = n * G * R
-    pairs = n * (P * P + passes * G * attended_pairs(P, R, args.block_size))
+    pairs = n * (prompt_pairs(P, args.block_size) + passes * G * attended_pairs(P, R, args.block_size))
     return {
         "processed_tokens": processed, "trained_tokens": scored, "passes_per_group": passes,
         "model_flops": 6 * params * processed,
@@ -207,6 +215,24 @@ def one_update(engine, batch: list[dict], args: argparse.Namespace, mask_id: int
     return {"loss": statistics.fmean(losses), "clip_fraction": statistics.fmean(clip), "micro_batches": len(micro)}
 
 
+def profile_update(engine, batch: list[dict], args: argparse.Namespace, mask_id: int, device: torch.device,
+                   path: str) -> None:
+    """One more update under ``torch.profiler``; writes the 30 ops with the most device time (CPU time on
+    CPU) as a table to ``path`` and prints its first rows: where an update's time goes (GEMMs, attention,
+    cross-entropy, optimizer, elementwise)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        one_update(engine, batch, args, mask_id, device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=70)
+    Path(path).write_text(table)
+    print("profile (top ops by self device time):\n" + "\n".join(table.splitlines()[:16]), flush=True)
+
+
 def _sdpa_context(name: str):
     """``torch.nn.attention.sdpa_kernel`` for ``--sdpa-backend`` (a no-op context for ``auto``)."""
     import contextlib
@@ -240,6 +266,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=1, help="untimed updates first")
     ap.add_argument("--repeats", type=int, default=3, help="timed updates (median)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", metavar="TXT",
+                    help="also profile one more update (torch.profiler) and write its top kernels by device time here")
     ap.add_argument("--tiny", action="store_true",
                     help="CPU-test size: sdar-mini, 1 group of 4, micro-batch 2, prompt 16, response 16, 1 repeat")
     ap.add_argument("--out", help="write the figures as JSON here")
@@ -310,6 +338,8 @@ def main(argv: list[str] | None = None) -> dict:
             if timed:
                 secs.append(dt)
                 stats.append(st)
+        if args.profile:
+            profile_update(engine, batch, args, policy.mask_id, device, args.profile)
     sec = statistics.median(secs)
     peak = args.peak_tflops * 1e12
     result = {

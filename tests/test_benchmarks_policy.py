@@ -137,3 +137,11 @@ def test_learner_benchmark_tiny_cpu(tmp_path):
     assert res["model_flops"] == 6 * res["params"] * res["processed_tokens"]
     assert 0 < res["mfu"] < 1 and res["seconds"] > 0 and math.isfinite(res["loss"])
     assert res["peak_gib"] is None
+
+
+@pytest.mark.parametrize("P", [1, 3, 4, 6, 9, 16])
+def test_prompt_pairs_equals_block_mask(P):
+    from dice_ray.policy.model import prompt_blocks
+
+    pb, z = prompt_blocks(P, 4), torch.zeros(P, dtype=torch.long)
+    assert learner.prompt_pairs(P, 4) == int(block_mask(pb, z, pb, z).sum())
