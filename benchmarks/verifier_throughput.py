@@ -71,12 +71,12 @@ def expected_verdict(kind: str, mode: str) -> str:
 
 def build_jobs(tasks: list, crash_every: int, cheat_every: int) -> list[tuple]:
     """``[(task, kind, source), ...]``: for each task its honest, incorrect and non-compiling variants,
-    a crashing one every ``crash_every`` tasks and a cheating one every ``cheat_every`` tasks."""
+    a crashing one every ``crash_every`` tasks and a cheating one every ``cheat_every`` tasks (0: none)."""
     jobs = []
     for i, t in enumerate(tasks):
         v = variants(t.solution_src)
-        kinds = ["correct", "incorrect", "compile_error"] + (["crash"] if i % crash_every == 0 else []) + (
-            ["cheat"] if i % cheat_every == 0 else [])
+        kinds = ["correct", "incorrect", "compile_error"] + (["crash"] if crash_every and i % crash_every == 0 else []) + (
+            ["cheat"] if cheat_every and i % cheat_every == 0 else [])
         jobs += [(t, kind, v[kind]) for kind in kinds]
     return jobs
 
@@ -263,8 +263,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=0, help="sandbox workers of the Verifier (0: auto)")
     ap.add_argument("--timing-window-ms", type=float, default=None,
                     help="verify.timing_window_ms (default: the config's; 0: one call a timed window)")
-    ap.add_argument("--crash-every", type=int, default=4, help="one crashing candidate every N tasks")
-    ap.add_argument("--cheat-every", type=int, default=3, help="one cheating candidate every N tasks")
+    ap.add_argument("--crash-every", type=int, default=4, help="one crashing candidate every N tasks (0: none; a crash's fault stalls the whole GPU ~150 ms)")
+    ap.add_argument("--cheat-every", type=int, default=3, help="one cheating candidate every N tasks (0: none)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--inline", type=int, default=3, help="DICE load_inline records for the per-candidate cost (0: off)")
     ap.add_argument("--dice-data", default=os.environ.get("DICE_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "data" / "dice")))

@@ -42,6 +42,16 @@ def test_expected_verdicts_by_mode():
     assert bench.expected_verdict("cheat", "compile_only") == "cheat"
 
 
+def test_build_jobs_mixes_kinds_and_zero_means_none():
+    from dice_ray.tasks.loaders import load_tasks
+
+    tasks = load_tasks("builtin").tasks[:6]
+    kinds = [k for _, k, _ in bench.build_jobs(tasks, 4, 3)]
+    assert kinds.count("correct") == 6 and kinds.count("crash") == 2 and kinds.count("cheat") == 2
+    kinds = [k for _, k, _ in bench.build_jobs(tasks, 0, 0)]
+    assert sorted(set(kinds)) == ["compile_error", "correct", "incorrect"] and len(kinds) == 18
+
+
 @pytest.mark.slow
 def test_pool_mode_runs_compile_only_on_cpu(tmp_path):
     out = tmp_path / "pool.json"
