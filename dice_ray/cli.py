@@ -288,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(fn=cmd_train)
 
     ft = sub.add_parser("sft", help="masked-diffusion SFT warm start on a task set's solutions (the policy RL starts from)")
-    ft.add_argument("--data", help=TASKS_HELP + "; required unless --resume")
+    ft.add_argument("--data", help=TASKS_HELP + "; default: the config's tasks.spec (builtin), or the resumed run's")
     ft.add_argument("--out", required=True, metavar="DIR",
                     help="folder for the policy, sft_metrics.jsonl and checkpoints/ (then: dice-ray train model.path=DIR)")
     ft.add_argument("--config", help="YAML config (its model, sft, tasks sections and rl.seed apply)")

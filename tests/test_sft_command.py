@@ -230,3 +230,9 @@ def test_the_last_progress_line_shows_the_final_loss(tmp_path, capsys):
     assert shown == round(summary["final_loss"], 4)
     recs = _metrics(out)
     assert abs(summary["final_loss"] - (recs[2]["loss"] + recs[3]["loss"]) / 2) < 1e-9  # the mean of steps 3-4
+
+
+def test_data_defaults_to_the_configs_tasks_spec(tmp_path, capsys):
+    out = tmp_path / "sft"
+    assert _sft(out, *SMALL, "sft.steps=1") == 0
+    assert json.loads(capsys.readouterr().out)["data"] == "builtin"

@@ -58,3 +58,4 @@ def test_train_covers_both_phases_then_resumes(tmp_path):
     resumed = json.loads((run / "summary.json").read_text())
     assert resumed["steps"] == 4 and resumed["heldout_start"] == summary["heldout_start"]
     assert "warm start" in out and "cache_hit': False" in out
+    assert "'model': 'built, warm-started by SFT'" in out  # the learner line says where the weights came from

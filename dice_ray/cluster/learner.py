@@ -223,6 +223,7 @@ class Learner:
         self.ref_model = None
         self.step_count = 0
         self.weight_group = None  # the weight-sync group (rank 0, broadcast mode), joined on first use
+        self.warm_started = False  # warm_start ran (init_engine reports where the weights came from)
 
     def rendezvous(self) -> tuple[str, int]:
         """This node's IP and a free port on it (the rendezvous rank 0 serves)."""
@@ -240,6 +241,7 @@ class Learner:
 
         report = warm_start(self.policy, pairs, self.cfg.sft, seed=self.cfg.rl.seed,
                             log=lambda line: print(line, flush=True))  # reaches the driver's console
+        self.warm_started = True
         return asdict(report)
 
     def init_engine(self, master_addr: str = "127.0.0.1", master_port: int | None = None) -> dict:
@@ -294,7 +296,8 @@ class Learner:
             "wall_clock_breakdown": False,
         }
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
-        return {"family": self.policy.family, "model": self.cfg.model.path or "built (random init)",
+        built = "built, warm-started by SFT" if self.warm_started else "built (random init)"
+        return {"family": self.policy.family, "model": self.cfg.model.path or built,
                 "backend": backend, "zero_stage": c.zero_stage, "ranks": self.world_size,
                 "seconds": time.perf_counter() - t0, "device": str(self.device),
                 "params": sum(p.numel() for p in self.policy.model.parameters())}

@@ -207,7 +207,10 @@ class Trainer:
         with con.status(f"warm start: masked-diffusion SFT on {len(pairs)} pairs (cached after the first run)"):
             report = ray.get(self.learner.warm_start.remote(pairs))
         losses = report.pop("losses", [])
-        con.print(f"[bold]warm start[/] {report} (loss {losses[0][1]:.2f} -> {losses[-1][1]:.3f})" if losses else f"[bold]warm start[/] {report}")
+        note = f" (loss {losses[0][1]:.2f} -> {losses[-1][1]:.3f})" if losses else ""
+        if not report.get("cache_hit") and report.get("steps", 0) < cfg.sft.steps:
+            note += f"; stopped at step {report['steps']} of {cfg.sft.steps}: loss below sft.target_loss={cfg.sft.target_loss}"
+        con.print(f"[bold]warm start[/] {report}{note}")
 
     def _restore(self) -> None:
         if self.store is not None:

@@ -785,7 +785,8 @@ def run_sft(
 
     Args:
         data: task spec of :func:`dice_ray.tasks.loaders.load_tasks` (``builtin``, ``alpaca:PATH``,
-            ``dice:PATH``, ...); with ``resume`` None means the spec the run was started with.
+            ``dice:PATH``, ...); None means the config's ``tasks.spec`` (``builtin`` by default), or with
+            ``resume`` the spec the run was started with.
         out: the run folder.
         config_path, overrides: YAML config and ``key=value`` overrides (:func:`dice_ray.config.load_config`);
             with ``resume`` the run's ``sft_config.yaml`` replaces ``config_path``.
@@ -824,12 +825,11 @@ def _run_sft(data, out, config_path, overrides, resume, log) -> dict:
         data = data or saved["data"]
         cfg = load_config(out / SFT_CONFIG_FILE, overrides)
     else:
-        if not data:
-            raise SFTInputError("--data is required (a task spec such as 'builtin' or 'alpaca:PATH')")
         if (out / SFT_CONFIG_FILE).exists() or _checkpoints(out):
             raise SFTInputError(f"--out {out}: holds a dice-ray sft run already; pass --resume to continue it "
                                 "or choose another folder")
         cfg = load_config(config_path, overrides)
+        data = data or cfg.tasks.spec  # the train job's tasks (the built-in suite by default)
     if cfg.sft.steps < 1:
         raise SFTInputError(f"sft.steps={cfg.sft.steps}: nothing to train (need >= 1)")
 
