@@ -128,25 +128,6 @@ def _llada_remote(remote, ids: torch.Tensor, valid: torch.Tensor | None) -> torc
         return remote.model(input_ids=ids, attention_mask=None if valid is None else valid.long()).logits
 
 
-@needs_llada
-def test_llada_full_attention_same_logits(llada):
-    remote, ours, tok = llada
-    ids, _ = _batch(tok)
-    want = _llada_remote(remote, ids, None)
-    diff = (want - _ours(ours, ids, None)).abs().max().item()
-    assert diff <= TOL, f"max |logit difference| {diff:.3g} > {TOL}"
-    bad = (want - _ours(ours, ids, None, causal=True)).abs().max().item()
-    assert bad > 1e-2, f"a causal mask changed the logits by only {bad:.3g}"
-
-
-@needs_llada
-def test_llada_padded_batch_same_logits(llada):
-    remote, ours, tok = llada
-    ids, valid = _batch(tok)
-    diff = (_llada_remote(remote, ids, valid) - _ours(ours, ids, valid))[valid].abs().max().item()
-    assert diff <= TOL, f"max |logit difference| {diff:.3g} > {TOL}"
-
-
 # ---- Dream -------------------------------------------------------------------------------------------------
 
 
@@ -189,21 +170,32 @@ def _dream_remote(remote, ids: torch.Tensor, valid: torch.Tensor | None) -> torc
         return remote(input_ids=ids, attention_mask=None if valid is None else valid.long()).logits
 
 
-@needs_dream
-def test_dream_full_attention_same_logits(dream):
-    remote, ours, tok = dream
+# ---- both families ---------------------------------------------------------------------------------------
+
+_REMOTE_CALL = {"llada": _llada_remote, "dream": _dream_remote}
+_NEEDS = {"llada": needs_llada, "dream": needs_dream}
+
+
+@pytest.fixture(params=[pytest.param(f, marks=_NEEDS[f]) for f in ("llada", "dream")])
+def pair(request):
+    """(remote logits of (ids, valid), our model, tokenizer) for each family whose remote code is present."""
+    remote, ours, tok = request.getfixturevalue(request.param)
+    return (lambda ids, valid: _REMOTE_CALL[request.param](remote, ids, valid)), ours, tok
+
+
+def test_full_attention_same_logits(pair):
+    remote, ours, tok = pair
     ids, _ = _batch(tok)
-    want = _dream_remote(remote, ids, None)
+    want = remote(ids, None)
     diff = (want - _ours(ours, ids, None)).abs().max().item()
     assert diff <= TOL, f"max |logit difference| {diff:.3g} > {TOL}"
     bad = (want - _ours(ours, ids, None, causal=True)).abs().max().item()
     assert bad > 1e-2, f"a causal mask changed the logits by only {bad:.3g}"
 
 
-@needs_dream
-def test_dream_padded_batch_same_logits(dream):
-    """Dream masks padded queries too (their rows are not compared); real positions must agree."""
-    remote, ours, tok = dream
+def test_padded_batch_same_logits(pair):
+    """Real positions must agree (Dream masks padded queries too: their rows are not compared)."""
+    remote, ours, tok = pair
     ids, valid = _batch(tok)
-    diff = (_dream_remote(remote, ids, valid) - _ours(ours, ids, valid))[valid].abs().max().item()
+    diff = (remote(ids, valid) - _ours(ours, ids, valid))[valid].abs().max().item()
     assert diff <= TOL, f"max |logit difference| {diff:.3g} > {TOL}"
