@@ -47,6 +47,14 @@ needs_dream = pytest.mark.skipif(DREAM_DIR is None, reason=(
     f"DICE_DREAM_REMOTE_CODE must name a folder holding {', '.join(_DREAM_FILES)} (Dream's remote code)"))
 
 
+def _pair(remote, tok, tmp_path_factory, family: str, rope_theta: float):
+    """Randomize the remote model and load it through dice-ray's loader: ``(remote, ours, tokenizer)``."""
+    _randomize(remote, 1)
+    ours, mcfg = _load_ours(remote, tok, tmp_path_factory, family)
+    assert mcfg.family == family and mcfg.rope_theta == rope_theta
+    return remote, ours, tok
+
+
 def _import_modeling(folder: Path, package: str, module: str):
     """The remote modeling module, imported as a package (relative imports work) with the folder also on
     sys.path (copies that import their configuration module by its plain name work too)."""
@@ -114,11 +122,7 @@ def llada(tmp_path_factory):
         eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, mask_token_id=tok.mask_id,
     )
     torch.manual_seed(0)
-    remote = modeling.LLaDAModelLM(cfg, init_params=True).float().eval()
-    _randomize(remote, 1)
-    ours, mcfg = _load_ours(remote, tok, tmp_path_factory, "llada")
-    assert mcfg.family == "llada" and mcfg.rope_theta == 500000.0
-    return remote, ours, tok
+    return _pair(modeling.LLaDAModelLM(cfg, init_params=True).float().eval(), tok, tmp_path_factory, "llada", 500000.0)
 
 
 def _llada_remote(remote, ids: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
@@ -158,11 +162,7 @@ def dream(tmp_path_factory):
         mask_token_id=tok.mask_id, pad_token_id=tok.pad_id, eos_token_id=tok.eos_id,
     )
     torch.manual_seed(0)
-    remote = modeling.DreamModel(cfg).float().eval()
-    _randomize(remote, 1)
-    ours, mcfg = _load_ours(remote, tok, tmp_path_factory, "dream")
-    assert mcfg.family == "dream" and mcfg.rope_theta == 1000000.0
-    return remote, ours, tok
+    return _pair(modeling.DreamModel(cfg).float().eval(), tok, tmp_path_factory, "dream", 1000000.0)
 
 
 def _dream_remote(remote, ids: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
