@@ -172,15 +172,22 @@ def block_mask(
     return sees_clean | sees_own
 
 
-def prompt_blocks(prompt_len: int, block_size: int, device: torch.device | str | None = None) -> torch.Tensor:
+def prompt_blocks(prompt_len: int | torch.Tensor, block_size: int, device: torch.device | str | None = None) -> torch.Tensor:
     """Block index of each prompt token: blocks of ``block_size`` aligned to the prompt's end, the last
     one 0 and earlier ones negative (the first possibly shorter), so the response's blocks (1, 2, ...)
     start right after it. Under :func:`block_mask` the prompt is block-causal, as in SDAR.
 
+    Args:
+        prompt_len: the prompt length, or LongTensor[B] of the lengths of a batch of right-padded prompts.
+        device: where to build the result (default: ``prompt_len``'s device, else CPU).
+
     Returns:
-        LongTensor[prompt_len] (``-((prompt_len - 1 - i) // block_size)``).
+        LongTensor[prompt_len] (``-((prompt_len - 1 - i) // block_size)``), or for a batch LongTensor[B, max
+        length] (padding positions get blocks >= 1: mask them out).
     """
-    return -((prompt_len - 1 - torch.arange(prompt_len, device=device)) // block_size)
+    lengths = torch.as_tensor(prompt_len, device=device)
+    i = torch.arange(int(lengths.max()), device=lengths.device)
+    return -((lengths[..., None] - 1 - i) // block_size)
 
 
 def response_blocks(prompt_len: int, response_len: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -65,7 +65,7 @@ from safetensors.torch import load_model, save_model
 
 from dice_ray.config import DiceConfig, SFTConfig, load_config
 from dice_ray.policy.logprobs import BIDIRECTIONAL
-from dice_ray.policy.model import KVCache, block_mask, forward_hidden, token_logits
+from dice_ray.policy.model import KVCache, block_mask, forward_hidden, prompt_blocks, token_logits
 from dice_ray.policy.policy import DiffusionPolicy
 from dice_ray.policy.sampler import span_hidden
 
@@ -271,8 +271,7 @@ def diffusion_loss(
     p_valid = ar_p[None] < P[:, None]  # [B, Pm] real prompt keys
     rb = ar_r // bs + 1
     zp, zr = torch.zeros_like(ar_p), torch.zeros_like(ar_r)
-    # the prompt pass: each row's prompt block-causal in blocks aligned to its own end (model.prompt_blocks)
-    p_block = -((P[:, None] - 1 - ar_p[None]) // bs)  # [B, Pm]
+    p_block = prompt_blocks(P, bs)  # [B, Pm]: each row's prompt block-causal, blocks aligned to its own end
     p_mask = p_valid[:, None, :] & (p_block[:, None, :] <= p_block[:, :, None])
     cache = KVCache()
     forward_hidden(model, prompt, ar_p, p_mask, cache)
