@@ -205,6 +205,100 @@ def test_pipeline_overlaps_rollout_with_learning_within_the_bound(stand_ins):
     assert sync_saved == asyn_saved == [1, 2, 3, 4]
 
 
+# ---- queued weight pushes and rollout lanes -------------------------------------------------------------
+LANE_ROLLOUT_S = 1.0  # far longer than verification and learning: only lanes let two rollouts overlap
+
+
+@ray.remote(num_cpus=0)
+class LaneRollout:
+    """A rollout worker stand-in that logs each call: (kind, request ids or version, weights version, start, end)."""
+
+    def __init__(self):
+        self.version, self.log = None, []
+
+    def set_weights(self, weights, version):
+        t0 = time.perf_counter()
+        assert weights == {"version": version}
+        self.version = version
+        self.log.append(("set_weights", version, version, t0, time.perf_counter()))
+        return version
+
+    def generate(self, requests, g, tasks):
+        t0 = time.perf_counter()
+        time.sleep(LANE_ROLLOUT_S)
+        self.log.append(("generate", [r.request_id for r in requests], self.version, t0, time.perf_counter()))
+        return [GroupRollout(r, [], ["src"] * g, 4, LANE_ROLLOUT_S, self.version) for r in requests]
+
+    def calls(self):
+        return self.log
+
+
+class VersionedLearner:
+    """The driver-side learner handle WeightSync needs: ``weights_ref`` of the current version's weights."""
+
+    def __init__(self):
+        self.version = 0
+
+    def weights_ref(self):
+        return ray.put({"version": self.version})
+
+
+def test_queued_push_does_not_wait_for_the_rollout_ahead_but_runs_after_it(stand_ins):
+    from dice_ray.cluster.weight_sync import WeightSync
+
+    worker, learner = LaneRollout.remote(), VersionedLearner()
+    sync = WeightSync(learner, [worker], "object_store", keep_versions=2)
+    assert sync.push(0)["restarts"] == 0  # waits: the worker holds version 0
+    ahead = worker.generate.remote([PromptRequest("r1", "t", "e2e", 0)], 2, {})
+    time.sleep(0.2)  # the rollout is running
+    learner.version = 1
+    t0 = time.perf_counter()
+    sync.push(1, wait=False)
+    assert time.perf_counter() - t0 < LANE_ROLLOUT_S / 2  # did not wait for the rollout
+    after = worker.generate.remote([PromptRequest("r2", "t", "e2e", 0)], 2, {})
+    assert ray.get(ahead)[0].weights_version == 0  # launched before the push: the old weights
+    assert ray.get(after)[0].weights_version == 1  # launched after it: the new ones
+    assert [c[0] for c in ray.get(worker.calls.remote())] == ["set_weights", "generate", "set_weights", "generate"]
+    assert sync.push(2, wait=False)["restarts"] == 0  # the queued call finished fine
+    with pytest.raises(ValueError, match="object-store"):
+        WeightSync(learner, [worker], "broadcast").push(3, wait=False)
+
+
+def test_lanes_sample_steps_side_by_side_on_their_own_workers(stand_ins):
+    from dice_ray.cluster.weight_sync import WeightSync
+
+    _, pool, fake_learner = stand_ins
+    workers, learner = [LaneRollout.remote() for _ in range(2)], VersionedLearner()
+    tasks = [(f"t{i}", 1, False) for i in range(4)]
+    scheduler = PhaseSchedulerActor.remote(tasks, PhaseConfig(), 2, 0)
+    sync = WeightSync(learner, workers, "object_store", keep_versions=2)
+    sync.push(0)
+    with pytest.raises(ValueError, match="lanes=3"):
+        StepPipeline(scheduler, workers, pool, {}, 2, 1, 0, 5, StageTimeline(), lanes=3)
+    pipe = StepPipeline(scheduler, workers, pool, {t: None for t, _, _ in tasks}, 2, 1, 0, 5, StageTimeline(),
+                        weight_sync=sync, lanes=2)
+    version, lags, request_steps = 0, [], {}
+    for step in range(5):
+        batch = pipe.take(version)
+        request_steps.update({r.request_id: step for r in batch.requests})
+        groups = pipe.groups(batch)
+        pipe.verdicts(batch)
+        pipe.wait(pipe.submit("learn", [fake_learner.train_step.remote(len(groups))]))
+        version = learner.version = step + 1
+        sync.push(version, wait=False)  # no drain: queued behind the rollout launched ahead
+        lags.append(batch.lags)
+    assert lags == [[0, 0]] + [[1, 1]] * 4  # launched one step ahead, each with the weights of its launch
+    logs = ray.get([w.calls.remote() for w in workers])
+    spans = []
+    for lane, log in enumerate(logs):
+        gens = [c for c in log if c[0] == "generate"]
+        assert {request_steps[rid] % 2 for c in gens for rid in c[1]} == {lane}  # each step on its lane's worker
+        spans.append([(c[3], c[4]) for c in gens])
+    # the two lanes' rollouts ran side by side (each lasts 1 s; a step's own work takes ~0.7 s)
+    overlap = total(intersect(merge(spans[0]), merge(spans[1])))
+    assert overlap > 0.5, overlap
+
+
 # ---- dice-ray train with max_staleness=1, then --resume ---------------------------------------------------
 ASYNC = [
     "rl.max_staleness=1", "rl.prompts_per_step=2", "rl.num_generations=3",

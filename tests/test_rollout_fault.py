@@ -103,10 +103,12 @@ def _wait_restarted(worker, timeout_s: float = 60.0) -> None:
         time.sleep(0.1)
 
 
-def _run(pool, tmp: Path, max_staleness: int, die_on: dict[int, int], steps: int = 4, kill_idle_at: int | None = None):
+def _run(pool, tmp: Path, max_staleness: int, die_on: dict[int, int], steps: int = 4, kill_idle_at: int | None = None,
+         queued: bool = False):
     """The trainer's loop with stand-ins and 2 workers: per step (candidates, lags, restarts), and each
     worker's set_weights log. Checks every step's candidates are those of its prompts' seeds and the
-    weights version its batch was launched with: what a run without failures samples."""
+    weights version its batch was launched with: what a run without failures samples. ``queued``: the
+    asynchronous trainer's object-store path (pushes queued behind the rollouts ahead, a lane a step)."""
     tmp.mkdir()
     tasks = [(f"t{i}", 1, False) for i in range(5)]
     scheduler = PhaseSchedulerActor.remote(tasks, PhaseConfig(), 3, 0)
@@ -116,7 +118,7 @@ def _run(pool, tmp: Path, max_staleness: int, die_on: dict[int, int], steps: int
     sync = WeightSync(learner, workers, "object_store", keep_versions=max_staleness + 1)
     sync.push(0)
     pipe = StepPipeline(scheduler, workers, pool, {t: None for t, _, _ in tasks}, 2, max_staleness, 0, steps,
-                        StageTimeline(), weight_sync=sync)
+                        StageTimeline(), weight_sync=sync, lanes=2 if queued else 1)
     out = []
     for step in range(steps):
         if step == kill_idle_at:
@@ -124,14 +126,17 @@ def _run(pool, tmp: Path, max_staleness: int, die_on: dict[int, int], steps: int
             _wait_restarted(workers[1])
         batch = pipe.take(learner.current)
         groups = pipe.groups(batch)
-        assert [g.request for g in groups] == [r for i in range(2) for r in batch.requests[i::2]]
+        assert [g.request for g in groups] == (batch.requests if queued else
+                                               [r for i in range(2) for r in batch.requests[i::2]])
         assert [c for g in groups for c in g.candidates] == [
             f"w{batch.version}:s{g.request.seed}:{j}" for g in groups for j in range(2)]
         assert pipe.verdicts(batch) == [f"{g.request.request_id}-g{j}" for g in groups for j in range(2)]
         learner.current = step + 1
-        pipe.drain_rollouts()
-        pushed = sync.push(learner.current)
+        if not queued:
+            pipe.drain_rollouts()
+        pushed = sync.push(learner.current, wait=not queued)
         out.append(([c for g in groups for c in g.candidates], batch.lags, batch.restarts + pushed["restarts"]))
+    assert ray.get([w.ping.remote() for w in workers]) == [steps, steps]  # after every queued push: the last one
     for w in workers:
         ray.kill(w, no_restart=True)
     return out, [[int(x) for x in p.read_text().split()] for p in logs]
@@ -149,6 +154,17 @@ def test_a_worker_crashing_mid_generate_is_resampled_with_its_batchs_weights(clu
     assert all(c.startswith(f"w{launched}:") for c in crash[2][0])
     # the restarted worker is re-synced to that version (one step ahead: after the push of version 2 it got)
     assert logs == [[0, 1, 2, 3, 4], [0, 1, 2, launched, 3, 4]]
+
+
+@pytest.mark.slow
+def test_queued_pushes_and_lanes_resample_a_crashed_shard_with_its_batchs_weights(cluster, tmp_path):
+    # worker 1 samples the odd steps; its 2nd generate is step 3's batch, launched at step 2 with version 2
+    crash, logs = _run(cluster, tmp_path / "queued", 1, {1: 2}, steps=5, queued=True)  # _run checked the samples
+    assert [lag for _, lag, _ in crash] == [[0] * 3] + [[1] * 3] * 4
+    assert crash[3][2] >= 1 and all(c.startswith("w2:") for c in crash[3][0])
+    # re-synced to its batch's version 2 after the crash, and the later queued pushes reached it in order
+    assert logs[1][:3] == [0, 1, 2] and logs[1].count(2) == 2 and logs[1][-2:] == [4, 5]
+    assert logs[0] == [0, 1, 2, 3, 4, 5]
 
 
 @pytest.mark.slow

@@ -29,7 +29,7 @@ is not set, so its series keeps its last value. Names and meanings:
 ``dice_ray_rollout_seconds``           the step's own rollout: prompts drawn to samples back
 ``dice_ray_verify_seconds``            the step's own verification: submitted to verdicts back
 ``dice_ray_learn_seconds``             the step's learner call: submitted to result back
-``dice_ray_sync_seconds``              the weight sync after the step's learner call
+``dice_ray_sync_seconds``              the weight sync after the step's learner call (queued push: queuing it)
 ``dice_ray_idle_seconds``              step wall time with no stage in flight (driver, checkpoint)
 ``dice_ray_rollout_busy_share``        share of step wall time with a rollout call in flight
 ``dice_ray_verify_busy_share``         share of step wall time with a verification in flight
@@ -96,7 +96,7 @@ METRICS = {
     "rollout_seconds": "the step's own rollout, prompts drawn to samples back (s)",
     "verify_seconds": "the step's own verification, submitted to verdicts back (s)",
     "learn_seconds": "the step's learner call, submitted to result back (s)",
-    "sync_seconds": "the weight sync after the step's learner call (s)",
+    "sync_seconds": "the weight sync after the step's learner call (s); a queued push (async, object store): queuing it",
     "idle_seconds": "step wall time with no stage in flight (s)",
     "rollout_busy_share": "share of step wall time with a rollout call in flight",
     "verify_busy_share": "share of step wall time with a verification in flight",

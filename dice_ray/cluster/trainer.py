@@ -261,10 +261,18 @@ class Trainer:
             return None, adv.num_dropped
         return self.pipeline.submit("learn", [self.learner.train_step.remote(batch)], start=t0), adv.num_dropped
 
-    def _sync_weights(self) -> dict:
+    def _sync_weights(self, wait: bool = True) -> dict:
         """Push the learner's weights to the rollout workers (:class:`WeightSync`); returns :meth:`WeightSync.push`'s
-        report (``seconds``, ``restarts``: workers found restarted and re-sent the weights)."""
-        return self.weight_sync.push(self.weights_version)
+        report (``seconds``, ``restarts``: workers found restarted and re-sent the weights). ``wait=False``:
+        queued behind the rollouts launched ahead, not waited for (object store only)."""
+        return self.weight_sync.push(self.weights_version, wait=wait)
+
+    @property
+    def queued_sync(self) -> bool:
+        """Whether the step's weight push is queued behind the rollouts launched ahead instead of waiting
+        for them: an asynchronous run (``rl.max_staleness > 0``) syncing through the object store. A
+        broadcast is a collective every worker joins at once, so it waits for the rollouts ahead first."""
+        return self.cfg.rl.max_staleness > 0 and self.weight_sync.mode == "object_store"
 
     def checkpoint(self, step: int, schedule: dict | None = None) -> None:
         """Save the learner and the scheduler state as ``step_{step:06d}`` (``schedule``: the state to save
@@ -289,6 +297,8 @@ class Trainer:
         With ``rl.max_staleness = s > 0`` the step's prompts were drawn and sampled up to ``s`` steps
         earlier (:meth:`StepPipeline.take` launches the next steps' rollouts before this step waits on
         anything), and the learner's call is waited on while those rollouts run and go to the verifiers.
+        Through the object store the weight push is then queued behind those rollouts (:attr:`queued_sync`),
+        so the next step starts without waiting for them.
 
         Args:
             show: called with a short status line as each stage starts.
@@ -312,9 +322,10 @@ class Trainer:
         flight, dropped = self.learn(groups, verdicts)
         learned = pipe.wait(flight)[0] if flight is not None else {}
         self.weights_version = step + 1
-        pipe.drain_rollouts()  # the sync queues behind the rollouts launched ahead on the workers: wait here
+        if not self.queued_sync:
+            pipe.drain_rollouts()  # a broadcast needs every worker, busy with the rollouts ahead: wait for them
         t_sync = time.perf_counter()
-        sync = self._sync_weights()
+        sync = self._sync_weights(wait=not self.queued_sync)
         sync_s = sync["seconds"]
         self.timeline.add("sync", t_sync, time.perf_counter())
         rec = step_record(step, phase, frac, groups, verdicts, dropped)
@@ -421,9 +432,12 @@ class Trainer:
         self.pipeline = StepPipeline(
             self.scheduler, self.rollout_workers, self.pool, self.tasks, cfg.rl.num_generations, s,
             self.start_step, cfg.rl.steps, self.timeline, weight_sync=self.weight_sync,
+            lanes=min(len(self.rollout_workers), s + 1) if self.queued_sync else 1,
         )
         self.gpu_sampler = GpuBusySampler().start()
         mode = f"asynchronous, rollout up to {s} step(s) ahead of the learner" if s else "synchronous"
+        if self.pipeline.lanes > 1:
+            mode += f", {self.pipeline.lanes} steps sampled side by side on their own rollout workers"
         gpus = "NVML, this node" if self.gpu_sampler.read is not None else "no GPU seen"
         self.console.print(f"[bold]pipeline[/] {mode}; GPU busy share: {gpus}")
 

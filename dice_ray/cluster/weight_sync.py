@@ -231,6 +231,7 @@ class WeightSync:
         self.keep_versions = keep_versions
         self.kept: dict[int, object] = {}  # version -> ObjectRef of its state dict (object store)
         self.version: int | None = None  # the last version pushed
+        self._queued: list = []  # set_weights calls of pushes that did not wait (object store)
 
     def reset(self, workers: list | None = None) -> None:
         """Form a new broadcast group at the next push (after a rollout worker was replaced).
@@ -243,21 +244,31 @@ class WeightSync:
         self.spec = None
         self._generation += 1
 
-    def push(self, version: int) -> dict:
+    def push(self, version: int, wait: bool = True) -> dict:
         """Send the learner's current weights to every worker as ``version``; blocks until all hold it.
 
         A worker found dead on the way (object store: its ``set_weights`` fails; broadcast: a worker answers
         its ping with no weights) is waited for (:func:`~dice_ray.cluster.rollout.wait_until_alive`) and
         given the weights again (broadcast: in a new group); ``restarts`` counts them.
 
+        ``wait=False`` (object store only; the asynchronous pipeline): the ``set_weights`` calls are queued on
+        the workers and not waited for, so a push does not wait for the rollouts launched ahead, which run
+        first (a Ray actor runs one caller's calls in order); every ``generate`` launched after the push
+        samples with ``version``. A call that fails (its worker died) is not retried here: the worker's
+        next ``generate`` fails too and the pipeline recovers it (``StepPipeline``, :meth:`resync`).
+        Failures seen since the last push are counted in ``restarts``.
+
         Returns:
             ``{"mode", "seconds", "bytes" (broadcast: bytes a worker received), "buckets", "restarts"}``.
 
         Raises:
             RuntimeError: a worker that failed ``MAX_PUSH_ATTEMPTS`` times in a row, or did not come back.
+            ValueError: ``wait=False`` on a broadcast (a collective needs every worker at once).
         """
         from dice_ray.cluster.rollout import wait_until_alive
 
+        if not wait and self.mode != "object_store":
+            raise ValueError("weight sync: only an object-store push can be queued without waiting (wait=False)")
         t0 = time.perf_counter()
         self.version = version
         if self.mode == "object_store":
@@ -265,7 +276,11 @@ class WeightSync:
             self.kept[version] = weights
             for v in sorted(self.kept)[:-self.keep_versions]:
                 del self.kept[v]
-            restarts = self._send(range(len(self.workers)), weights, version)
+            restarts = self._settle_queued()
+            if wait:
+                restarts += self._send(range(len(self.workers)), weights, version)
+            else:
+                self._queued += [w.set_weights.remote(weights, version) for w in self.workers]
             return {"mode": self.mode, "seconds": time.perf_counter() - t0, "bytes": None, "buckets": None,
                     "restarts": restarts}
         restarts = 0
@@ -313,6 +328,20 @@ class WeightSync:
         self.reset()
         self.push(self.version)
         return self.version
+
+    def _settle_queued(self) -> int:
+        """Object store: forget the queued ``set_weights`` calls that finished; how many failed (their worker
+        died: the pipeline re-syncs it when its next ``generate`` fails). Ones still queued are kept."""
+        if not self._queued:
+            return 0
+        done, self._queued = ray.wait(self._queued, num_returns=len(self._queued), timeout=0)
+        failed = 0
+        for ref in done:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError:
+                failed += 1
+        return failed
 
     def _send(self, indices, weights, version: int) -> int:
         """Object store: ``set_weights`` on the workers ``indices``, each retried after a restart; restarts seen."""
