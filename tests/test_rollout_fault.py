@@ -272,7 +272,7 @@ def _train_both(runs: dict[str, dict], tmp: Path, args: list[str]) -> dict[str, 
             if procs:  # wait for the previous run's warm start (a cold cache is filled once)
                 prev, log = procs[list(procs)[-1]]
                 deadline = time.monotonic() + 400
-                while prev.poll() is None and "learner {" not in log.read_text() and time.monotonic() < deadline:
+                while prev.poll() is None and " M params, " not in log.read_text() and time.monotonic() < deadline:
                     time.sleep(0.5)
             log = tmp / f"{name}.log"
             with log.open("w") as f:

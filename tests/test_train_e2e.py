@@ -57,5 +57,5 @@ def test_train_covers_both_phases_then_resumes(tmp_path):
     assert records[-1]["weights_version"] == 4
     resumed = json.loads((run / "summary.json").read_text())
     assert resumed["steps"] == 4 and resumed["heldout_start"] == summary["heldout_start"]
-    assert "warm start" in out and "cache_hit': False" in out
-    assert "'model': 'built, warm-started by SFT'" in out  # the learner line says where the weights came from
+    assert "warm start" in out and "SFT steps on" in out and "cache_hit" not in out  # trained now, said in words
+    assert "M params, built, warm-started by SFT;" in out  # the learner line says where the weights came from

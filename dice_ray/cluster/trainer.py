@@ -79,6 +79,35 @@ def split_tasks(tasks: list[Task], cfg: DiceConfig) -> tuple[list[Task], list[Ta
     return [t for t in ordered if t.task_id not in held], heldout
 
 
+def describe_warm_start(report: dict, steps_max: int, target_loss: float | None) -> str:
+    """One line for the console from the learner's warm-start report (:class:`~dice_ray.policy.sft.SFTReport`
+    as a dict: ``steps``, ``final_loss`` (nats a masked token), ``seconds``, ``cache_hit``, ``cache_key``,
+    ``num_pairs``, ``losses`` as ``[(step, loss), ...]``), e.g. ``658 SFT steps on 176 pairs in 24.0 s, loss
+    6.36 -> 0.068; stopped at step 658 of 800: loss below sft.target_loss=0.08; cached as 2efde44e0b59``."""
+    key = str(report.get("cache_key", ""))[:12]
+    final = report.get("final_loss")
+    if report.get("cache_hit"):
+        loss = f", final loss {final:.3f}" if isinstance(final, float) and math.isfinite(final) else ""
+        return f"from the SFT cache ({key}): {report.get('num_pairs')} (prompt, solution) pairs{loss}"
+    losses = report.get("losses") or []
+    line = (f"{report.get('steps')} SFT steps on {report.get('num_pairs')} (prompt, solution) pairs in "
+            f"{report.get('seconds', 0.0):.1f} s")
+    if losses:
+        line += f", loss {losses[0][1]:.2f} -> {losses[-1][1]:.3f}"
+    if report.get("steps", 0) < steps_max:
+        line += f"; stopped at step {report.get('steps')} of {steps_max}: loss below sft.target_loss={target_loss}"
+    return f"{line}; cached as {key}" if key else line
+
+
+def describe_learner(info: dict) -> str:
+    """One line for the console from the learner's ``init_engine`` report (``family``, ``model``, ``params``,
+    ``zero_stage``, ``backend``, ``ranks``, ``device``, ``seconds``), e.g. ``sdar policy, 0.55 M params,
+    built, warm-started by SFT; DeepSpeed ZeRO-0 over gloo, 1 rank(s) on cpu; ready in 1.3 s``."""
+    return (f"{info.get('family')} policy, {info.get('params', 0) / 1e6:.2f} M params, {info.get('model')}; "
+            f"DeepSpeed ZeRO-{info.get('zero_stage')} over {info.get('backend')}, {info.get('ranks')} rank(s) on "
+            f"{info.get('device')}; ready in {info.get('seconds', 0.0):.1f} s")
+
+
 def step_record(step: int, phase: str, frac: float, groups: list[GroupRollout], verdicts: list, dropped: int) -> dict:
     """Per-step figures from verdicts: reward mean/std, compile / correct / cheat rates, speedup geomean."""
     rewards = [v.reward for v in verdicts]
@@ -187,7 +216,7 @@ class Trainer:
             self._restore()
         else:
             self._warm_start()
-            con.print(f"[bold]learner[/] {ray.get(self.learner.init_engine.remote())}")
+            con.print(f"[bold]learner[/] {describe_learner(ray.get(self.learner.init_engine.remote()))}")
         self._sync_weights()
 
     def _warm_start(self) -> None:
@@ -206,11 +235,7 @@ class Trainer:
             return
         with con.status(f"warm start: masked-diffusion SFT on {len(pairs)} pairs (cached after the first run)"):
             report = ray.get(self.learner.warm_start.remote(pairs))
-        losses = report.pop("losses", [])
-        note = f" (loss {losses[0][1]:.2f} -> {losses[-1][1]:.3f})" if losses else ""
-        if not report.get("cache_hit") and report.get("steps", 0) < cfg.sft.steps:
-            note += f"; stopped at step {report['steps']} of {cfg.sft.steps}: loss below sft.target_loss={cfg.sft.target_loss}"
-        con.print(f"[bold]warm start[/] {report}{note}")
+        con.print(f"[bold]warm start[/] {describe_warm_start(report, cfg.sft.steps, cfg.sft.target_loss)}")
 
     def _restore(self) -> None:
         if self.store is not None:
@@ -224,7 +249,7 @@ class Trainer:
         if state_path is None:
             raise FileNotFoundError(f"--resume {self.run_dir}: no checkpoint under {self.ckpt_dir}")
         state = json.loads(state_path.read_text())
-        self.console.print(f"[bold]learner[/] {ray.get(self.learner.init_engine.remote())}")
+        self.console.print(f"[bold]learner[/] {describe_learner(ray.get(self.learner.init_engine.remote()))}")
         ray.get(self.learner.load.remote(str(self.ckpt_dir), state_path.parent.name))
         ray.get(self.scheduler.set_state.remote(state["schedule"]))
         self.start_step = state["step"]

@@ -1,0 +1,24 @@
+"""The trainer's console lines for the warm start and the learner: readable sentences, not dict reprs."""
+
+from __future__ import annotations
+
+from dice_ray.cluster.trainer import describe_learner, describe_warm_start
+
+
+def test_warm_start_line_says_steps_pairs_time_loss_and_why_it_stopped():
+    report = {"steps": 658, "final_loss": 0.0677, "seconds": 23.98, "cache_hit": False, "cache_key": "2efde44e0b5936e8b6e3aaa5",
+              "num_pairs": 176, "losses": [(50, 6.359), (650, 0.107), (658, 0.0677)]}
+    line = describe_warm_start(report, 800, 0.08)
+    assert line == ("658 SFT steps on 176 (prompt, solution) pairs in 24.0 s, loss 6.36 -> 0.068; stopped at step 658 "
+                    "of 800: loss below sft.target_loss=0.08; cached as 2efde44e0b59")
+    assert "stopped" not in describe_warm_start(report | {"steps": 800}, 800, 0.08)  # ran every step
+    hit = describe_warm_start(report | {"cache_hit": True, "steps": 0, "losses": []}, 800, 0.08)
+    assert hit == "from the SFT cache (2efde44e0b59): 176 (prompt, solution) pairs, final loss 0.068"
+    assert "{" not in line + hit
+
+
+def test_learner_line_says_where_the_weights_came_from_and_how_it_runs():
+    info = {"family": "sdar", "model": "built, warm-started by SFT", "backend": "gloo", "zero_stage": 0, "ranks": 1,
+            "seconds": 1.26, "device": "cpu", "params": 551_040}
+    assert describe_learner(info) == ("sdar policy, 0.55 M params, built, warm-started by SFT; DeepSpeed ZeRO-0 over "
+                                      "gloo, 1 rank(s) on cpu; ready in 1.3 s")
