@@ -340,6 +340,22 @@ def test_honest_inline_candidate_passes_the_rules():
     ("    auto p = popen(\"ls\", \"r\");", "", "file-access"),
     ("    py::module_::import(\"torch\");", "", "dynamic-code"),
     ("    dice_ray_launches += 1;", "", "patching"),
+    # a macro hides what it expands to from the parse tree: its body is checked as host code
+    ("    y = RELU(x);", "#define RELU(a) at::relu(a)", "cpp-torch-op"),
+    ("    y = CALL(x);", "#define CALL(a) \\\n    a.relu()", "cpp-torch-op"),
+    ("    y = RELU(x);", "#define RELU at::relu", "cpp-torch-op"),
+    ("    y = NS::relu(x);", "#define NS at", "cpp-torch-op"),
+    ("    COUNT += 1;", "#define COUNT dice_ray_launches", "patching"),
+    ("", "#define CHECK_CUDA(x) TORCH_CHECK(x.device().is_cuda(), #x \" must be a CUDA tensor\")\n"
+         "#define CHECK_INPUT(x) CHECK_CUDA(x); TORCH_CHECK(x.is_contiguous(), #x \" must be contiguous\")\n"
+         "#define BLOCK 256\n#define DTYPE at::kFloat\n#define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))\n"
+         "#define CUDA_KERNEL_LOOP(i, n) for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); "
+         "i += blockDim.x * gridDim.x)", None),
+    # a torch op taken as a value (called through a pointer) and a file-scope namespace alias
+    ("    auto f = &at::relu; y = f(x);", "", "cpp-torch-op"),
+    ("    auto f = at::relu; y = f(x);", "", "cpp-torch-op"),
+    ("    y = mine::relu(x);", "namespace mine = at;", "cpp-torch-op"),
+    ("    at::Generator gen; auto o = at::TensorOptions().dtype(at::kFloat);", "", None),
 ])
 def test_cpp_rules(body, includes, rule):
     assert rule_of(body, includes) == rule

@@ -10,7 +10,10 @@ regular expressions over the text:
   (:data:`ALLOWED_CPP_TORCH_CALLS`, :data:`ALLOWED_CPP_TENSOR_METHODS`).  ``torch::matmul``,
   ``at::relu``, ``x.sum()``, ``torch::conv2d``, ``F::relu`` through a namespace alias, ``matmul``
   under ``using namespace torch``, arithmetic operators on ``Tensor`` variables, and torch's own
-  kernels (``ATen/native/...`` headers) are the classic fallback cheat of this format.
+  kernels (``ATen/native/...`` headers) are the classic fallback cheat of this format.  Also a torch
+  op taken as a value (``&at::relu``, called through a pointer), namespace aliases of torch, and
+  ``#define`` bodies (unparsed by tree-sitter: each is checked as host code, and a macro standing for a
+  torch namespace or op, ``#define NS at``, is flagged).
 * ``cuda-library``: cuBLAS(Lt) / cuDNN / cuSPARSE / cuFFT / cuSOLVER / CUTLASS / CuTe / thrust
   names and handles (``at::cuda::getCurrentCUDABlasHandle``), headers, ``-lcublas``; none of it
   with ``VerifyConfig.allow_vendor_libraries`` (``allow_vendor_libraries=True`` here), except
@@ -207,6 +210,7 @@ class _SourceChecker:
             elif n.type == "namespace_alias_definition":
                 kids = [c for c in n.children if c.type in ("namespace_identifier", "identifier")]
                 target = [c for c in n.children if c.type in ("nested_namespace_specifier", "qualified_identifier")]
+                target = target or kids[1:]  # `namespace mine = at;`: the target is a plain name
                 if kids and target and _qualified_parts(target[0])[0] in self.torch_aliases:
                     self.torch_aliases.add(node_text(kids[0]))
             elif n.type == "function_definition":
@@ -240,10 +244,14 @@ class _SourceChecker:
                 self.launches += 1
             elif t in ("identifier", "type_identifier", "namespace_identifier", "field_identifier"):
                 self.name(node)
+            elif t in ("preproc_def", "preproc_function_def"):
+                self.macro(node)
             elif t == "qualified_identifier":
                 parts = _qualified_parts(node)
                 if len(parts) == 2 and parts[0] == "std" and parts[1] in _THREAD_CALLS:
                     self.add("forbidden-import", f"uses std::{parts[1]} (host threads)", node)
+                elif where == "host":
+                    self.reference(node, parts)
             elif t == "call_expression":
                 if any(c.type == "kernel_call_syntax" for c in node.children):
                     self.launches += 1
@@ -283,6 +291,39 @@ class _SourceChecker:
             self.add("dynamic-code", f"uses {text}:: (calls into Python from C++)", node)
         elif node.type == "identifier" and re.match(r"^Py[A-Z]\w*_\w+$|^Py_\w+$", text):
             self.add("dynamic-code", f"uses {text} (the Python C API)", node)
+
+    def reference(self, node: Any, parts: list[str]) -> None:
+        """A torch op named in an expression without being called there (``&at::relu``, ``auto f = at::relu``):
+        it is called through a pointer or alias later, where the call rule cannot see whose it is."""
+        last = node.named_children[-1] if node.named_children else None
+        parent = node.parent
+        called = parent is not None and parent.type == "call_expression" and parent.child_by_field_name("function") == node
+        if (not called and last is not None and last.type == "identifier" and len(parts) > 1
+                and parts[0] in self.torch_aliases and parts[-1] in _torch_names()[0]):
+            self.add("cpp-torch-op", f"host code takes {'::'.join(parts)} as a value (a torch op called through a "
+                     "pointer or alias)", node)
+
+    def macro(self, node: Any) -> None:
+        """``#define`` bodies are not parsed by tree-sitter: check each one as host code (wrapped in a
+        function), and flag a macro that stands for a torch namespace or op (``#define NS at``,
+        ``#define RELU at::relu``): what it expands to would otherwise go unchecked."""
+        name_node, body = node.child_by_field_name("name"), node.child_by_field_name("value")
+        if body is None:
+            return
+        name, text = node_text(name_node) if name_node is not None else "?", node_text(body).strip()
+        parts = [p.strip() for p in text.lstrip(":").split("::")]
+        if re.fullmatch(r"(::)?\w+(::\w+)*", text) and parts[0] in self.torch_aliases and (
+                len(parts) == 1 or parts[-1] in _torch_names()[0] or parts[-1] in ("native", "functional", "_ops")):
+            self.add("cpp-torch-op", f"the macro {name} stands for {text} (torch APIs behind a macro)", node)
+            return
+        inner = _SourceChecker(f"void dice_macro_body() {{ {text.replace(chr(92) + chr(10), ' ')}\n; }}", self.what,
+                               self.line, self.allow_vendor)
+        inner.torch_aliases = set(self.torch_aliases)
+        inner.using_torch, inner.using_names, inner.defined = self.using_torch, dict(self.using_names), self.defined
+        inner.prepass(inner.tree.root_node)
+        inner.walk(inner.tree.root_node)
+        for v in inner.out:
+            self.add(v.rule, f"in the macro {name}: {v.message.split(': ', 1)[-1]}", node)
 
     def call(self, node: Any, fn: Any, where: str, tensors: set[str]) -> None:
         if fn.type == "template_function":
