@@ -305,6 +305,7 @@ ASYNC = [
     "phase.infill_steps=2", "phase.ramp_steps=3", "sft.steps=100",
     "sampling.max_new_tokens=256",  # rollouts (~0.5 s) outlast a compile-only verification, as on GPUs
     "eval.heldout_tasks=0", "cluster.num_verifiers=1", "tasks.max_tasks=6",  # SFT cache shared with test_resume_exact
+    "cluster.num_rollout_workers=2",  # two lanes: consecutive steps sample on different workers
 ]
 TIMING_KEYS = {"rollout_seconds", "verify_seconds", "learn_seconds", "sync_seconds", "idle_seconds",
                "rollout_busy_share", "verify_busy_share", "learner_busy_share", "timeline"}
@@ -323,7 +324,7 @@ def test_train_with_staleness_one_overlaps_and_resumes(tmp_path, request):
     pytest_cache = getattr(request.config, "cache", None)
     cache = pytest_cache.mkdir("dice-ray-sft") if pytest_cache else tmp_path / "sft"
     out = _train([f"run_dir={tmp_path}", "run_name=a", f"sft.cache_dir={cache}", "rl.steps=5", *ASYNC], env)
-    assert "asynchronous, rollout up to 1 step(s) ahead" in out
+    assert "asynchronous, rollout up to 1 step(s) ahead" in out and "2 steps sampled side by side" in out
     run = tmp_path / "a"
     # the checkpoint after step 3 was taken with step 4 drawn ahead: it saves the scheduler from before that draw
     assert json.loads((run / "checkpoints" / "step_000004" / "state.json").read_text())["schedule"]["step"] == 4
