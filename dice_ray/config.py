@@ -341,7 +341,9 @@ class RLConfig(_Section):
         "steps ahead of the learner, so a step's samples may come from weights up to this many learner steps old "
         "(checked on every group). 0: synchronous (draw, sample, verify, learn, sync). Stale samples keep their "
         "behaviour log-probs: 'tracerl' uses them in the ratio; 'coupled' and 'diffu_grpo' recompute the old "
-        "log-probs under the current weights, so their ratio ignores the lag (a warning says so).",
+        "log-probs under the current weights, so their ratio ignores the lag (a warning says so). Through the "
+        "object store the weight push is queued behind the rollouts ahead and the rollout workers form lanes "
+        "(cluster.num_rollout_workers).",
     )
 
 
@@ -356,7 +358,11 @@ class ClusterConfig(_Section):
     """Ray resources and the DeepSpeed learner."""
 
     address: str | None = Field(None, description="Ray address; None: RAY_ADDRESS or a new local cluster.")
-    num_rollout_workers: int = Field(1, ge=1, description="RolloutWorker actors.")
+    num_rollout_workers: int = Field(
+        1, ge=1, description="RolloutWorker actors. Synchronous (or broadcast sync): each step's prompts are dealt "
+        "over all of them. Asynchronous through the object store: they form min(workers, rl.max_staleness + 1) "
+        "lanes and consecutive steps sample side by side on different lanes (dice_ray.cluster.pipeline).",
+    )
     num_verifiers: int | None = Field(None, ge=1, description="None: one per GPU, or 2 CPU actors without GPUs.")
     zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage of the learner.")
     learner_gpus: float = Field(0.0, ge=0.0, description="GPUs for the learner actor (0: CPU, gloo; a fraction shares one).")

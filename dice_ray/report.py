@@ -282,7 +282,13 @@ def markdown_report(run: Run, curves_png: str | None = "curves.png") -> str:
     if any(vals for _, _, vals in timed):
         total = [r["step_seconds"] for r in recs if _num(r.get("step_seconds"))]
         mean_total = statistics.fmean(total) if total else None
-        lines += ["", "## Step time by stage", "", "| stage | mean s | share of step |", "|---|---|---|"]
+        lag = max((r["staleness_max"] for r in recs if _num(r.get("staleness_max"))), default=0)
+        lines += ["", "## Step time by stage", ""]
+        if lag:
+            lines += [f"Asynchronous run (samples up to {lag} learner step(s) stale): a step's rollout and verification "
+                      f"started up to {lag} step(s) before the step did, so they may last longer than the step itself "
+                      "(a share above 100 %); the busy shares below give how much of each step a stage was in flight.", ""]
+        lines += ["| stage | mean s | mean s / mean step |", "|---|---|---|"]
         for _, name, vals in timed:
             if vals:
                 m = statistics.fmean(vals)
@@ -293,6 +299,9 @@ def markdown_report(run: Run, curves_png: str | None = "curves.png") -> str:
         busy = [(label, [r[key] for r in recs if _num(r.get(key))]) for key, label in BUSY]
         if any(vals for _, vals in busy):
             lines.append("- Mean busy share: " + ", ".join(f"{label} {statistics.fmean(v):.0%}" for label, v in busy if v) + ".")
+        lags = [r["staleness_mean"] for r in recs if _num(r.get("staleness_mean"))]
+        if lag and lags:
+            lines.append(f"- Staleness (learner steps a sample's weights lag): mean {statistics.fmean(lags):.2f}, max {lag}.")
 
     heldout = [(w, (run.summary or {}).get(f"heldout_{w}")) for w in ("start", "end")]
     heldout = [(w, h) for w, h in heldout if isinstance(h, dict) and h]

@@ -77,9 +77,23 @@ def test_report_of_a_finished_run(tmp_path, capsys):
     assert "| compile rate | 50.0% | 100.0% | 81.2% | 50.0% | 100.0% |" in md
     assert "| correct rate | 50.0% | 100.0% | 75.0% | 50.0% | 100.0% |" in md  # None steps left out
     assert "| speedup (geomean) | 1.50x | 2.00x | 1.75x | 1.50x | 2.00x |" in md
-    assert "| verify | 2.00 | 50% |" in md and "| whole step | 4.00 | 100% |" in md
+    assert "| verify | 2.00 | 50% |" in md and "| whole step | 4.00 | 100% |" in md and "Asynchronous" not in md
     assert "| end | e2e | 4 | 75.0% | n/a |" in md
     assert "Groups dropped (equal rewards): 4." in md and "`rl.steps` | `4`" in md
+
+
+def test_report_of_an_async_run_explains_stage_times_longer_than_the_step(tmp_path, capsys):
+    recs = [_record(i, "infill", 1.0, 0.2, 0.5) | {"staleness_max": min(i, 2), "staleness_mean": min(i, 2) * 0.75,
+                                                   "rollout_seconds": 9.0, "rollout_busy_share": 0.9}
+            for i in range(3)]
+    rc, md, _ = _report(capsys, _run_dir(tmp_path, "async", 3, recs), "--out", tmp_path / "out")
+    assert rc == 0
+    assert "Asynchronous run (samples up to 2 learner step(s) stale)" in md
+    assert "| rollout | 9.00 | 225% |" in md  # longer than the step: it started steps earlier
+    assert "- Staleness (learner steps a sample's weights lag): mean 0.75, max 2." in md
+    sync = [_record(i, "infill", 1.0, 0.2, 0.5) | {"staleness_max": 0, "staleness_mean": 0.0} for i in range(2)]
+    _, md, _ = _report(capsys, _run_dir(tmp_path, "sync", 2, sync), "--out", tmp_path / "out2")
+    assert "Asynchronous" not in md and "Staleness" not in md
 
 
 def test_report_of_a_running_run_with_a_torn_last_line(tmp_path, capsys):

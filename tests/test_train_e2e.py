@@ -59,3 +59,4 @@ def test_train_covers_both_phases_then_resumes(tmp_path):
     assert resumed["steps"] == 4 and resumed["heldout_start"] == summary["heldout_start"]
     assert "warm start" in out and "SFT steps on" in out and "cache_hit" not in out  # trained now, said in words
     assert "M params, built, warm-started by SFT;" in out  # the learner line says where the weights came from
+    assert "\x1b[" not in out  # not a terminal: no colour codes (Ray's actor prefixes included)

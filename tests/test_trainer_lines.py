@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dice_ray.cluster.trainer import describe_learner, describe_warm_start
+from dice_ray.cluster.trainer import describe_heldout, describe_learner, describe_warm_start
 
 
 def test_warm_start_line_says_steps_pairs_time_loss_and_why_it_stopped():
@@ -22,3 +22,11 @@ def test_learner_line_says_where_the_weights_came_from_and_how_it_runs():
             "seconds": 1.26, "device": "cpu", "params": 551_040}
     assert describe_learner(info) == ("sdar policy, 0.55 M params, built, warm-started by SFT; DeepSpeed ZeRO-0 over "
                                       "gloo, 1 rank(s) on cpu; ready in 1.3 s")
+
+
+def test_heldout_line_names_each_phase_and_says_when_correctness_was_not_measured():
+    out = {"infill": {"candidates": 8, "compile_rate": 0.25, "correct_rate": None},
+           "e2e": {"candidates": 8, "compile_rate": 0.5, "correct_rate": 0.125}}
+    assert describe_heldout(out) == ("infill: 8 candidates, 25.0% compile, correctness not measured (compile-only, or nothing compiled); "
+                                     "e2e: 8 candidates, 50.0% compile, 12.5% correct")
+    assert describe_heldout({}) == "no eligible task"

@@ -15,6 +15,7 @@ import math
 import os
 import shutil
 import statistics
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -55,6 +56,8 @@ def start_ray(address: str | None) -> dict:
         ``{"address": ..., "dashboard": url or None, "started": bool}``.
     """
     address = address or os.environ.get("RAY_ADDRESS")
+    if not sys.stdout.isatty():  # a log file: actors' lines without colour codes around their "(Actor pid=...)" prefix
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     if ray.is_initialized():
         ctx = ray.get_runtime_context()
         return {"address": ctx.gcs_address, "dashboard": None, "started": False}
@@ -106,6 +109,17 @@ def describe_learner(info: dict) -> str:
     return (f"{info.get('family')} policy, {info.get('params', 0) / 1e6:.2f} M params, {info.get('model')}; "
             f"DeepSpeed ZeRO-{info.get('zero_stage')} over {info.get('backend')}, {info.get('ranks')} rank(s) on "
             f"{info.get('device')}; ready in {info.get('seconds', 0.0):.1f} s")
+
+
+def describe_heldout(out: dict) -> str:
+    """One line from :meth:`Trainer.heldout_eval`'s ``{phase: {"candidates", "compile_rate", "correct_rate"}}``, e.g.
+    ``infill: 8 candidates, 25.0% compile, correctness not measured (compile-only, or nothing compiled); e2e: ...``."""
+    parts = []
+    for phase, fig in out.items():
+        correct = fig.get("correct_rate")
+        said = f"{correct:.1%} correct" if correct is not None else "correctness not measured (compile-only, or nothing compiled)"
+        parts.append(f"{phase}: {fig.get('candidates')} candidates, {fig.get('compile_rate', 0.0):.1%} compile, {said}")
+    return "; ".join(parts) or "no eligible task"
 
 
 def step_record(step: int, phase: str, frac: float, groups: list[GroupRollout], verdicts: list, dropped: int) -> dict:
@@ -249,8 +263,10 @@ class Trainer:
         if state_path is None:
             raise FileNotFoundError(f"--resume {self.run_dir}: no checkpoint under {self.ckpt_dir}")
         state = json.loads(state_path.read_text())
-        self.console.print(f"[bold]learner[/] {describe_learner(ray.get(self.learner.init_engine.remote()))}")
+        info = ray.get(self.learner.init_engine.remote())
         ray.get(self.learner.load.remote(str(self.ckpt_dir), state_path.parent.name))
+        info["model"] = f"restored from {state_path.parent.name}"
+        self.console.print(f"[bold]learner[/] {describe_learner(info)}")
         ray.get(self.scheduler.set_state.remote(state["schedule"]))
         self.start_step = state["step"]
         self.weights_version = state["step"]
@@ -258,7 +274,9 @@ class Trainer:
         if metrics.exists():
             kept = [r for r in read_metrics(self.run_dir) if r["step"] < self.start_step]
             metrics.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        self.console.print(f"[bold]resumed[/] from {state_path.parent} at step {self.start_step} ({state['schedule']})")
+        sched = state["schedule"]
+        self.console.print(f"[bold]resumed[/] from {state_path.parent} at step {self.start_step} (the scheduler at "
+                           f"step {sched.get('step')}, epoch {sched.get('epoch')}, task position {sched.get('position')})")
 
     # ---- one RL step, stage by stage -----------------------------------------------------------------
     # rollout and verification of the RL steps go through self.pipeline (StepPipeline: ahead of the
@@ -414,7 +432,7 @@ class Trainer:
                 "compile_rate": sum(v.compiled for v in verdicts) / max(len(verdicts), 1),
                 "correct_rate": (sum(bool(v.correct) for v in measured) / len(measured)) if measured else None,
             }
-        self.console.print(f"[bold]held-out ({when})[/] {out}")
+        self.console.print(f"[bold]held-out ({when})[/] {describe_heldout(out)}")
         return out
 
     # ---- the loop --------------------------------------------------------------------------------------
