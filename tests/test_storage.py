@@ -152,7 +152,8 @@ def test_trainer_checkpoints_to_storage_and_resumes_from_it(tmp_path, monkeypatc
         saved.append(tag)
 
     learner = SimpleNamespace(
-        save=_Remote(save), init_engine=_Remote(lambda: "engine"), load=_Remote(lambda d, tag: loaded.append((d, tag)))
+        save=_Remote(save), load=_Remote(lambda d, tag: loaded.append((d, tag))),
+        init_engine=_Remote(lambda: {"family": "sdar", "model": "built (random init)", "params": 1}),  # its report's shape
     )
     scheduler = SimpleNamespace(get_state=_Remote(lambda: {"step": 0}), set_state=_Remote(lambda s: None))
     store_url = f"file://{tmp_path / 'bucket'}"
