@@ -245,7 +245,8 @@ class WeightSync:
         self._generation += 1
 
     def push(self, version: int, wait: bool = True) -> dict:
-        """Send the learner's current weights to every worker as ``version``; blocks until all hold it.
+        """Send the learner's current weights to every worker as ``version``; blocks until all hold it
+        (unless ``wait=False``: see below).
 
         A worker found dead on the way (object store: its ``set_weights`` fails; broadcast: a worker answers
         its ping with no weights) is waited for (:func:`~dice_ray.cluster.rollout.wait_until_alive`) and
