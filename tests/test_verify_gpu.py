@@ -222,7 +222,7 @@ def test_patched_timer_fails_the_wall_clock_audit(unguarded_gpu):
     patch = (
         "import sys\n_t = sys.modules['dice_ray.verify.timing']\n_orig = _t.time_calls\n"
         "def _fast(*a, **k):\n    times = _orig(*a, **k)\n"
-        "    times['candidate'] = [t / 100 for t in times['candidate']]\n    return times\n"
+        "    times.per_call['candidate'] = [t / 100 for t in times.per_call['candidate']]\n    return times\n"
         "_t.time_calls = _fast\n"
     )
     v = check(unguarded_gpu, mutate("import torch\n", "import torch\n" + patch), "cheat")

@@ -15,7 +15,8 @@ from dice_ray.tasks.task import Task
 from dice_ray.verify.harness import shape_constant
 from dice_ray.verify.runner import GpuGate
 from dice_ray.verify.timing import (HEADROOM_CYCLES, MAX_CALLS_PER_WINDOW, MAX_SPIN_CYCLES, SPIN_CYCLES_PER_S, InputSchedule,
-                                    calls_per_window, spin_cycles, spread_stats, window_sizes)
+                                    OUTLAST_SLACK_MS, calls_per_window, outlast_limit_ms, spin_cycles, spread_stats,
+                                    grown_spin, time_calls, window_ms, window_sizes)
 from dice_ray.verify.verifier import Verifier
 
 
@@ -46,6 +47,22 @@ def test_small_pool_refills_in_place_with_fresh_values():
     assert torch.equal(sched(0)[0], _make(0)[0])  # any order
 
 
+def test_window_ends_at_the_stream_unless_work_outlasts_it():
+    """A window is timed to its stream-ordered end event when the synchronize after it returned as fast
+    as an empty window's; work that ran on past the stream (a side stream) is timed to the synchronize."""
+    empty = [0.026, 0.027, 0.027, 0.028, 0.030, 0.041]  # ms: synchronize return + host wake-up
+    limit = outlast_limit_ms(empty)
+    med = spread_stats(empty)[0]
+    assert med + OUTLAST_SLACK_MS <= limit < med + 0.010
+    assert window_ms(0.350, 0.350 + 0.029, limit, med) == (0.350, False)  # host jitter is not timed
+    ms, outlasted = window_ms(0.002, 0.002 + 0.035 + 0.027, limit, med)  # all work on a side stream
+    assert outlasted and ms == pytest.approx(0.037, abs=1e-3)
+    ms, outlasted = window_ms(0.300, 0.300 + 0.200, limit, med)
+    assert outlasted and ms == pytest.approx(0.5 - med)
+    assert window_ms(0.300, 0.300 + med + 0.0049, limit, med) == (0.300, False)
+    assert outlast_limit_ms([0.02, 0.02, 0.06, 0.06]) > 0.02 + OUTLAST_SLACK_MS  # a wide spread widens the slack
+
+
 def test_spread_stats():
     med, spread = spread_stats([1.0, 2.0, 3.0, 4.0, 100.0])
     assert med == 3.0 and spread == pytest.approx((4.0 - 2.0) / 3.0)
@@ -69,6 +86,11 @@ def test_spin_covers_the_hosts_enqueue_deficit():
     # the host is slower (30 us to enqueue a 5 us kernel): the spin covers 1.5 x (first call + 64 x 25 us)
     assert spin_cycles(30e-6, 0.005, 64) == int(1.5 * (30e-6 + 64 * 25e-6) * SPIN_CYCLES_PER_S)
     assert spin_cycles(5e-3, 0.0, 64) == MAX_SPIN_CYCLES  # bounded
+
+
+def test_spin_grows_by_a_quarter_on_each_miss_up_to_the_cap():
+    assert grown_spin(HEADROOM_CYCLES) == int(1.25 * HEADROOM_CYCLES)
+    assert grown_spin(MAX_SPIN_CYCLES) == MAX_SPIN_CYCLES
 
 
 def test_window_sizes_are_secret_and_bounded():
@@ -199,3 +221,30 @@ def test_gpu_gate_yield_lets_a_waiting_timer_go_and_accounts_held_time():
     gate.acquire("shared")
     gate.yield_shared()  # nobody waiting: a no-op
     gate.release("shared")
+
+
+@pytest.mark.gpu
+def test_windows_the_host_fell_behind_on_are_left_out():
+    """A forward whose host side slows after the spin was sized (here: a 0.3 ms host pause from call 40 on,
+    as when other workers' compiles take the CPU) would time the host, not the GPU: those windows are found
+    (the GPU had reached their start before they were queued) and left out while half the windows are clean,
+    and the spin grows until the host is ahead again; the time stays the GPU's."""
+    import time as _time
+
+    x = torch.randn(1 << 22, device="cuda")
+    calls = {"n": 0}
+
+    def slow_host(a):
+        calls["n"] += 1
+        if 40 < calls["n"] <= 120:  # 10 windows of 8 calls
+            _time.sleep(3e-4)
+        return torch.relu(a)
+
+    sched = InputSchedule(lambda seed: [x], 0, 8 * 40, 1 << 30)
+    sizes = {"reference": [8] * 40, "candidate": [8] * 40}
+    flush = torch.empty(1 << 24, device="cuda")
+    t = time_calls(torch.relu, slow_host, sched, sizes, 2, flush, 0, spin={"reference": HEADROOM_CYCLES,
+                                                                          "candidate": HEADROOM_CYCLES})
+    assert t.host_bound["candidate"] >= 1 and t.host_bound["reference"] == 0
+    ref, cand = spread_stats(t.per_call["reference"])[0], spread_stats(t.per_call["candidate"])[0]
+    assert cand == pytest.approx(ref, rel=0.25), (ref, cand, t.per_call["candidate"])  # not ~0.3 ms a call
