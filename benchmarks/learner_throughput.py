@@ -24,9 +24,18 @@ them would append to it twice); ``mlp`` checkpoints every MLP; ``none``. Attenti
 ``dice_block`` SDPA with an explicit block mask (FlashAttention does not take a mask, so PyTorch's
 memory-efficient kernel serves it unless ``--sdpa-backend`` says otherwise).
 
+Fused kernels (``--fused none,liger``, the default on CUDA; ``none`` on CPU): each variant is measured in a child
+process of this script (``--fused X --out tmp.json``: Liger patches module globals, and DeepSpeed / NCCL state is
+per process), one after the other, and the parent prints one table (s/update, processed tokens/s, MFU, matmul MFU,
+peak GiB) and the ratio liger / none; a variant that fails (out of memory, Liger missing) prints its error line and
+the others still report. ``liger`` = :func:`dice_ray.policy.fused.apply_fused_kernels` (Liger-Kernel's RMSNorm,
+SwiGLU and RoPE, the learner's ``cluster.fused_kernels``), applied once the model is on the device, before the
+checkpointing wrappers and ``deepspeed.initialize``. One variant runs in this process.
+
     python benchmarks/learner_throughput.py [--device cuda] [--groups 2] [--group-size 16] [--micro-batch 8]
         [--prompt-len 512] [--response-len 512] [--steps-per-block 4] [--grad-ckpt layers] [--zero-stage 2]
-        [--sdpa-backend auto] [--warmup 1] [--repeats 3] [--out learner.json] [--profile top_ops.txt]
+        [--sdpa-backend auto] [--fused none,liger] [--warmup 1] [--repeats 3] [--out learner.json]
+        [--profile top_ops.txt]
     python benchmarks/learner_throughput.py --device cpu --tiny     # seconds; what the CPU test runs
 """
 
@@ -38,7 +47,9 @@ import math
 import os
 import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,6 +59,7 @@ from torch.utils.checkpoint import checkpoint
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rollout_throughput import make_policy
 
+from dice_ray.policy.fused import apply_fused_kernels
 from dice_ray.policy.logprobs import response_logprobs
 from dice_ray.rl.loss import clipped_policy_loss
 
@@ -55,6 +67,7 @@ H200_BF16_DENSE_TFLOPS = 989.0
 TARGET_MFU = 0.45
 GRAD_CKPT = ("none", "mlp", "layers")
 SDPA_BACKENDS = ("auto", "efficient", "cudnn", "math", "flash")
+FUSED = ("none", "liger")
 
 
 class LayerCheckpointing:
@@ -263,6 +276,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--grad-ckpt", default="layers", choices=GRAD_CKPT)
     ap.add_argument("--zero-stage", type=int, default=2, choices=(0, 1, 2, 3))
     ap.add_argument("--sdpa-backend", default="auto", choices=SDPA_BACKENDS)
+    ap.add_argument("--fused", help="comma list of fused-kernel variants to compare, each in its own process "
+                    f"(of {FUSED}; default none,liger on CUDA, none on CPU)")
     ap.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS, help="dense bf16 peak for MFU")
     ap.add_argument("--warmup", type=int, default=1, help="untimed updates first")
     ap.add_argument("--repeats", type=int, default=3, help="timed updates (median)")
@@ -281,12 +296,87 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ap.error(f"--{flag.replace('_', '-')}: must be >= 1")
     if args.warmup < 0:
         ap.error("--warmup: must be >= 0")
+    cuda = torch.device(args.device).type == "cuda"
+    args.fused = (args.fused or ("none,liger" if cuda else "none")).split(",")
+    for v in args.fused:
+        if v not in FUSED:
+            ap.error(f"--fused {v!r}: each variant must be one of {FUSED}")
+        if v == "liger" and not cuda:
+            ap.error(f"--fused liger: Liger's Triton kernels need a CUDA device (--device {args.device}); on CPU only "
+                     "'none' is valid")
+    if len(set(args.fused)) != len(args.fused):
+        ap.error(f"--fused {','.join(args.fused)}: a variant is named twice")
     return args
 
 
+def _child_argv(argv: list[str], variant: str, out: str) -> list[str]:
+    """``argv`` without its ``--fused`` / ``--out`` options, plus ``--fused variant --out out`` (and a per-variant
+    ``--profile`` file)."""
+    kept, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in ("--fused", "--out", "--profile"):
+            skip = "=" not in a
+            if name == "--profile":
+                path = a.split("=", 1)[1] if "=" in a else argv[i + 1]
+                kept += ["--profile", f"{Path(path).with_suffix('')}.{variant}{Path(path).suffix}"]
+            continue
+        kept.append(a)
+    return kept + ["--fused", variant, "--out", out]
+
+
+def compare_variants(args: argparse.Namespace, argv: list[str]) -> dict:
+    """Run each ``--fused`` variant in a child process of this script; print one table and the ratio liger / none.
+
+    Returns:
+        ``{"variants": {variant: the child's figures, or {"error": its last stderr line}}, "liger_over_none":
+        processed-tokens/s ratio or None}`` (also written to ``--out``).
+    """
+    runs: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for v in args.fused:
+            out = os.path.join(tmp, f"{v}.json")
+            print(f"=== --fused {v} (child process) ===", flush=True)
+            proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *_child_argv(argv, v, out)],
+                                  stderr=subprocess.PIPE, text=True, check=False)
+            if proc.returncode == 0 and os.path.exists(out):
+                with open(out) as f:
+                    runs[v] = json.load(f)
+            else:
+                lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+                runs[v] = {"error": f"exit {proc.returncode}: {lines[-1] if lines else 'no error output'}",
+                           "stderr_tail": "\n".join(lines[-40:])}
+                print(f"--fused {v} FAILED, {runs[v]['error']}", flush=True)
+    print(f"\n{'variant':<8} {'s/update':>9} {'proc tok/s':>11} {'MFU':>7} {'matmul MFU':>11} {'peak GiB':>9}")
+    for v, r in runs.items():
+        if "error" in r:
+            print(f"{v:<8} failed: {r['error']}")
+            continue
+        peak = f"{r['peak_gib']:.1f}" if r.get("peak_gib") is not None else "-"
+        print(f"{v:<8} {r['seconds']:>9.3f} {r['processed_tokens_per_s']:>11.0f} {r['mfu']:>7.1%} "
+              f"{r['matmul_mfu']:>11.1%} {peak:>9}")
+    ratio = None
+    if "error" not in runs.get("none", {"error": 1}) and "error" not in runs.get("liger", {"error": 1}):
+        ratio = runs["liger"]["processed_tokens_per_s"] / runs["none"]["processed_tokens_per_s"]
+        print(f"liger / none: {ratio:.2f}x processed tokens/s (MFU {runs['none']['mfu']:.1%} -> "
+              f"{runs['liger']['mfu']:.1%}, target >= {TARGET_MFU:.0%})")
+    result = {"variants": runs, "liger_over_none": ratio}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict:
-    """Run the benchmark; returns (and with ``--out`` writes) the figures."""
+    """Run the benchmark; returns (and with ``--out`` writes) the figures (:func:`compare_variants`'s for several
+    ``--fused`` variants)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    if len(args.fused) > 1:
+        return compare_variants(args, argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA GPU visible (use --device cpu)")
@@ -297,6 +387,7 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     policy = make_policy(args.model, device, args.seed)
     model, cfg = policy.model, policy.model.config
+    fused = apply_fused_kernels(model, args.fused[0])  # on the device, before the checkpoint wrappers and DeepSpeed
     args.block_size = policy.block_size
     if args.response_len % args.block_size:
         raise SystemExit(f"--response-len {args.response_len}: must be a multiple of the block size {args.block_size}")
@@ -316,6 +407,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"device {gpu}; {args.model}: {params / 1e6:.1f} M params ({(params - embed) / 1e6:.1f} M non-embedding), "
           f"{next(model.parameters()).dtype}; DeepSpeed ZeRO-{args.zero_stage}, "
           f"{torch.distributed.get_backend()} x1; grad-ckpt {args.grad_ckpt}; sdpa {args.sdpa_backend}; "
+          f"fused {args.fused[0]}{' (' + ', '.join(fused) + ')' if fused else ''}; "
           f"set up in {time.perf_counter() - t0:.1f} s", flush=True)
     print(f"update: {args.groups} groups x G={args.group_size} (micro-batch {args.micro_batch} rows), prompt "
           f"{args.prompt_len}, response {args.response_len}, TraceRL {args.steps_per_block} noisy passes + 1 clean; "
@@ -347,6 +439,7 @@ def main(argv: list[str] | None = None) -> dict:
         "device": gpu, "model": args.model, "params": params, "non_embedding_params": params - embed,
         "dtype": str(next(model.parameters()).dtype), "zero_stage": args.zero_stage,
         "backend": torch.distributed.get_backend(), "grad_ckpt": args.grad_ckpt, "sdpa_backend": args.sdpa_backend,
+        "fused": args.fused[0], "fused_kernels": fused,
         "groups": args.groups, "group_size": args.group_size, "micro_batch": args.micro_batch,
         "prompt_len": args.prompt_len, "response_len": args.response_len, "steps_per_block": args.steps_per_block,
         "seconds": sec, "seconds_all": secs, **flops,

@@ -216,11 +216,12 @@ class VerifyConfig(_Section):
         "fresh values first, so every timed call sees new data at a new or refreshed address.",
     )
     timing_window_ms: float = Field(
-        1.0, ge=0.0,
+        0.25, ge=0.0,
         description="Least GPU time (ms) in one timed window: calls shorter than this are timed k..2k-1 to a window, "
         "k = ceil(timing_window_ms / that side's call time) for the reference and the candidate each, each window's "
-        "size drawn in secret and each call on fresh inputs, which divides the synchronize's host jitter by k; 0: one "
-        "call a window.",
+        "size drawn in secret and each call on fresh inputs, so the event timestamps' resolution (~1 us) is a small "
+        "share; 0: one call a window. Windows end at a stream-ordered event, so the host's wake-up jitter is not timed "
+        "and a short window suffices; each call costs the host its launch time (~25 us for a Python launcher).",
     )
     output_checks: int = Field(
         5, ge=1, description="Outputs over 64 MiB: timed calls (drawn in secret, plus the last) whose outputs are checked; "
@@ -381,6 +382,12 @@ class ClusterConfig(_Section):
     gradient_checkpointing: bool = Field(
         False, description="Recompute each group's forward in the backward pass (torch.utils.checkpoint a "
         "group): activation memory of one group instead of a micro-batch, for ~1.3x learner compute.",
+    )
+    fused_kernels: Literal["auto", "none", "liger"] = Field(
+        "auto", description="Fused Triton kernels in the learner's model (dice_ray.policy.fused): Liger-Kernel's "
+        "RMSNorm, SwiGLU MLP and RoPE (Hsu et al. 2024, arXiv 2410.10989), same weights and numerics within bf16 "
+        "rounding. liger: required (needs a CUDA learner and the gpu extra: pip install 'dice-ray[gpu]'); auto: "
+        "liger when the learner is on CUDA and Liger imports, else none (CPU learners ignore it); none: off.",
     )
     learner_offload: bool = Field(
         False, description="DeepSpeed ZeRO-Offload: optimizer state in CPU memory (ZeRO-3: parameters too); "

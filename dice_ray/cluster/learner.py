@@ -247,6 +247,9 @@ class Learner:
     def init_engine(self, master_addr: str = "127.0.0.1", master_port: int | None = None) -> dict:
         """Join the learner's process group and wrap the policy in a DeepSpeed engine; returns what was set up.
 
+        The model gets the fused kernels of ``cluster.fused_kernels`` first (:func:`dice_ray.policy.fused.apply_fused_kernels`;
+        the report's ``fused_kernels`` lists them; ValueError when ``liger`` is asked for and cannot be applied).
+
         With several ranks, every rank first takes rank 0's weights (only rank 0 ran the warm start), so the
         KL reference and the engine start from the same policy everywhere.
 
@@ -255,6 +258,8 @@ class Learner:
                 a free local port when None (one rank).
         """
         import deepspeed
+
+        from dice_ray.policy.fused import apply_fused_kernels
 
         t0 = time.perf_counter()
         backend = "nccl" if self.use_gpu else "gloo"
@@ -274,6 +279,9 @@ class Learner:
         # the SFT warm start leaves its last step's gradients on the parameters (a cache hit or a resume
         # does not), and DeepSpeed's first backward would add the RL gradient to them: start from none
         model.zero_grad(set_to_none=True)
+        # fused Triton kernels (Liger) before the KL reference copy and the engine; the rollout workers sample with
+        # the unpatched model in their own processes (equal numerics within bf16 rounding: dice_ray.policy.fused)
+        fused = apply_fused_kernels(model, self.cfg.cluster.fused_kernels)
         if self.cfg.rl.beta > 0:
             import copy
 
@@ -300,7 +308,7 @@ class Learner:
         return {"family": self.policy.family, "model": self.cfg.model.path or built,
                 "backend": backend, "zero_stage": c.zero_stage, "ranks": self.world_size,
                 "seconds": time.perf_counter() - t0, "device": str(self.device),
-                "params": sum(p.numel() for p in self.policy.model.parameters())}
+                "params": sum(p.numel() for p in self.policy.model.parameters()), "fused_kernels": fused}
 
     def train_step(self, groups: list[TrainGroup] | RankShare) -> dict:
         """One optimizer step a PPO epoch over this rank's groups (``rl.ppo_epochs`` epochs).

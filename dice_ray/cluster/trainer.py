@@ -104,11 +104,14 @@ def describe_warm_start(report: dict, steps_max: int, target_loss: float | None)
 
 def describe_learner(info: dict) -> str:
     """One line for the console from the learner's ``init_engine`` report (``family``, ``model``, ``params``,
-    ``zero_stage``, ``backend``, ``ranks``, ``device``, ``seconds``), e.g. ``sdar policy, 0.55 M params,
-    built, warm-started by SFT; DeepSpeed ZeRO-0 over gloo, 1 rank(s) on cpu; ready in 1.3 s``."""
+    ``zero_stage``, ``backend``, ``ranks``, ``device``, ``seconds``; ``fused_kernels`` named when not empty), e.g.
+    ``sdar policy, 0.55 M params, built, warm-started by SFT; DeepSpeed ZeRO-0 over gloo, 1 rank(s) on cpu; ready in
+    1.3 s`` (on a GPU with Liger: ``... on cuda:0, fused kernels: rms_norm, swiglu, rope (Liger); ready in ...``)."""
     return (f"{info.get('family')} policy, {info.get('params', 0) / 1e6:.2f} M params, {info.get('model')}; "
             f"DeepSpeed ZeRO-{info.get('zero_stage')} over {info.get('backend')}, {info.get('ranks')} rank(s) on "
-            f"{info.get('device')}; ready in {info.get('seconds', 0.0):.1f} s")
+            f"{info.get('device')}"
+            + (f", fused kernels: {', '.join(info['fused_kernels'])} (Liger)" if info.get("fused_kernels") else "")
+            + f"; ready in {info.get('seconds', 0.0):.1f} s")
 
 
 def describe_heldout(out: dict) -> str:

@@ -1,0 +1,157 @@
+"""Fused Triton kernels for the learner's model: Liger-Kernel's RMSNorm, SwiGLU MLP and RoPE (``cluster.fused_kernels``).
+
+Liger-Kernel (Hsu et al. 2024, "Liger Kernel: Efficient Triton Kernels for LLM Training", arXiv 2410.10989,
+``linkedin/Liger-Kernel``, the ``gpu`` extra: ``pip install 'dice-ray[gpu]'``) replaces the elementwise chains
+of a Llama-style decoder layer (fp32 RMSNorm, SiLU * up, rotary embedding) with one Triton kernel each, forward
+and backward. Those chains are about half of the learner's device time at the SDAR-1.7B shape
+(``benchmarks/learner_throughput.py --profile``), and many small launches.
+
+What :func:`apply_fused_kernels` changes, for the three families of :mod:`dice_ray.policy.families`
+(``model.config.model_type`` qwen3 = SDAR / TraDo / DICE, llama = LLaDA, qwen2 = Dream):
+
+* every ``<Family>RMSNorm`` module (per layer: input, post-attention and, for Qwen3, the per-head q / k norms;
+  the final norm) is replaced by a ``liger_kernel.transformers.LigerRMSNorm`` holding the SAME weight
+  Parameter, casting mode ``"llama"``: the inverse RMS in fp32, normalised in fp32, cast to the input dtype, then
+  scaled by the weight, which is what ``Qwen3RMSNorm`` / ``LlamaRMSNorm`` / ``Qwen2RMSNorm`` compute;
+* every ``<Family>MLP`` is replaced by a ``LigerSwiGLUMLP`` holding the same ``gate_proj`` / ``up_proj`` /
+  ``down_proj`` Linear modules (``down(silu(gate(x)) * up(x))`` in one kernel);
+* the module-global ``apply_rotary_pos_emb`` of the model's transformers module (``modeling_qwen3`` etc.,
+  which ``<Family>Attention.forward`` calls) becomes a wrapper that runs ``liger_rotary_pos_emb`` on CUDA
+  tensors and the original function on others. This one is process-wide: other models of the family in the
+  same process (a KL reference copy, a sampler) use Liger's RoPE on CUDA too, with the same numerics.
+
+Parameter names, the state dict and checkpoints are unchanged; cross-entropy is NOT patched (the policy applies
+``lm_head`` itself: :func:`dice_ray.policy.model.token_logits`). Outputs and gradients equal the unpatched model's
+within bf16 rounding (``tests/test_fused_kernels.py``), so rollout workers, which sample with the unpatched model
+in other processes, and the learner see the same policy up to that rounding.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+import torch
+
+KINDS: tuple[str, ...] = ("auto", "none", "liger")
+_INSTALL = "pip install 'dice-ray[gpu]'"
+# model_type -> (transformers module, RMSNorm class name, MLP class name)
+_LIGER_FAMILIES: dict[str, tuple[str, str, str]] = {
+    "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3RMSNorm", "Qwen3MLP"),
+    "llama": ("transformers.models.llama.modeling_llama", "LlamaRMSNorm", "LlamaMLP"),
+    "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2RMSNorm", "Qwen2MLP"),
+}
+
+
+def apply_fused_kernels(model: torch.nn.Module, kind: str) -> list[str]:
+    """Swap the fused kernels of ``kind`` into ``model`` in place (see the module docstring); returns what was patched.
+
+    Call it once the model is on its device and before an optimizer / DeepSpeed engine is built around it (the
+    parameters stay the same objects, so calling it later is harmless too, but a KL reference copied earlier stays
+    unfused).
+
+    Args:
+        model: a transformers ``Qwen3ForCausalLM`` / ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` (unwrapped).
+        kind: ``"none"`` nothing; ``"liger"`` Liger's RMSNorm, SwiGLU and RoPE (needs CUDA and the ``gpu`` extra);
+            ``"auto"`` ``"liger"`` when the model is on CUDA, Liger imports and supports the model type, else nothing.
+
+    Returns:
+        the names of what was patched, ``["rms_norm", "swiglu", "rope"]`` for Liger, ``[]`` for nothing.
+
+    Raises:
+        ValueError: (naming ``cluster.fused_kernels``) ``kind`` is not one of :data:`KINDS`; ``"liger"`` but
+            Liger-Kernel (or Triton) does not import, the model's ``config.model_type`` has no Liger patch here, or
+            the model is not on a CUDA device (Triton kernels are CUDA-only).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"cluster.fused_kernels={kind!r}: must be one of {KINDS}")
+    if kind == "none":
+        return []
+    model_type = str(getattr(getattr(model, "config", None), "model_type", None)).lower()
+    on_cuda = _device_type(model) == "cuda"
+    if kind == "auto":
+        if not on_cuda or model_type not in _LIGER_FAMILIES:
+            return []
+        try:
+            liger = _import_liger()
+        except ImportError:
+            return []
+    else:
+        try:
+            liger = _import_liger()
+        except ImportError as e:
+            raise ValueError(f"cluster.fused_kernels='liger': Liger-Kernel does not import ({e}); install it with "
+                             f"{_INSTALL} (needs triton and a CUDA GPU), or set fused_kernels to 'auto' or 'none'") from e
+        if model_type not in _LIGER_FAMILIES:
+            raise ValueError(f"cluster.fused_kernels='liger': no Liger patch for model_type {model_type!r}; "
+                             f"supported: {sorted(_LIGER_FAMILIES)} (set fused_kernels to 'auto' or 'none')")
+        if not on_cuda:
+            raise ValueError(f"cluster.fused_kernels='liger': the model is on {_device_type(model)}, and Liger's "
+                             "Triton kernels run on CUDA only (set fused_kernels to 'auto' or 'none')")
+    return _patch_liger(model, model_type, liger)
+
+
+def _device_type(model: torch.nn.Module) -> str:
+    """The device type of the model's first parameter (``"cpu"`` for a model without parameters)."""
+    p = next(model.parameters(), None)
+    return p.device.type if p is not None else "cpu"
+
+
+def _import_liger():
+    """``liger_kernel.transformers`` (raises ImportError when it, or Triton under it, is missing)."""
+    return importlib.import_module("liger_kernel.transformers")
+
+
+def _patch_liger(model: torch.nn.Module, model_type: str, liger) -> list[str]:
+    """Replace the RMSNorm and MLP modules of ``model`` by Liger's and the family's RoPE function (see the module doc)."""
+    module_name, norm_name, mlp_name = _LIGER_FAMILIES[model_type]
+    modeling = importlib.import_module(module_name)
+    norm_cls, mlp_cls = getattr(modeling, norm_name), getattr(modeling, mlp_name)
+    swiglu = getattr(model.config, "hidden_act", "silu") in ("silu", "swish")  # Liger's SwiGLU is SiLU only
+    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+             if isinstance(child, norm_cls) or (swiglu and isinstance(child, mlp_cls))]
+    for parent, name, child in swaps:
+        if isinstance(child, norm_cls):
+            setattr(parent, name, _liger_norm(child, liger.LigerRMSNorm))
+        else:
+            setattr(parent, name, _liger_mlp(child, liger.LigerSwiGLUMLP))
+    patched = [what for what, cls in (("rms_norm", liger.LigerRMSNorm), ("swiglu", liger.LigerSwiGLUMLP))
+               if any(isinstance(m, cls) for m in model.modules())]  # also on a second call
+    rope = modeling.apply_rotary_pos_emb
+    if getattr(rope, "_dice_unfused", None) is None:
+        modeling.apply_rotary_pos_emb = _cuda_rope(rope, liger.liger_rotary_pos_emb)
+    patched.append("rope")
+    return patched
+
+
+def _liger_norm(norm: torch.nn.Module, cls: type) -> torch.nn.Module:
+    """A Liger RMSNorm (casting mode "llama", in-place backward) around ``norm``'s own weight Parameter."""
+    with torch.device("meta"):
+        new = cls(norm.weight.shape[-1], eps=norm.variance_epsilon, casting_mode="llama")
+    new.weight = norm.weight
+    new.train(norm.training)
+    return new
+
+
+def _liger_mlp(mlp: torch.nn.Module, cls: type) -> torch.nn.Module:
+    """A Liger SwiGLU MLP around ``mlp``'s own ``gate_proj`` / ``up_proj`` / ``down_proj`` Linear modules."""
+    with torch.device("meta"):
+        new = cls(mlp.config)  # config.intermediate_size; the Linear modules are replaced next
+    new.gate_proj, new.up_proj, new.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+    new.train(mlp.training)
+    return new
+
+
+def _cuda_rope(original: Callable, fused: Callable) -> Callable:
+    """``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)``: ``fused`` on CUDA tensors, ``original`` on others.
+
+    q ``[B, H, L, D]``, k ``[B, Hkv, L, D]``, cos / sin ``[B|1, L, D]``. Liger's kernel writes into q and k.
+    """
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        if q.is_cuda:
+            return fused(q, k, cos, sin, None, unsqueeze_dim)
+        return original(q, k, cos, sin, unsqueeze_dim)
+
+    apply_rotary_pos_emb._dice_unfused = original
+    return apply_rotary_pos_emb
