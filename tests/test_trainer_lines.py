@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dice_ray.cluster.trainer import describe_heldout, describe_learner, describe_warm_start
+from dice_ray.cluster.trainer import describe_summary, describe_heldout, describe_learner, describe_warm_start
 
 
 def test_warm_start_line_says_steps_pairs_time_loss_and_why_it_stopped():
@@ -30,3 +30,18 @@ def test_heldout_line_names_each_phase_and_says_when_correctness_was_not_measure
     assert describe_heldout(out) == ("infill: 8 candidates, 25.0% compile, correctness not measured (compile-only, or nothing compiled); "
                                      "e2e: 8 candidates, 50.0% compile, 12.5% correct")
     assert describe_heldout({}) == "no eligible task"
+
+
+def test_summary_lines_say_steps_rewards_rates_and_heldout_in_words():
+    summary = {"steps": 10, "phases_seen": ["e2e", "infill", "ramp"], "verifier_mode": "compile_only",
+               "final": {"reward_mean": 0.016, "compile_rate": 0.0156, "correct_rate": None, "cheat_rate": 0.0,
+                         "speedup_geomean": None},
+               "reward_mean_first_last": [0.390625, 0.015625], "groups_dropped_total": 47, "seconds": 332.9,
+               "heldout_end": {"infill": {"candidates": 8, "compile_rate": 0.125, "correct_rate": None}}}
+    text = describe_summary(summary)
+    assert text.splitlines()[0] == "10 steps (phases infill, ramp, e2e) in 332.9 s, verifier compile-only"
+    assert "reward 0.391 -> 0.016; last step: compile 2%, correct n/a, cheat 0%, speedup n/a; 47 groups dropped" in text
+    assert "held-out at the end: infill: 8 candidates, 12.5% compile" in text and "{" not in text
+    gpu = describe_summary({**summary, "verifier_mode": "gpu", "heldout_end": None,
+                            "final": {**summary["final"], "correct_rate": 0.5, "speedup_geomean": 1.234}})
+    assert "verifier gpu" in gpu and "correct 50%" in gpu and "speedup 1.23x" in gpu and "held-out" not in gpu

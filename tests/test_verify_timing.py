@@ -63,6 +63,15 @@ def test_window_ends_at_the_stream_unless_work_outlasts_it():
     assert outlast_limit_ms([0.02, 0.02, 0.06, 0.06]) > 0.02 + OUTLAST_SLACK_MS  # a wide spread widens the slack
 
 
+def test_time_calls_rejects_bad_window_plans_before_touching_the_gpu():
+    sched = InputSchedule(_make, base_seed=0, calls=4, pool_bytes=4 * 1024)
+    flush = torch.empty(1)
+    with pytest.raises(ValueError, match="warmup=3 of 3 windows"):
+        time_calls(torch.relu, torch.relu, sched, {"reference": [1] * 3, "candidate": [1] * 3}, 3, flush, 0)
+    with pytest.raises(ValueError, match="sizes in \\[1, schedule.slots=4\\]"):
+        time_calls(torch.relu, torch.relu, sched, {"reference": [5, 1], "candidate": [1, 1]}, 0, flush, 0)
+
+
 def test_spread_stats():
     med, spread = spread_stats([1.0, 2.0, 3.0, 4.0, 100.0])
     assert med == 3.0 and spread == pytest.approx((4.0 - 2.0) / 3.0)

@@ -125,6 +125,31 @@ def describe_heldout(out: dict) -> str:
     return "; ".join(parts) or "no eligible task"
 
 
+def describe_summary(summary: dict) -> str:
+    """A few lines for the console from the run's summary (what ``summary.json`` holds), e.g.
+    ``10 steps (phases infill, ramp, e2e) in 332.9 s, verifier compile-only`` / ``reward 0.391 -> 0.016; last
+    step: compile 2%, correct n/a, cheat 0%, speedup n/a; 47 groups dropped`` / ``held-out at the end: ...``."""
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.0%}"
+
+    final = summary.get("final") or {}
+    first_last = summary.get("reward_mean_first_last") or [None, None]
+    order = {"infill": 0, "ramp": 1, "e2e": 2}
+    phases = ", ".join(sorted(summary.get("phases_seen") or [], key=lambda p: order.get(p, 3)))
+    speedup = final.get("speedup_geomean")
+    lines = [
+        f"{summary.get('steps')} steps (phases {phases or 'none'}) in {summary.get('seconds', 0.0):.1f} s, verifier "
+        f"{'compile-only' if summary.get('verifier_mode') == 'compile_only' else summary.get('verifier_mode')}",
+        (f"reward {first_last[0]:.3f} -> {first_last[1]:.3f}; " if None not in first_last else "")
+        + f"last step: compile {pct(final.get('compile_rate'))}, correct {pct(final.get('correct_rate'))}, cheat "
+        f"{pct(final.get('cheat_rate'))}, speedup {'n/a' if speedup is None else f'{speedup:.2f}x'}; "
+        f"{summary.get('groups_dropped_total', 0)} groups dropped (all rewards equal: no advantage)",
+    ]
+    if summary.get("heldout_end"):
+        lines.append(f"held-out at the end: {describe_heldout(summary['heldout_end'])}")
+    return "\n".join(lines)
+
+
 def step_record(step: int, phase: str, frac: float, groups: list[GroupRollout], verdicts: list, dropped: int) -> dict:
     """Per-step figures from verdicts: reward mean/std, compile / correct / cheat rates, speedup geomean."""
     rewards = [v.reward for v in verdicts]
@@ -514,8 +539,9 @@ class Trainer:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         con = self.console
         con.rule("summary")
-        con.print_json(json.dumps(summary))
-        con.print(f"[bold]outputs[/] run directory {self.run_dir}: config.yaml, metrics.jsonl, summary.json, curves.png, checkpoints/")
+        con.print(describe_summary(summary), highlight=False)
+        con.print(f"[bold]outputs[/] run directory {self.run_dir}: config.yaml, metrics.jsonl, summary.json, curves.png, "
+                  f"checkpoints/ (`dice-ray report {self.run_dir}` for a Markdown summary and plots)")
         return summary
 
     def _print_header(self) -> None:

@@ -229,7 +229,8 @@ def time_calls(
         that outlasted their stream and those the host fell behind on (left out while half are clean).
 
     Raises:
-        ValueError: window sizes < 1 or more than ``schedule.slots``, or sides with different window counts.
+        ValueError: window sizes < 1 or more than ``schedule.slots``, sides with different window counts, or no
+            timed window (``warmup >= windows``).
     """
     ref_sizes, cand_sizes = sizes["reference"], sizes["candidate"]
     every = [*ref_sizes, *cand_sizes]
@@ -237,6 +238,8 @@ def time_calls(
         raise ValueError(f"window sizes {min(every, default=0)}..{max(every, default=0)} over {len(ref_sizes)} and "
                          f"{len(cand_sizes)} windows: need as many windows a side, sizes in [1, schedule.slots={schedule.slots}]")
     windows = len(ref_sizes)
+    if not 0 <= warmup < windows:
+        raise ValueError(f"warmup={warmup} of {windows} windows: need 0 <= warmup < windows (at least one timed window)")
     fns = {"reference": ref_fn, "candidate": cand_fn, "empty": _nothing}
     side_sizes = {"reference": ref_sizes, "candidate": cand_sizes, "empty": [1] * windows}
     if baseline is not None:
