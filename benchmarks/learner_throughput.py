@@ -276,7 +276,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--grad-ckpt", default="layers", choices=GRAD_CKPT)
     ap.add_argument("--zero-stage", type=int, default=2, choices=(0, 1, 2, 3))
     ap.add_argument("--sdpa-backend", default="auto", choices=SDPA_BACKENDS)
-    ap.add_argument("--fused", help="comma list of fused-kernel variants to compare, each in its own process "
+    ap.add_argument("--fused", metavar="none,liger", help="comma list of fused-kernel variants to compare, each in its own process "
                     f"(of {FUSED}; default none,liger on CUDA, none on CPU)")
     ap.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS, help="dense bf16 peak for MFU")
     ap.add_argument("--warmup", type=int, default=1, help="untimed updates first")

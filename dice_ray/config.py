@@ -386,8 +386,10 @@ class ClusterConfig(_Section):
     fused_kernels: Literal["auto", "none", "liger"] = Field(
         "auto", description="Fused Triton kernels in the learner's model (dice_ray.policy.fused): Liger-Kernel's "
         "RMSNorm, SwiGLU MLP and RoPE (Hsu et al. 2024, arXiv 2410.10989), same weights and numerics within bf16 "
-        "rounding. liger: required (needs a CUDA learner and the gpu extra: pip install 'dice-ray[gpu]'); auto: "
-        "liger when the learner is on CUDA and Liger imports, else none (CPU learners ignore it); none: off.",
+        "rounding. auto (default): Liger when the learner is on CUDA and liger-kernel imports, otherwise off (the "
+        "learner line says why on a GPU; CPU learners always run without it); liger: required, the run stops at "
+        "start-up when it cannot be applied (needs learner_gpus > 0 and the gpu extra: pip install -e '.[gpu]'); "
+        "none: off.",
     )
     learner_offload: bool = Field(
         False, description="DeepSpeed ZeRO-Offload: optimizer state in CPU memory (ZeRO-3: parameters too); "
@@ -421,6 +423,14 @@ class ClusterConfig(_Section):
         description="Seconds between two autoscaling changes; shrinking also needs the pool to have been "
         "larger than needed for this long (draining actors finish their in-flight candidates).",
     )
+
+    @model_validator(mode="after")
+    def _check_fused_kernels(self) -> ClusterConfig:
+        if self.fused_kernels == "liger" and not self.learner_gpus:
+            raise ValueError("cluster.fused_kernels='liger' needs a GPU learner, but cluster.learner_gpus is 0 (a CPU "
+                             "learner; Liger's Triton kernels run on CUDA only): set learner_gpus > 0, or fused_kernels "
+                             "to 'auto' or 'none'")
+        return self
 
     @model_validator(mode="after")
     def _check_verifier_bounds(self) -> ClusterConfig:

@@ -44,7 +44,7 @@ RATES = [
 CONFIG_KEYS = [
     "run_name", "storage_path", "model.path", "tasks.spec", "tasks.max_tasks", "sft.steps", "rl.steps", "rl.prompts_per_step", "rl.num_generations",
     "rl.learning_rate", "rl.logprob_estimator", "rl.max_staleness", "cluster.learner_ranks", "phase.infill_steps", "phase.ramp_steps",
-    "phase.final_infill_fraction", "verify.mode", "cluster.num_rollout_workers", "cluster.num_verifiers",
+    "phase.final_infill_fraction", "verify.mode", "cluster.num_rollout_workers", "cluster.num_verifiers", "cluster.fused_kernels",
 ]
 
 

@@ -49,7 +49,8 @@ def test_train_bad_config_fails_before_any_actor():
 
 @pytest.mark.parametrize("args, says", [(["rl.bogus=1"], "rl.bogus: unknown key"), (["--config", "/no/such.yaml"], "no such file"),
                                         (["model.path=dice-test/absent"], "'dice-test/absent': no local folder"),
-                                        (["model.path=/no/such/policy"], "not a hub id")])
+                                        (["model.path=/no/such/policy"], "not a hub id"),
+                                        (["cluster.fused_kernels=liger"], "needs a GPU learner")])
 def test_config_errors_are_one_line(args, says, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a hub id not in the cache fails at once, before Ray starts
     proc = _cli("train", *args)

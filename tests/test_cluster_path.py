@@ -58,7 +58,7 @@ def test_cluster_yaml_passes_rays_validation(launcher):
     # the setup commands install the synced repository (dice-ray) on every node
     repo_dirs = [remote for remote, local in prepared["file_mounts"].items() if local == "."]
     assert repo_dirs, prepared["file_mounts"]
-    assert any(f"cd {repo_dirs[0]}" in c and "pip install -e ." in c for c in prepared["setup_commands"])
+    assert any(f"cd {repo_dirs[0]}" in c and "pip install -e '.[gpu]'" in c for c in prepared["setup_commands"])
     assert any("ray start --head" in c for c in prepared["head_start_ray_commands"])
 
 

@@ -83,7 +83,14 @@ def fake_liger(monkeypatch):
 
 @pytest.mark.parametrize("kind", ["auto", "none", "liger"])
 def test_config_accepts_kinds(kind):
-    assert load_config(None, [f"cluster.fused_kernels={kind}"]).cluster.fused_kernels == kind
+    assert load_config(None, [f"cluster.fused_kernels={kind}", "cluster.learner_gpus=1"]).cluster.fused_kernels == kind
+
+
+def test_config_rejects_liger_for_a_cpu_learner_before_anything_starts():
+    """The default learner is on CPU (learner_gpus 0): asking for Liger there fails with the config, naming both keys."""
+    with pytest.raises((ValidationError, ValueError), match=r"fused_kernels='liger' needs a GPU learner.*learner_gpus is 0"):
+        load_config(None, ["cluster.fused_kernels=liger"])
+    assert load_config(None, ["cluster.fused_kernels=auto"]).cluster.learner_gpus == 0  # auto: off on CPU, no error
 
 
 def test_config_rejects_other_kind_naming_the_key():
@@ -114,17 +121,35 @@ def test_liger_on_cpu_raises_naming_cuda(fake_liger):
 
 
 def test_liger_unimportable_gives_the_install_hint(monkeypatch):
+    from dice_ray.policy import fused
+
     monkeypatch.setitem(sys.modules, "liger_kernel", None)  # `import liger_kernel` raises ImportError
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers", None)
-    with pytest.raises(ValueError, match=r"cluster.fused_kernels='liger'.*pip install 'dice-ray\[gpu\]'"):
+    monkeypatch.setattr(fused, "_device_type", lambda model: "cuda")  # as if on a GPU: the import is checked next
+    with pytest.raises(ValueError, match=r"cluster.fused_kernels='liger'.*pip install -e '\.\[gpu\]'"):
         apply_fused_kernels(_tiny(), "liger")
     assert apply_fused_kernels(_tiny(), "auto") == []
+    assert "Liger-Kernel does not import" in fused.liger_blocker(_tiny())
 
 
-def test_unsupported_model_type_is_named(fake_liger):
+def test_on_cpu_the_device_is_named_before_the_install(monkeypatch):
+    """On a CPU learner installing Liger would not help: the error says CUDA, not pip."""
+    from dice_ray.policy import fused
+
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", None)
+    with pytest.raises(ValueError, match=r"on cpu, and Liger's Triton kernels run on CUDA only") as err:
+        apply_fused_kernels(_tiny(), "liger")
+    assert "pip install" not in str(err.value)
+
+
+def test_unsupported_model_type_is_named(fake_liger, monkeypatch):
+    from dice_ray.policy import fused
+
     class Gpt2Like(torch.nn.Linear):
         config = types.SimpleNamespace(model_type="gpt2")
 
+    monkeypatch.setattr(fused, "_device_type", lambda model: "cuda")
     with pytest.raises(ValueError, match=r"model_type 'gpt2'.*supported: \['llama', 'qwen2', 'qwen3'\]"):
         apply_fused_kernels(Gpt2Like(2, 2), "liger")
 

@@ -39,9 +39,20 @@ def test_summary_lines_say_steps_rewards_rates_and_heldout_in_words():
                "reward_mean_first_last": [0.390625, 0.015625], "groups_dropped_total": 47, "seconds": 332.9,
                "heldout_end": {"infill": {"candidates": 8, "compile_rate": 0.125, "correct_rate": None}}}
     text = describe_summary(summary)
-    assert text.splitlines()[0] == "10 steps (phases infill, ramp, e2e) in 332.9 s, verifier compile-only"
+    assert text.splitlines()[0] == ("10 steps (phases infill, ramp, e2e), 332.9 s with the warm start and held-out "
+                                    "evaluations, verifier compile-only")
     assert "reward 0.391 -> 0.016; last step: compile 2%, correct n/a, cheat 0%, speedup n/a; 47 groups dropped" in text
-    assert "held-out at the end: infill: 8 candidates, 12.5% compile" in text and "{" not in text
+    assert "held-out" not in text.splitlines()[1] and "{" not in text and len(text.splitlines()) == 2  # said just before
     gpu = describe_summary({**summary, "verifier_mode": "gpu", "heldout_end": None,
                             "final": {**summary["final"], "correct_rate": 0.5, "speedup_geomean": 1.234}})
-    assert "verifier gpu" in gpu and "correct 50%" in gpu and "speedup 1.23x" in gpu and "held-out" not in gpu
+    assert "verifier gpu" in gpu and "correct 50%" in gpu and "speedup 1.23x" in gpu
+
+
+def test_learner_line_says_why_auto_left_the_fused_kernels_off_on_a_gpu():
+    info = {"family": "sdar", "params": 1.7e9, "model": "built (random init)", "zero_stage": 2, "backend": "nccl",
+            "ranks": 1, "device": "cuda:0", "seconds": 3.0}
+    on = describe_learner({**info, "fused_kernels": ["rms_norm", "swiglu", "rope"]})
+    assert "fused kernels: rms_norm, swiglu, rope (Liger)" in on and "off" not in on
+    off = describe_learner({**info, "fused_kernels": [], "fused_kernels_off": "Liger-Kernel does not import (x)"})
+    assert "fused kernels off (cluster.fused_kernels=auto: Liger-Kernel does not import (x))" in off
+    assert "fused" not in describe_learner({**info, "device": "cpu", "fused_kernels": [], "fused_kernels_off": None})

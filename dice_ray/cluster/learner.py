@@ -248,7 +248,8 @@ class Learner:
         """Join the learner's process group and wrap the policy in a DeepSpeed engine; returns what was set up.
 
         The model gets the fused kernels of ``cluster.fused_kernels`` first (:func:`dice_ray.policy.fused.apply_fused_kernels`;
-        the report's ``fused_kernels`` lists them; ValueError when ``liger`` is asked for and cannot be applied).
+        the report's ``fused_kernels`` lists them, and ``fused_kernels_off`` says why ``auto`` left them off on a GPU;
+        ValueError when ``liger`` is asked for and cannot be applied).
 
         With several ranks, every rank first takes rank 0's weights (only rank 0 ran the warm start), so the
         KL reference and the engine start from the same policy everywhere.
@@ -259,7 +260,7 @@ class Learner:
         """
         import deepspeed
 
-        from dice_ray.policy.fused import apply_fused_kernels
+        from dice_ray.policy.fused import apply_fused_kernels, liger_blocker
 
         t0 = time.perf_counter()
         backend = "nccl" if self.use_gpu else "gloo"
@@ -282,6 +283,7 @@ class Learner:
         # fused Triton kernels (Liger) before the KL reference copy and the engine; the rollout workers sample with
         # the unpatched model in their own processes (equal numerics within bf16 rounding: dice_ray.policy.fused)
         fused = apply_fused_kernels(model, self.cfg.cluster.fused_kernels)
+        fused_off = liger_blocker(model) if self.use_gpu and not fused and self.cfg.cluster.fused_kernels == "auto" else None
         if self.cfg.rl.beta > 0:
             import copy
 
@@ -308,7 +310,8 @@ class Learner:
         return {"family": self.policy.family, "model": self.cfg.model.path or built,
                 "backend": backend, "zero_stage": c.zero_stage, "ranks": self.world_size,
                 "seconds": time.perf_counter() - t0, "device": str(self.device),
-                "params": sum(p.numel() for p in self.policy.model.parameters()), "fused_kernels": fused}
+                "params": sum(p.numel() for p in self.policy.model.parameters()), "fused_kernels": fused,
+                "fused_kernels_off": fused_off}
 
     def train_step(self, groups: list[TrainGroup] | RankShare) -> dict:
         """One optimizer step a PPO epoch over this rank's groups (``rl.ppo_epochs`` epochs).

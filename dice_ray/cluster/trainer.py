@@ -104,13 +104,16 @@ def describe_warm_start(report: dict, steps_max: int, target_loss: float | None)
 
 def describe_learner(info: dict) -> str:
     """One line for the console from the learner's ``init_engine`` report (``family``, ``model``, ``params``,
-    ``zero_stage``, ``backend``, ``ranks``, ``device``, ``seconds``; ``fused_kernels`` named when not empty), e.g.
+    ``zero_stage``, ``backend``, ``ranks``, ``device``, ``seconds``; ``fused_kernels`` named when not empty, and
+    ``fused_kernels_off``, why ``auto`` left them off on a GPU), e.g.
     ``sdar policy, 0.55 M params, built, warm-started by SFT; DeepSpeed ZeRO-0 over gloo, 1 rank(s) on cpu; ready in
     1.3 s`` (on a GPU with Liger: ``... on cuda:0, fused kernels: rms_norm, swiglu, rope (Liger); ready in ...``)."""
     return (f"{info.get('family')} policy, {info.get('params', 0) / 1e6:.2f} M params, {info.get('model')}; "
             f"DeepSpeed ZeRO-{info.get('zero_stage')} over {info.get('backend')}, {info.get('ranks')} rank(s) on "
             f"{info.get('device')}"
             + (f", fused kernels: {', '.join(info['fused_kernels'])} (Liger)" if info.get("fused_kernels") else "")
+            + (f", fused kernels off (cluster.fused_kernels=auto: {info['fused_kernels_off']})"
+               if info.get("fused_kernels_off") else "")
             + f"; ready in {info.get('seconds', 0.0):.1f} s")
 
 
@@ -126,9 +129,10 @@ def describe_heldout(out: dict) -> str:
 
 
 def describe_summary(summary: dict) -> str:
-    """A few lines for the console from the run's summary (what ``summary.json`` holds), e.g.
-    ``10 steps (phases infill, ramp, e2e) in 332.9 s, verifier compile-only`` / ``reward 0.391 -> 0.016; last
-    step: compile 2%, correct n/a, cheat 0%, speedup n/a; 47 groups dropped`` / ``held-out at the end: ...``."""
+    """Two lines for the console from the run's summary (what ``summary.json`` holds; the held-out lines are
+    printed before it), e.g. ``10 steps (phases infill, ramp, e2e), 332.9 s with the warm start and held-out
+    evaluations, verifier compile-only`` / ``reward 0.391 -> 0.016; last step: compile 2%, correct n/a, cheat 0%,
+    speedup n/a; 47 groups dropped (...)``."""
     def pct(x: float | None) -> str:
         return "n/a" if x is None else f"{x:.0%}"
 
@@ -138,15 +142,14 @@ def describe_summary(summary: dict) -> str:
     phases = ", ".join(sorted(summary.get("phases_seen") or [], key=lambda p: order.get(p, 3)))
     speedup = final.get("speedup_geomean")
     lines = [
-        f"{summary.get('steps')} steps (phases {phases or 'none'}) in {summary.get('seconds', 0.0):.1f} s, verifier "
+        f"{summary.get('steps')} steps (phases {phases or 'none'}), {summary.get('seconds', 0.0):.1f} s with the warm "
+        f"start and held-out evaluations, verifier "
         f"{'compile-only' if summary.get('verifier_mode') == 'compile_only' else summary.get('verifier_mode')}",
         (f"reward {first_last[0]:.3f} -> {first_last[1]:.3f}; " if None not in first_last else "")
         + f"last step: compile {pct(final.get('compile_rate'))}, correct {pct(final.get('correct_rate'))}, cheat "
         f"{pct(final.get('cheat_rate'))}, speedup {'n/a' if speedup is None else f'{speedup:.2f}x'}; "
         f"{summary.get('groups_dropped_total', 0)} groups dropped (all rewards equal: no advantage)",
     ]
-    if summary.get("heldout_end"):
-        lines.append(f"held-out at the end: {describe_heldout(summary['heldout_end'])}")
     return "\n".join(lines)
 
 
@@ -215,6 +218,9 @@ class Trainer:
         con.print(f"[bold]split[/] {len(self.train_tasks)} training tasks, {len(self.heldout)} held out")
 
         gpus = int(ray.cluster_resources().get("GPU", 0))
+        if cfg.cluster.fused_kernels == "liger" and not gpus:  # learner_gpus > 0 is checked with the config
+            raise ValueError("cluster.fused_kernels='liger' needs a GPU learner, and this Ray cluster has no GPU "
+                             "(Liger's Triton kernels run on CUDA only): set fused_kernels to 'auto' or 'none'")
         self.metrics = RunMetrics(self.run_dir.name)
         self.scheduler = PhaseSchedulerActor.options(name=SCHEDULER_NAME, namespace=NAMESPACE).remote(
             [(t.task_id, t.level, t.solution_format == "fast" and can_infill(t, cfg.phase.scaffold_granularity))
@@ -541,7 +547,7 @@ class Trainer:
         con.rule("summary")
         con.print(describe_summary(summary), highlight=False)
         con.print(f"[bold]outputs[/] run directory {self.run_dir}: config.yaml, metrics.jsonl, summary.json, curves.png, "
-                  f"checkpoints/ (`dice-ray report {self.run_dir}` for a Markdown summary and plots)")
+                  f"checkpoints/; a Markdown summary and plots: dice-ray report {self.run_dir}")
         return summary
 
     def _print_header(self) -> None:

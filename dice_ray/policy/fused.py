@@ -34,7 +34,7 @@ from typing import Callable
 import torch
 
 KINDS: tuple[str, ...] = ("auto", "none", "liger")
-_INSTALL = "pip install 'dice-ray[gpu]'"
+_INSTALL = "pip install -e '.[gpu]' in a dice-ray checkout (pip install 'dice-ray[gpu]' from a package index)"
 # model_type -> (transformers module, RMSNorm class name, MLP class name)
 _LIGER_FAMILIES: dict[str, tuple[str, str, str]] = {
     "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3RMSNorm", "Qwen3MLP"),
@@ -67,28 +67,33 @@ def apply_fused_kernels(model: torch.nn.Module, kind: str) -> list[str]:
         raise ValueError(f"cluster.fused_kernels={kind!r}: must be one of {KINDS}")
     if kind == "none":
         return []
+    blocker = liger_blocker(model)
+    if blocker is not None:
+        if kind == "auto":
+            return []
+        raise ValueError(f"cluster.fused_kernels='liger': {blocker} (set fused_kernels to 'auto' or 'none')")
     model_type = str(getattr(getattr(model, "config", None), "model_type", None)).lower()
-    on_cuda = _device_type(model) == "cuda"
-    if kind == "auto":
-        if not on_cuda or model_type not in _LIGER_FAMILIES:
-            return []
-        try:
-            liger = _import_liger()
-        except ImportError:
-            return []
-    else:
-        try:
-            liger = _import_liger()
-        except ImportError as e:
-            raise ValueError(f"cluster.fused_kernels='liger': Liger-Kernel does not import ({e}); install it with "
-                             f"{_INSTALL} (needs triton and a CUDA GPU), or set fused_kernels to 'auto' or 'none'") from e
-        if model_type not in _LIGER_FAMILIES:
-            raise ValueError(f"cluster.fused_kernels='liger': no Liger patch for model_type {model_type!r}; "
-                             f"supported: {sorted(_LIGER_FAMILIES)} (set fused_kernels to 'auto' or 'none')")
-        if not on_cuda:
-            raise ValueError(f"cluster.fused_kernels='liger': the model is on {_device_type(model)}, and Liger's "
-                             "Triton kernels run on CUDA only (set fused_kernels to 'auto' or 'none')")
-    return _patch_liger(model, model_type, liger)
+    return _patch_liger(model, model_type, _import_liger())
+
+
+def liger_blocker(model: torch.nn.Module) -> str | None:
+    """Why Liger's kernels cannot be swapped into ``model`` now, in words, or None when they can.
+
+    Checked in this order: the model is on a CUDA device (Triton kernels are CUDA-only); its
+    ``config.model_type`` has a patch here; Liger-Kernel (and Triton under it) imports. The learner prints it
+    when ``auto`` leaves the kernels off on a GPU.
+    """
+    device = _device_type(model)
+    if device != "cuda":
+        return f"the model is on {device}, and Liger's Triton kernels run on CUDA only"
+    model_type = str(getattr(getattr(model, "config", None), "model_type", None)).lower()
+    if model_type not in _LIGER_FAMILIES:
+        return f"no Liger patch for model_type {model_type!r}; supported: {sorted(_LIGER_FAMILIES)}"
+    try:
+        _import_liger()
+    except ImportError as e:
+        return f"Liger-Kernel does not import ({e}); install it with {_INSTALL}"
+    return None
 
 
 def _device_type(model: torch.nn.Module) -> str:
