@@ -8,26 +8,26 @@ One timed window (:func:`time_calls`) is::
     torch.cuda.synchronize()                             # device-wide: side streams cannot hide
     end.record()
 
-with ``k`` chosen per side (:func:`calls_per_window`: each side's window is about
-``timing_window_ms`` of its own GPU time, so a slow candidate does not stretch the fast
-reference's windows, nor the other way round).
+on the stream the candidate launches on (``torch.cuda.current_stream()``, which ``dice_ray.launch``
+uses), with ``k`` chosen per side (:func:`calls_per_window`: each side's window is about
+``timing_window_ms`` of its own GPU time, so a slow candidate does not stretch the fast reference's
+windows, nor the other way round).  The spin lets the host's launch overhead (Python, up to ~100 us
+a call) overlap GPU work instead of being timed.
 
-on the stream the candidate launches on (``torch.cuda.current_stream()``, which
-``dice_ray.launch`` uses).  The spin lets the host's launch overhead (Python, up to ~100 us a call)
-overlap GPU work instead of being timed.  A window's time is ``start -> stream_end`` when the
-device was idle at ``stream_end``: then ``stream_end -> end`` is only the synchronize's return and
-the host's wake-up, as long as in an empty window timed alongside (:func:`outlast_limit_ms`).  When
-it is longer, work on another stream or thread outlasted the launching stream, and the window's
-time is ``start -> end`` less the empty window's median: such work is timed, it cannot hide.
-Measured on an H200 (64 MB relu, windows of 8-15 calls): the per-window spread (IQR) is 0.46 % of
-the median ending at ``stream_end`` and 3.9 % ending at ``end``, the host's wake-up jitter (a few
-microseconds) divided by the window.  Calls shorter than ``timing_window_ms`` are still timed
-``k`` to a window (:func:`calls_per_window`).  Right after queuing a window's calls the host asks
-whether the GPU has reached the window's start event: if it has, the GPU may have waited for the
-host inside the window (the host slowed, e.g. by compiles in other workers), so that window is left
-out and the side's spin grows by a quarter (:func:`grown_spin`, :class:`WindowTimes` ``host_bound``).  KernelBench's ``timing.py`` records its end event
-before synchronizing and keeps it whatever happened after, which lets work on a side stream or
-thread escape the window.
+A window's time is ``start -> stream_end`` when the device was idle at ``stream_end``: then
+``stream_end -> end`` is only the synchronize's return and the host's wake-up, as long as in an
+empty window timed alongside (:func:`outlast_limit_ms`).  When it is longer, work on another stream
+or thread outlasted the launching stream, and the window's time is ``start -> end`` less the empty
+window's median: such work is timed, it cannot hide.  Measured on an H200 (64 MB relu, windows of
+8-15 calls): the per-window spread (IQR) is 0.46 % of the median ending at ``stream_end`` and 3.9 %
+ending at ``end``, the host's wake-up jitter (a few microseconds) divided by the window.
+KernelBench's ``timing.py`` records its end event before synchronizing and keeps it whatever
+happened after, which lets work on a side stream or thread escape the window.
+
+Right after queuing a window's calls the host asks whether the GPU has reached the window's start
+event: if it has, the GPU may have waited for the host inside the window (the host slowed, e.g. by
+compiles in other workers), so that window is left out and the side's spin grows by a quarter
+(:func:`grown_spin`, :class:`WindowTimes` ``host_bound``).
 
 Reference and candidate are timed interleaved, window by window, on the same inputs.  Inputs come
 from an :class:`InputSchedule`: call ``j`` sees the values ``get_inputs()`` makes under
