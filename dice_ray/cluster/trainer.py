@@ -118,12 +118,14 @@ def describe_learner(info: dict) -> str:
 
 
 def describe_heldout(out: dict) -> str:
-    """One line from :meth:`Trainer.heldout_eval`'s ``{phase: {"candidates", "compile_rate", "correct_rate"}}``, e.g.
-    ``infill: 8 candidates, 25.0% compile, correctness not measured (compile-only, or nothing compiled); e2e: ...``."""
+    """One line from :meth:`Trainer.heldout_eval`'s ``{phase: {"candidates", "compile_rate", "correct_rate",
+    "compile_only"}}``, e.g. ``infill: 8 candidates, 25.0% compile, correctness not measured (compile-only verifier);
+    e2e: ...`` (``... (nothing compiled)`` on a GPU verifier when no candidate compiled)."""
     parts = []
     for phase, fig in out.items():
         correct = fig.get("correct_rate")
-        said = f"{correct:.1%} correct" if correct is not None else "correctness not measured (compile-only, or nothing compiled)"
+        why = "compile-only verifier" if fig.get("compile_only") else "nothing compiled"
+        said = f"{correct:.1%} correct" if correct is not None else f"correctness not measured ({why})"
         parts.append(f"{phase}: {fig.get('candidates')} candidates, {fig.get('compile_rate', 0.0):.1%} compile, {said}")
     return "; ".join(parts) or "no eligible task"
 
@@ -465,6 +467,7 @@ class Trainer:
                 "candidates": len(verdicts),
                 "compile_rate": sum(v.compiled for v in verdicts) / max(len(verdicts), 1),
                 "correct_rate": (sum(bool(v.correct) for v in measured) / len(measured)) if measured else None,
+                "compile_only": bool(verdicts) and all(v.mode == "compile_only" for v in verdicts),
             }
         self.console.print(f"[bold]held-out ({when})[/] {describe_heldout(out)}")
         return out
