@@ -72,8 +72,7 @@ def apply_fused_kernels(model: torch.nn.Module, kind: str) -> list[str]:
         if kind == "auto":
             return []
         raise ValueError(f"cluster.fused_kernels='liger': {blocker} (set fused_kernels to 'auto' or 'none')")
-    model_type = str(getattr(getattr(model, "config", None), "model_type", None)).lower()
-    return _patch_liger(model, model_type, _import_liger())
+    return _patch_liger(model, _model_type(model), _import_liger())
 
 
 def liger_blocker(model: torch.nn.Module) -> str | None:
@@ -86,7 +85,7 @@ def liger_blocker(model: torch.nn.Module) -> str | None:
     device = _device_type(model)
     if device != "cuda":
         return f"the model is on {device}, and Liger's Triton kernels run on CUDA only"
-    model_type = str(getattr(getattr(model, "config", None), "model_type", None)).lower()
+    model_type = _model_type(model)
     if model_type not in _LIGER_FAMILIES:
         return f"no Liger patch for model_type {model_type!r}; supported: {sorted(_LIGER_FAMILIES)}"
     try:
@@ -100,6 +99,11 @@ def _device_type(model: torch.nn.Module) -> str:
     """The device type of the model's first parameter (``"cpu"`` for a model without parameters)."""
     p = next(model.parameters(), None)
     return p.device.type if p is not None else "cpu"
+
+
+def _model_type(model: torch.nn.Module) -> str:
+    """``model.config.model_type`` in lower case (``"none"`` for a model without one)."""
+    return str(getattr(getattr(model, "config", None), "model_type", None)).lower()
 
 
 def _import_liger():
