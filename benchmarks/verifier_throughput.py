@@ -15,7 +15,7 @@ With ``--pool 1,2,4,8`` it instead measures the Ray verifier pool
 without GPUs) on the same candidates, one pool size after another in one run, and prints
 candidates/s for each size and its ratio to one actor (issue 6: >= 1.9x at 2, issue 8: >= 7.5x at 8).
 
-    python benchmarks/verifier_throughput.py [--workers 0] [--timing-window-ms MS] [--crash-every 4] [--cheat-every 3] [--repeats 5]
+    python benchmarks/verifier_throughput.py [--workers 0] [--spare-workers N] [--timing-window-ms MS] [--crash-every 4] [--cheat-every 3] [--repeats 5]
         [--inline 3] [--torch-inline 1] [--dice-data DIR] [--tasks N] [--json OUT]
     python benchmarks/verifier_throughput.py --pool 1,2[,4,8] [--copies K] [--tasks N] [--workers 0] [--json OUT]
 """
@@ -261,6 +261,7 @@ def _torch_load_inline_seconds(candidate_src: str) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=0, help="sandbox workers of the Verifier (0: auto)")
+    ap.add_argument("--spare-workers", type=int, default=None, help="verify.spare_workers (default: the config's)")
     ap.add_argument("--timing-window-ms", type=float, default=None,
                     help="verify.timing_window_ms (default: the config's; 0: one call a timed window)")
     ap.add_argument("--crash-every", type=int, default=4, help="one crashing candidate every N tasks (0: none; a crash's fault stalls the whole GPU ~150 ms)")
@@ -291,6 +292,8 @@ def main() -> None:
                 json.dump(figures, f, indent=1)
         raise SystemExit(0 if figures["ok"] else 1)
     extra = {} if args.timing_window_ms is None else {"timing_window_ms": args.timing_window_ms}
+    if args.spare_workers is not None:
+        extra["spare_workers"] = args.spare_workers
     verifier = Verifier(VerifyConfig(workers=args.workers, **extra), RewardConfig())
     print(f"mode={verifier.mode} workers={verifier.workers} tasks={len(tasks)} candidates={len(jobs)}")
     verifier.verify_many([(tasks[0], tasks[0].solution_src, "warm")] * verifier.workers)  # workers booted

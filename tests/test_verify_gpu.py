@@ -247,8 +247,9 @@ def test_concurrent_workers_agree_with_serial(gpu):
     with Verifier(cfg, RewardConfig(), device=0) as many:
         together = many.verify_many([(RELU, src, f"p{i}") for i, src in enumerate(batch)])
     assert [(v.verdict, v.correct) for v in together] == [(v.verdict, v.correct) for v in serial]
-    ok = [(a.speedup, b.speedup) for a, b in zip(serial, together) if a.verdict == "ok"]
-    assert all(abs(a / b - 1) < 0.4 for a, b in ok), ok  # timing is exclusive: as alone, up to tiny-kernel noise
+    ok = [(a, b) for a, b in zip(serial, together) if a.verdict == "ok"]
+    off = [(a.speedup, b.speedup, a.reason, b.reason) for a, b in ok if abs(a.speedup / b.speedup - 1) >= 0.4]
+    assert not off, off  # timing is exclusive: as alone, up to tiny-kernel noise
 
 
 def test_torch_compile_baseline_is_reported():

@@ -51,7 +51,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dice_ray import launch
 from dice_ray.tasks.task import shape_constant
-from dice_ray.verify import inline, mismatch_kernel, timing
+from dice_ray.verify import gpu_spin, inline, mismatch_kernel, timing
 from dice_ray.verify.correctness import Comparison, compare_outputs, count_mismatches_batch, flatten_outputs
 from dice_ray.verify.rules import check_cuda_source, import_allowed
 
@@ -299,6 +299,7 @@ class Harness:
             l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 * 2**20) or 64 * 2**20
             self.flush = torch.empty(int(2 * l2) // 4, dtype=torch.int32, device=self.dev)
             mismatch_kernel.warm(device)  # the output checks' kernels, before any gated stage
+            gpu_spin.for_device(device)  # the timed windows' spin, likewise
         else:
             self.dev = torch.device("cpu")
         self._torch_state = self._save_torch_state()

@@ -2,7 +2,7 @@
 
 One timed window (:func:`time_calls`) is::
 
-    flush L2 (write 2x its size) ; spin the GPU ; start.record()
+    flush L2 (write 2x its size) ; spin every SM ; start.record()
     for i < k: out_i = forward(*inputs_j+i)                # k fresh input sets, back to back
     stream_end.record()                                  # stream-ordered: no host in the measurement
     torch.cuda.synchronize()                             # device-wide: side streams cannot hide
@@ -12,13 +12,19 @@ on the stream the candidate launches on (``torch.cuda.current_stream()``, which 
 uses), with ``k`` chosen per side (:func:`calls_per_window`: each side's window is about
 ``timing_window_ms`` of its own GPU time, so a slow candidate does not stretch the fast reference's
 windows, nor the other way round).  The spin lets the host's launch overhead (Python, up to ~100 us
-a call) overlap GPU work instead of being timed.
+a call) overlap GPU work instead of being timed; it holds every thread slot of every SM
+(:class:`~dice_ray.verify.gpu_spin.FillSpin`), so work the calls put on another stream cannot run
+beside it, before the start event.
 
 A window's time is ``start -> stream_end`` when the device was idle at ``stream_end``: then
-``stream_end -> end`` is only the synchronize's return and the host's wake-up, as long as in an
-empty window timed alongside (:func:`outlast_limit_ms`).  When it is longer, work on another stream
-or thread outlasted the launching stream, and the window's time is ``start -> end`` less the empty
-window's median: such work is timed, it cannot hide.  Measured on an H200 (64 MB relu, windows of
+``stream_end -> end`` is only the synchronize's return and the host's wake-up, as long as the same
+gap after the reference's windows (:func:`outlast_limit_ms`; the reference is the task's PyTorch code,
+whose work all runs on the launching stream).  When it is longer, work on another stream or thread
+outlasted the launching stream, and the window's time is ``start -> end`` less the reference's median
+gap: such work is timed, it cannot hide.  (An empty window's ``start -> end`` was the baseline before:
+it also holds the host's Python between two records, ~20-40 us on an H200, and let that much
+side-stream work a window go untimed.  An empty window's ``stream_end -> end`` is too short instead:
+there the host never waits in the synchronize, and honest windows of 0.35 ms were flagged.)  Measured on an H200 (64 MB relu, windows of
 8-15 calls): the per-window spread (IQR) is 0.46 % of the median ending at ``stream_end`` and 3.9 %
 ending at ``end``, the host's wake-up jitter (a few microseconds) divided by the window.
 KernelBench's ``timing.py`` records its end event before synchronizing and keeps it whatever
@@ -51,6 +57,8 @@ from typing import Any, Callable
 
 import torch
 
+from dice_ray.verify import gpu_spin
+
 __all__ = ["HEADROOM_CYCLES", "MAX_CALLS_PER_WINDOW", "OUTLAST_SLACK_MS", "InputSchedule", "WindowTimes", "calls_per_window",
            "grown_spin", "outlast_limit_ms", "spin_cycles", "spread_stats", "time_calls", "wall_times", "window_ms", "window_sizes"]
 
@@ -62,7 +70,6 @@ _query = torch.cuda.Event.query
 _zero = torch.Tensor.zero_
 _synchronize = torch.cuda.synchronize
 _perf = time.perf_counter
-_gpu_sleep = getattr(torch.cuda, "_sleep", None)  # spins the GPU for N clock cycles
 #: GPU cycles spun before each timed call (~100 us at 2 GHz), after the L2 flush
 HEADROOM_CYCLES = 200_000
 #: most calls one timed window holds (:func:`calls_per_window`)
@@ -71,9 +78,10 @@ MAX_CALLS_PER_WINDOW = 64
 SPIN_CYCLES_PER_S = 2.0e9
 #: the longest spin (~20 ms at 2 GHz)
 MAX_SPIN_CYCLES = 40_000_000
-#: least slack (ms) above the empty windows' median synchronize-and-wake-up time before a window's work
-#: counts as outlasting its stream (:func:`outlast_limit_ms`)
+#: least and most slack (ms) above the reference windows' median synchronize-and-wake-up gap before a
+#: window's work counts as outlasting its stream (:func:`outlast_limit_ms`)
 OUTLAST_SLACK_MS = 0.005
+OUTLAST_SLACK_MAX_MS = 0.010
 
 
 @dataclass
@@ -83,8 +91,9 @@ class WindowTimes:
     Attributes:
         per_call: ms a call of each side (``"reference"``, ``"candidate"``, ``"baseline"`` when timed), one
             value a timed window, in window order: the window's time over its calls.
-        empty_ms: ms of each timed empty window (``start; synchronize; end``: the host's synchronize and
-            wake-up, not divided).
+        gap_ms: the ``stream_end -> end`` gaps (ms) of the reference's timed windows that the host
+            did not fall behind on: the synchronize's return and the host's wake-up after work that
+            all ran on the launching stream (the baseline of :func:`outlast_limit_ms`).
         outlasted: per side, the timed windows whose work outlasted the launching stream (timed to the
             device-wide synchronize instead of the stream-ordered end event).
         host_bound: per side, the timed windows the host had not finished enqueuing when the GPU
@@ -94,18 +103,18 @@ class WindowTimes:
     """
 
     per_call: dict[str, list[float]]
-    empty_ms: list[float]
+    gap_ms: list[float]
     outlasted: dict[str, int] = field(default_factory=dict)
     host_bound: dict[str, int] = field(default_factory=dict)
 
 
-def outlast_limit_ms(empty_ms: list[float]) -> float:
-    """Longest ``stream_end -> end`` gap (ms) of a window whose work all ran on its stream: the empty
-    windows' median plus ``max(OUTLAST_SLACK_MS, 2 * their IQR)`` (their gap is the same synchronize
-    return and host wake-up with nothing left to wait for).  Work hidden on another stream can end at
-    most this much after the stream's end event without being timed (a few microseconds a window)."""
-    med, rel = spread_stats(empty_ms)
-    return med + max(OUTLAST_SLACK_MS, 2.0 * rel * med)
+def outlast_limit_ms(gap_ms: list[float]) -> float:
+    """Longest ``stream_end -> end`` gap (ms) of a window whose work all ran on its stream: the
+    reference windows' median gap plus twice their IQR, clamped to ``[OUTLAST_SLACK_MS,
+    OUTLAST_SLACK_MAX_MS]``.  Work hidden on another stream can end at most that slack (5-10 us)
+    after the stream's end event without being timed."""
+    med, rel = spread_stats(gap_ms)
+    return med + min(max(OUTLAST_SLACK_MS, 2.0 * rel * med), OUTLAST_SLACK_MAX_MS)
 
 
 def spread_stats(times: list[float]) -> tuple[float, float]:
@@ -194,8 +203,7 @@ def time_calls(
     The window set ``w`` starts at call ``j0`` (the sum of the larger side's sizes before it) and
     each side calls ``j0, j0 + 1, ...`` (``schedule(j)``): both read the same input sets, the side
     with the shorter window a prefix of them.  The reference's window, the candidate's (which goes
-    first alternates with ``w``), an empty window and ``baseline``'s (with the reference's sizes)
-    follow each other, so clock and thermal drift hit every side alike.  Several calls a window
+    first alternates with ``w``) and ``baseline``'s (with the reference's sizes) follow each other, so clock and thermal drift hit every side alike.  Several calls a window
     (:func:`calls_per_window`) make the synchronize's few microseconds of host jitter a small share
     of a tiny kernel's time.
 
@@ -224,8 +232,8 @@ def time_calls(
         :class:`WindowTimes`: ``windows - warmup`` times (ms a call: window time / its size) a side, in
         window order, under ``"reference"``, ``"candidate"`` and ``"baseline"`` when given; a window's
         time ends at its stream-ordered end event, or, when its work outlasted the stream by more than
-        :func:`outlast_limit_ms`, at the event after the device-wide synchronize less the empty windows'
-        median (see the module docstring); the empty windows' times (ms a window); per side, the windows
+        :func:`outlast_limit_ms`, at the event after the device-wide synchronize less the reference's
+        median gap (see the module docstring); the reference's gaps (ms); per side, the windows
         that outlasted their stream and those the host fell behind on (left out while half are clean).
 
     Raises:
@@ -240,11 +248,12 @@ def time_calls(
     windows = len(ref_sizes)
     if not 0 <= warmup < windows:
         raise ValueError(f"warmup={warmup} of {windows} windows: need 0 <= warmup < windows (at least one timed window)")
-    fns = {"reference": ref_fn, "candidate": cand_fn, "empty": _nothing}
-    side_sizes = {"reference": ref_sizes, "candidate": cand_sizes, "empty": [1] * windows}
+    fns = {"reference": ref_fn, "candidate": cand_fn}
+    side_sizes = {"reference": ref_sizes, "candidate": cand_sizes}
     if baseline is not None:
         fns["baseline"] = baseline
         side_sizes["baseline"] = ref_sizes
+    spin_gpu = gpu_spin.for_device(device)
     spins = {k: (spin or {}).get(k, HEADROOM_CYCLES) for k in fns}
     spins["baseline"] = spins["reference"]
     starts = {k: [_Event(enable_timing=True) for _ in range(windows)] for k in fns}
@@ -264,14 +273,12 @@ def time_calls(
         args = [schedule(j) for j in calls]
         outs: dict[str, list[Any]] = {}
         for side in (order if w % 2 == 0 else [order[1], order[0], *order[2:]]):
-            n = 0 if side == "empty" else side_sizes[side][w]
+            n = side_sizes[side][w]
             copy = ref_mutates and side in ("reference", "baseline")
             call_args = [fresh(a) for a in args[:n]] if copy else args
             fn = fns[side]
-            if side != "empty":  # the empty window's events wait for nothing either way: no flush, no spin
-                _zero(flush)
-                if _gpu_sleep is not None:
-                    _gpu_sleep(spins[side])
+            _zero(flush)
+            spin_gpu(spins[side])
             _record(starts[side][w])
             with torch.no_grad():
                 outs[side] = []
@@ -279,7 +286,7 @@ def time_calls(
                     outs[side].append(fn(*call_args[i]))
                     if each_call is not None:
                         each_call(side, calls[i])
-            if side != "empty" and _query(starts[side][w]):  # the GPU got to the window before the host had queued it
+            if _query(starts[side][w]):  # the GPU got to the window before the host had queued it
                 behind[side].add(w)
                 spins[side] = grown_spin(spins[side])
             _record(stream_ends[side][w])
@@ -299,12 +306,11 @@ def time_calls(
         del outs
     _synchronize(device)
     timed = range(warmup, windows)
-    empty = [_elapsed(starts["empty"][w], ends["empty"][w]) for w in timed]
-    limit, overhead = outlast_limit_ms(empty), spread_stats(empty)[0]
-    out = WindowTimes({}, empty)
+    ref_clean = [w for w in timed if w not in behind["reference"]]
+    gaps = [_elapsed(stream_ends["reference"][w], ends["reference"][w]) for w in (ref_clean or timed)]
+    limit, overhead = outlast_limit_ms(gaps), spread_stats(gaps)[0]
+    out = WindowTimes({}, gaps)
     for k in fns:
-        if k == "empty":
-            continue
         clean = [w for w in timed if w not in behind[k]]
         out.host_bound[k] = len(timed) - len(clean)
         out.per_call[k], out.outlasted[k] = [], 0
@@ -322,8 +328,9 @@ def window_ms(on_stream_ms: float, to_sync_ms: float, limit_ms: float, overhead_
     Args:
         on_stream_ms: ``start -> stream_end`` (the stream-ordered end event).
         to_sync_ms: ``start -> end`` (the event recorded after the device-wide synchronize).
-        limit_ms: :func:`outlast_limit_ms` of the empty windows.
-        overhead_ms: the empty windows' median (the synchronize's return and the host's wake-up).
+        limit_ms: :func:`outlast_limit_ms` of the reference's gaps.
+        overhead_ms: the reference windows' median ``stream_end -> end`` gap (the synchronize's return and
+            the host's wake-up).
 
     Returns:
         ``(on_stream_ms, False)`` when ``to_sync_ms - on_stream_ms <= limit_ms`` (the device was idle at
@@ -381,11 +388,6 @@ def window_sizes(k: int, windows: int, rng: random.Random) -> list[int]:
     return [k if k == 1 else rng.randint(k, 2 * k - 1) for _ in range(windows)]
 
 
-def _nothing(*args: Any) -> None:
-    """The empty window: what the timer itself costs (sync and event records; no flush, no spin)."""
-    return None
-
-
 def wall_times(fn: Callable[..., Any], schedule: InputSchedule, sizes: list[int], flush: torch.Tensor, device: int,
                spin_cycles: int = HEADROOM_CYCLES) -> list[float]:
     """GPU time (ms a call) of ``fn`` by the host clock alone: the audit's second clock.
@@ -396,6 +398,7 @@ def wall_times(fn: Callable[..., Any], schedule: InputSchedule, sizes: list[int]
     a candidate that fools the events cannot fool this.  Calls use ``schedule``'s inputs from call 0
     on, like :func:`time_calls`.
     """
+    spin_gpu = gpu_spin.for_device(device)
     windows: list[tuple[float, float, int]] = []
     first = 0
     for size in sizes:
@@ -406,8 +409,7 @@ def wall_times(fn: Callable[..., Any], schedule: InputSchedule, sizes: list[int]
             _zero(flush)
             _synchronize(device)
             t0 = _perf()
-            if _gpu_sleep is not None:
-                _gpu_sleep(spin_cycles)
+            spin_gpu(spin_cycles)
             with torch.no_grad():
                 for a in calls:
                     fn(*a)

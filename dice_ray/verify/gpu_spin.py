@@ -1,0 +1,117 @@
+"""The GPU spin before a timed window: a kernel that fills every SM, so no other stream's work overlaps it.
+
+A timed window (:mod:`dice_ray.verify.timing`) starts with a spin, so the host can queue the window's
+calls while the GPU waits, and the host's launch overhead is not timed.  ``torch.cuda._sleep`` spins
+one thread: kernels a candidate puts on a stream of its own ran beside it, before the window's start
+event, and were not timed (the ``side_stream.py`` corpus cheat got 28.5x from CUDA events against
+0.7x by the host clock on an H200 with 0.25 ms windows).
+
+:class:`FillSpin` launches ``SMs x blocks-an-SM`` blocks of 256 threads (the driver's occupancy for
+this kernel: every thread slot of every SM, ``__launch_bounds__`` keeps the registers low enough), each
+sleeping in ``__nanosleep`` steps until ``cycles`` of its SM's clock have passed.  No block of another
+kernel can become resident before the spin's blocks exit.  A call returns only once the GPU has
+reached the spin (the work queued before it, such as the L2 flush, is done): kernels the host queues
+afterwards on any stream find every SM taken, so the candidate's side-stream work runs after the
+window's start event, inside the window.  (Without that wait a side-stream kernel queued while the
+flush drained started beside it, before the spin.)  Its launches are not counted by
+:func:`dice_ray.launch.launch_count` (the verifier's rule that every timed call launches a kernel of
+the candidate's own).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from dice_ray import launch
+
+__all__ = ["BLOCK", "FillSpin", "for_device"]
+
+# Bound at import, before any candidate runs (patching torch later cannot change the spin).
+_Event = torch.cuda.Event
+_record = torch.cuda.Event.record
+_query = torch.cuda.Event.query
+
+#: threads a block of the spin
+BLOCK = 256
+
+_SOURCE = r"""
+extern "C" __global__ void __launch_bounds__(256, 8) fill_spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) __nanosleep(128);
+}
+"""
+
+
+class FillSpin:
+    """Spin every SM of one GPU for a number of its clock cycles: ``FillSpin(device)(cycles)``.
+
+    Args:
+        device: CUDA ordinal; the kernel is compiled (NVRTC, :func:`dice_ray.launch.compile_cuda`) and
+            loaded into torch's primary context of it.
+
+    Attributes:
+        grid: blocks a launch (SMs x resident blocks an SM).
+        blocks_per_sm: resident blocks of :data:`BLOCK` threads an SM (8 on an H100/H200).
+
+    Raises:
+        launch.CompileError: NVRTC failed.
+        RuntimeError: the driver could not load the kernel, or it cannot fill an SM's thread slots
+            (then other streams' blocks could run beside it).
+    """
+
+    def __init__(self, device: int):
+        from cuda.bindings import driver
+
+        self.device = device
+        with torch.cuda.device(device):
+            program = launch.compile_cuda(_SOURCE)
+        launch._context(device)
+        module = launch._check(driver.cuModuleLoadData(program.cubin), "cuModuleLoadData(fill_spin)")
+        self._fn = launch._check(driver.cuModuleGetFunction(module, b"fill_spin"), "cuModuleGetFunction(fill_spin)")
+        self._module = module
+        self.blocks_per_sm = int(launch._check(
+            driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(self._fn, BLOCK, 0), "occupancy of fill_spin"))
+        props = torch.cuda.get_device_properties(device)
+        slots = int(getattr(props, "max_threads_per_multi_processor", 0) or 0)
+        if slots and self.blocks_per_sm * BLOCK < slots:
+            raise RuntimeError(f"fill_spin: {self.blocks_per_sm} blocks of {BLOCK} threads an SM leave "
+                               f"{slots - self.blocks_per_sm * BLOCK} of {slots} thread slots free on cuda:{device}")
+        self.grid = props.multi_processor_count * self.blocks_per_sm
+        self._arg = ctypes.c_longlong(0)
+        self._ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(self._arg))
+        self._stream = torch.cuda.current_stream
+        self._launch = driver.cuLaunchKernel
+        self._stream_type = driver.CUstream
+        self._ok = driver.CUresult.CUDA_SUCCESS
+        self._reached = _Event()
+
+    def __call__(self, cycles: int) -> None:
+        """Queue the spin on the current stream of the device; return once the GPU has reached it.
+
+        The host waits (polling an event recorded just before the spin) for the work queued before
+        it: usually the L2 flush, tens of microseconds.
+
+        Args:
+            cycles: SM clock cycles each block waits (~0.5 ns each at 2 GHz); <= 0 still launches.
+
+        Raises:
+            RuntimeError: the driver refused the launch (a broken context).
+        """
+        self._arg.value = int(cycles)
+        stream = self._stream_type(self._stream(self.device).cuda_stream)
+        _record(self._reached)
+        (err,) = self._launch(self._fn, self.grid, 1, 1, BLOCK, 1, 1, 0, stream, ctypes.addressof(self._ptrs), 0)
+        if err != self._ok:
+            raise RuntimeError(f"launch of fill_spin (grid={self.grid}, block={BLOCK}) failed: {err}")
+        while not _query(self._reached):
+            pass
+
+
+@functools.cache
+def for_device(device: int) -> FillSpin:
+    """The one :class:`FillSpin` of ``device`` in this process (made on first use; see its errors)."""
+    return FillSpin(device)
+
