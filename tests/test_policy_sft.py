@@ -151,12 +151,23 @@ def test_clip_grad_norm_caps_the_joint_norm_like_torch():
 
 
 def test_warm_start_reports_progress_every_log_every_steps(tmp_path):
-    """The trainer's console shows the warm start moving (the learner actor prints these lines)."""
+    """The trainer's console shows the warm start moving (the learner actor prints these lines); the last
+    step's line is left to the caller's summary, which an actor's line would otherwise follow on the console."""
     lines: list[str] = []
-    cfg = SFTConfig(steps=4, batch_size=2, target_loss=None, log_every=2, cache_dir=str(tmp_path))
+    cfg = SFTConfig(steps=6, batch_size=2, target_loss=None, log_every=2, cache_dir=str(tmp_path))
     warm_start(DiffusionPolicy.build(TINY), PAIRS, cfg, seed=0, log=lines.append)
-    assert [line.split(",")[0] for line in lines] == ["warm start: step 2/4", "warm start: step 4/4"]
+    assert [line.split(",")[0] for line in lines] == ["warm start: step 2/6", "warm start: step 4/6"]
     assert all("loss" in line for line in lines)
     lines.clear()
     warm_start(DiffusionPolicy.build(TINY), PAIRS, cfg, seed=0, log=lines.append)  # a cache hit trains nothing
     assert lines == []
+
+
+def test_deepspeed_op_build_notice_is_dropped_from_the_console():
+    from dice_ray.policy.sft import without_build_notices
+
+    text = ("Using /x as PyTorch extensions root...\n"
+            "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully\n"
+            "[rank0] something else\n")
+    assert without_build_notices(text) == "Using /x as PyTorch extensions root...\n[rank0] something else\n"
+    assert without_build_notices("DeepSpeed failed to build op\n") == "DeepSpeed failed to build op\n"

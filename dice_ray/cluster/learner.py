@@ -258,9 +258,8 @@ class Learner:
             master_addr, master_port: the ``torch.distributed`` rendezvous (rank 0's :meth:`rendezvous`);
                 a free local port when None (one rank).
         """
-        import deepspeed
-
         from dice_ray.policy.fused import apply_fused_kernels, liger_blocker
+        from dice_ray.policy.sft import deepspeed_initialize
 
         t0 = time.perf_counter()
         backend = "nccl" if self.use_gpu else "gloo"
@@ -305,7 +304,7 @@ class Learner:
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }
-        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        self.engine, _, _, _ = deepspeed_initialize(model=model, optimizer=optimizer, config=ds_config)
         built = "built, warm-started by SFT" if self.warm_started else "built (random init)"
         return {"family": self.policy.family, "model": self.cfg.model.path or built,
                 "backend": backend, "zero_stage": c.zero_stage, "ranks": self.world_size,

@@ -61,11 +61,14 @@ def start_ray(address: str | None) -> dict:
     if ray.is_initialized():
         ctx = ray.get_runtime_context()
         return {"address": ctx.gcs_address, "dashboard": None, "started": False}
+    # Ray's own INFO lines ("Started a local Ray instance. View the dashboard at ..." with colour codes in a
+    # log file) are left out: the trainer prints the address and the dashboard itself
     if address:
-        ctx = ray.init(address=address, namespace=NAMESPACE, log_to_driver=True)
+        ctx = ray.init(address=address, namespace=NAMESPACE, log_to_driver=True, logging_level="WARNING")
         started = False
     else:
-        ctx = ray.init(namespace=NAMESPACE, include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=True)
+        ctx = ray.init(namespace=NAMESPACE, include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=True,
+                       logging_level="WARNING")
         started = True
     url = ctx.dashboard_url
     return {"address": ctx.address_info.get("gcs_address"), "dashboard": f"http://{url}" if url else None, "started": started}

@@ -46,6 +46,7 @@ stepped by plain torch or through a one-process DeepSpeed engine. Two callers:
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import os
@@ -57,6 +58,7 @@ from collections.abc import Callable
 from contextlib import contextmanager, redirect_stdout
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -353,6 +355,35 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def deepspeed_initialize(**kwargs: Any) -> tuple[Any, ...]:
+    """``deepspeed.initialize(**kwargs)`` without DeepSpeed's op-build notice on stdout.
+
+    On a CPU accelerator DeepSpeed prints ``DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built
+    successfully`` with ``print`` (``deepspeed/comm/torch.py``) when it loads its shared-memory
+    collective op, a line the console of every run would show. That line is dropped; anything else
+    DeepSpeed prints goes to stdout as before.
+
+    Returns:
+        what ``deepspeed.initialize`` returns (engine, optimizer, dataloader, scheduler).
+    Raises:
+        whatever ``deepspeed.initialize`` raises (its printed lines are written out first).
+    """
+    import deepspeed
+
+    out = io.StringIO()
+    try:
+        with redirect_stdout(out):
+            return deepspeed.initialize(**kwargs)
+    finally:
+        sys.stdout.write(without_build_notices(out.getvalue()))
+
+
+def without_build_notices(text: str) -> str:
+    """``text`` without DeepSpeed's ``DeepSpeed <op> built successfully`` lines (other lines kept, in order)."""
+    return "".join(line for line in text.splitlines(keepends=True)
+                   if not (line.startswith("DeepSpeed ") and line.rstrip().endswith(" built successfully")))
+
+
 def init_single_process_group() -> str:
     """Make this process a one-rank ``torch.distributed`` group (gloo on CPU, NCCL on GPU) unless it is one.
 
@@ -412,7 +443,7 @@ def deepspeed_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+    engine, _, _, _ = deepspeed_initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
     return engine
 
 
@@ -652,7 +683,9 @@ def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTCo
         with _torch_threads(cfg.num_threads):
             while not run.finished:
                 run.train_step()
-                if log is not None and run.losses and run.losses[-1][0] == run.step:  # a log_every boundary
+                # a log_every boundary; the last step's line is the caller's summary (an actor's line would
+                # reach the driver's console after it)
+                if log is not None and not run.finished and run.losses and run.losses[-1][0] == run.step:
                     log(f"warm start: step {run.step}/{cfg.steps}, loss {run.losses[-1][1]:.3f}, "
                         f"{time.perf_counter() - t0:.0f} s")
     finally:
