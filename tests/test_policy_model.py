@@ -86,6 +86,40 @@ def test_cache_equals_full_pass_and_peek_keeps_nothing():
     torch.testing.assert_close(c, b, atol=1e-6, rtol=0)
 
 
+def test_preallocated_cache_gives_the_concatenating_caches_outputs():
+    """The sampler's in-place cache (capacity set) sees the same keys as the concatenating one through a
+    prefill, a peek (its scratch keys overwritten by the next pass), a commit and a row selection; it
+    refuses to overflow and to run with autograd on."""
+    torch.manual_seed(2)
+    model = build_model(TINY, 64, 0).eval()
+    P, R, bs = 5, 8, 4
+    blocks, copies, pos = _layout(P, R, bs)
+    mask = block_mask(blocks, copies, blocks, copies)
+    ids = torch.randint(3, 64, (3, P + R))
+    outs = []
+    with torch.no_grad():
+        for cache in (KVCache(), KVCache(capacity=P + R)):
+            got = [forward_hidden(model, ids[:, :P], pos[:P], mask[:P, :P], cache)]
+            peek = ids[:, P : P + bs].flip(0)  # other tokens than the commit below: must leave no trace
+            got.append(forward_hidden(model, peek, pos[P : P + bs], mask[P : P + bs, : P + bs], cache, keep=0))
+            got.append(forward_hidden(model, ids[:, P : P + bs], pos[P : P + bs], mask[P : P + bs, : P + bs], cache,
+                                      keep=bs))
+            cache.select(torch.tensor([2, 0]))
+            got.append(forward_hidden(model, ids[[2, 0], P + bs :], pos[P + bs :], mask[P + bs :], cache))
+            assert len(cache) == P + R
+            outs.append(got)
+        for x, y in zip(*outs):
+            torch.testing.assert_close(x, y, atol=1e-6, rtol=0)
+        full = KVCache(capacity=P)
+        forward_hidden(model, ids[:, :P], pos[:P], mask[:P, :P], full)
+        with pytest.raises(RuntimeError, match="capacity 5 exceeded"):
+            forward_hidden(model, ids[:, P:], pos[P:], mask[P:], full, keep=0)
+    with pytest.raises(RuntimeError, match="torch.no_grad"):
+        forward_hidden(model, ids[:, :P], pos[:P], mask[:P, :P], KVCache(capacity=P))
+    with pytest.raises(ValueError, match="capacity=0"):
+        KVCache(capacity=0)
+
+
 def test_model_refuses_a_pass_without_block_mask():
     model = build_model(TINY, 64, 0)
     with pytest.raises(ValueError, match="explicit boolean block mask"):

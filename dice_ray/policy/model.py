@@ -38,36 +38,70 @@ ATTN_IMPL = "dice_block"
 class KVCache:
     """Keys and values of committed (clean) tokens, one entry per decoder layer.
 
-    Tensors are ``[B, num_key_value_heads, L, head_dim]`` in the model dtype, after RoPE. They keep their
-    autograd history, so a training pass can encode the prompt and clean response once and score several
-    noisy copies against them (TraceRL's per-step passes).
+    Tensors are ``[B, num_key_value_heads, L, head_dim]`` in the model dtype, after RoPE.
 
     ``keep`` decides what a forward stores: ``None`` all new tokens, ``n`` the first ``n`` new tokens,
     ``0`` none (a read-only "peek", e.g. one denoising step of the current block).
+
+    Two ways to hold them:
+
+    * ``capacity=None`` (training): each forward concatenates, and the tensors keep their autograd history,
+      so a training pass can encode the prompt and clean response once and score several noisy copies
+      against them (TraceRL's per-step passes).
+    * ``capacity=C`` (sampling, no autograd): one ``[B, Hkv, C, head_dim]`` buffer a layer, written in place;
+      a forward writes its new keys after the committed ones and attends to a view, so a step costs
+      ``O(new tokens)`` of copying instead of ``O(L)`` (a concatenation copies the whole cache at every layer
+      and step: ~11 GB a denoising step for the SDAR-1.7B shape at batch 64 and L ~ 768). Positions past the
+      committed length are scratch: a peek's keys there are overwritten by the next forward.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int | None = None) -> None:
+        """Raises ValueError: ``capacity`` < 1."""
+        if capacity is not None and capacity < 1:
+            raise ValueError(f"KVCache capacity={capacity}: must be >= 1 token (or None)")
+        self.capacity = capacity
         self.keys: dict[int, torch.Tensor] = {}
         self.values: dict[int, torch.Tensor] = {}
+        self.lengths: dict[int, int] = {}  # committed tokens of each layer
         self.keep: int | None = None
 
     def __len__(self) -> int:
         """Committed length L (tokens)."""
-        return next(iter(self.keys.values())).shape[-2] if self.keys else 0
+        return next(iter(self.lengths.values()), 0)
 
     def update(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return committed ‖ new keys and values of ``layer``; store the part selected by ``keep``."""
-        if layer in self.keys:
-            k_all = torch.cat([self.keys[layer], key], dim=-2)
-            v_all = torch.cat([self.values[layer], value], dim=-2)
-        else:
-            k_all, v_all = key, value
-        if self.keep is None:
-            self.keys[layer], self.values[layer] = k_all, v_all
-        elif self.keep > 0:
-            n = k_all.shape[-2] - key.shape[-2] + self.keep
-            self.keys[layer], self.values[layer] = k_all[..., :n, :], v_all[..., :n, :]
-        return k_all, v_all
+        """Return committed ‖ new keys and values of ``layer``; store the part selected by ``keep``.
+
+        Raises:
+            RuntimeError: a preallocated cache would overflow its ``capacity``, or is written with autograd
+                on (its in-place writes would corrupt the graph).
+        """
+        q = key.shape[-2]
+        L = self.lengths.get(layer, 0)
+        keep = q if self.keep is None else self.keep
+        if self.capacity is None:
+            if layer in self.keys:
+                k_all = torch.cat([self.keys[layer], key], dim=-2)
+                v_all = torch.cat([self.values[layer], value], dim=-2)
+            else:
+                k_all, v_all = key, value
+            if keep > 0:
+                self.keys[layer], self.values[layer] = k_all[..., : L + keep, :], v_all[..., : L + keep, :]
+                self.lengths[layer] = L + keep
+            return k_all, v_all
+        if torch.is_grad_enabled():
+            raise RuntimeError("a preallocated KVCache (capacity set) is for sampling: run under torch.no_grad()")
+        if L + q > self.capacity:
+            raise RuntimeError(f"KVCache capacity {self.capacity} exceeded: {L} committed + {q} new tokens")
+        if layer not in self.keys:
+            B, H, _, D = key.shape
+            self.keys[layer] = key.new_empty(B, H, self.capacity, D)
+            self.values[layer] = value.new_empty(B, H, self.capacity, D)
+        kb, vb = self.keys[layer], self.values[layer]
+        kb[..., L : L + q, :] = key
+        vb[..., L : L + q, :] = value
+        self.lengths[layer] = L + keep
+        return kb[..., : L + q, :], vb[..., : L + q, :]
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only batch rows ``rows`` (LongTensor[B'])."""
@@ -76,12 +110,15 @@ class KVCache:
                 d[k] = d[k][rows]
 
     def expand(self, n: int) -> None:
-        """Repeat a batch-1 cache to ``n`` rows (views, no copy). Raises ValueError if the batch is not 1."""
+        """Repeat a batch-1 cache to ``n`` rows (views without a capacity; copies with one, which later
+        forwards write into). Raises ValueError if the batch is not 1."""
         for d in (self.keys, self.values):
             for k in d:
                 if d[k].shape[0] != 1:
                     raise ValueError(f"expand: cache batch is {d[k].shape[0]}, must be 1")
                 d[k] = d[k].expand(n, -1, -1, -1)
+                if self.capacity is not None:
+                    d[k] = d[k].contiguous()
 
 
 def _block_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

@@ -166,7 +166,8 @@ def _decode_blocks(policy: DiffusionPolicy, prompt_ids: list[int], G: int, n_blo
     device = policy.device
     k_sched = transfer_schedule(bs, cfg.steps_per_block)
 
-    cache = KVCache()
+    # committed tokens never exceed the prompt and all blocks; a step adds at most the finished block and this one
+    cache = KVCache(capacity=P + (n_blocks + 1) * bs)
     prompt = torch.tensor([prompt_ids], device=device)
     zeros = torch.zeros(P, dtype=torch.long, device=device)
     p_block = prompt_blocks(P, bs, device)
