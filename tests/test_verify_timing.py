@@ -262,6 +262,16 @@ def test_windows_the_host_fell_behind_on_are_left_out():
     assert cand == pytest.approx(ref, rel=0.25), (ref, cand, t.per_call["candidate"])  # not ~0.3 ms a call
 
 
+@pytest.mark.parametrize("arch", ["sm_75", "sm_90"])
+def test_the_spin_kernel_compiles_for_full_occupancy(arch):
+    """The spin's blocks are sized to fill every thread slot: 256 threads, registers capped for 8 blocks an SM."""
+    from dice_ray.launch import compile_cuda
+    from dice_ray.verify.gpu_spin import _SOURCE, BLOCK
+
+    ptx = compile_cuda(_SOURCE, arch=arch).ptx
+    assert f".maxntid {BLOCK}, 1, 1" in ptx and ".minnctapersm 8" in ptx
+
+
 @pytest.mark.gpu
 def test_the_spin_keeps_side_stream_work_out_until_the_window_starts():
     """Kernels queued on another stream while the spin runs cannot run beside it (it holds every SM's

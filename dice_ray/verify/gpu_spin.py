@@ -40,7 +40,11 @@ BLOCK = 256
 _SOURCE = r"""
 extern "C" __global__ void __launch_bounds__(256, 8) fill_spin(long long cycles) {
     long long start = clock64();
-    while (clock64() - start < cycles) __nanosleep(128);
+    while (clock64() - start < cycles) {
+#if __CUDA_ARCH__ >= 700
+        __nanosleep(128);
+#endif
+    }
 }
 """
 
