@@ -13,10 +13,11 @@ advantage per candidate over each.
 With ``--pool 1,2,4,8`` it instead measures the Ray verifier pool
 (:class:`~dice_ray.cluster.verifier_pool.VerifierPool`, one actor a GPU; N compile-only CPU actors
 without GPUs) on the same candidates, one pool size after another in one run, and prints
-candidates/s for each size and its ratio to one actor (issue 6: >= 1.9x at 2, issue 8: >= 7.5x at 8).
+candidates/s for each size and its ratio to one actor (targets: >= 1.9x at 2 GPUs, >= 7.5x at 8).
 
-    python benchmarks/verifier_throughput.py [--workers 0] [--spare-workers N] [--timing-window-ms MS] [--crash-every 4] [--cheat-every 3] [--repeats 5]
-        [--inline 3] [--torch-inline 1] [--dice-data DIR] [--tasks N] [--json OUT]
+    python benchmarks/verifier_throughput.py [--workers 0] [--spare-workers N] [--timing-window-ms MS]
+        [--crash-every 4] [--cheat-every 3] [--repeats 5] [--inline 3] [--torch-inline 1] [--dice-data DIR]
+        [--tasks N] [--json OUT]
     python benchmarks/verifier_throughput.py --pool 1,2[,4,8] [--copies K] [--tasks N] [--workers 0] [--json OUT]
 """
 
@@ -30,6 +31,8 @@ import statistics
 import time
 from collections import Counter
 from pathlib import Path
+
+from pydantic import ValidationError
 
 from dice_ray.config import RewardConfig, VerifyConfig
 from dice_ray.tasks.loaders import load_tasks
@@ -99,7 +102,19 @@ def parse_pool_sizes(text: str) -> list[int]:
     return sizes
 
 
-def pool_scaling(args: argparse.Namespace, jobs: list[tuple]) -> dict:
+def verify_config(args: argparse.Namespace) -> VerifyConfig:
+    """The verifier config of the flags (``--workers``, ``--spare-workers``, ``--timing-window-ms``).
+
+    Raises:
+        pydantic.ValidationError: a value out of the config's range (e.g. ``--spare-workers -1``).
+    """
+    extra = {} if args.timing_window_ms is None else {"timing_window_ms": args.timing_window_ms}
+    if args.spare_workers is not None:
+        extra["spare_workers"] = args.spare_workers
+    return VerifyConfig(workers=args.workers, **extra)
+
+
+def pool_scaling(args: argparse.Namespace, jobs: list[tuple], cfg: VerifyConfig) -> dict:
     """Throughput of the Ray verifier pool at each size in ``args.pool`` on the same batch.
 
     Connects to ``RAY_ADDRESS`` or starts a local Ray cluster (``num_gpus`` from
@@ -123,8 +138,6 @@ def pool_scaling(args: argparse.Namespace, jobs: list[tuple]) -> dict:
         else:
             ray.init(num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=False)
     gpus = int(ray.cluster_resources().get("GPU", 0))
-    extra = {} if args.timing_window_ms is None else {"timing_window_ms": args.timing_window_ms}
-    cfg = VerifyConfig(workers=args.workers, **extra)
     per_gpu = 1.0 if gpus else 0.0
     sizes = [n for n in args.pool if not gpus or n <= gpus]
     skipped = [n for n in args.pool if n not in sizes]
@@ -259,16 +272,20 @@ def _torch_load_inline_seconds(candidate_src: str) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workers", type=int, default=0, help="sandbox workers of the Verifier (0: auto)")
-    ap.add_argument("--spare-workers", type=int, default=None, help="verify.spare_workers (default: the config's)")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--workers", type=int, default=0, help="sandbox workers of the Verifier (verify.workers; 0: auto)")
+    ap.add_argument("--spare-workers", type=int, default=None,
+                    help="warm sandbox workers kept ready to replace one after a crash (verify.spare_workers; "
+                         "default: the config's)")
     ap.add_argument("--timing-window-ms", type=float, default=None,
                     help="verify.timing_window_ms (default: the config's; 0: one call a timed window)")
     ap.add_argument("--crash-every", type=int, default=4, help="one crashing candidate every N tasks (0: none; a crash's fault stalls the whole GPU ~150 ms)")
     ap.add_argument("--cheat-every", type=int, default=3, help="one cheating candidate every N tasks (0: none)")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="verifications of each --cov-tasks task for the speedup's CoV (GPU only)")
     ap.add_argument("--inline", type=int, default=3, help="DICE load_inline records for the per-candidate cost (0: off)")
-    ap.add_argument("--dice-data", default=os.environ.get("DICE_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "data" / "dice")))
+    ap.add_argument("--dice-data", default=os.environ.get("DICE_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "data" / "dice")),
+                    help="folder with DICE's kernel_infilling_evaluation.json (env DICE_DATA_DIR)")
     ap.add_argument("--torch-inline", type=int, default=1,
                     help="of those, records also built with torch's own load_inline, as KernelBench does (0: off)")
     ap.add_argument("--cov-tasks", default="relu,softmax,matmul", help="tasks whose speedup is repeated (names)")
@@ -279,22 +296,24 @@ def main() -> None:
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
 
-    if args.tasks < 0 or args.copies < 1:
-        ap.error(f"--tasks must be >= 0 and --copies >= 1, got {args.tasks} and {args.copies}")
+    if args.tasks < 0 or args.copies < 1 or args.crash_every < 0 or args.cheat_every < 0:
+        ap.error(f"--tasks, --crash-every and --cheat-every must be >= 0 and --copies >= 1, got {args.tasks}, "
+                 f"{args.crash_every}, {args.cheat_every} and {args.copies}")
 
+    try:
+        cfg = verify_config(args)
+    except ValidationError as e:
+        ap.error("; ".join(f"verify.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()))
     tasks = [t for t in load_tasks("builtin").tasks if t.solution_format == "fast"]
     tasks = tasks[: args.tasks] if args.tasks else tasks
     jobs = build_jobs(tasks, args.crash_every, args.cheat_every)
     if args.pool:
-        figures = pool_scaling(args, jobs)
+        figures = pool_scaling(args, jobs, cfg)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(figures, f, indent=1)
         raise SystemExit(0 if figures["ok"] else 1)
-    extra = {} if args.timing_window_ms is None else {"timing_window_ms": args.timing_window_ms}
-    if args.spare_workers is not None:
-        extra["spare_workers"] = args.spare_workers
-    verifier = Verifier(VerifyConfig(workers=args.workers, **extra), RewardConfig())
+    verifier = Verifier(cfg, RewardConfig())
     print(f"mode={verifier.mode} workers={verifier.workers} tasks={len(tasks)} candidates={len(jobs)}")
     verifier.verify_many([(tasks[0], tasks[0].solution_src, "warm")] * verifier.workers)  # workers booted
     gate0 = verifier.stats()["gpu_gate_s"]
@@ -319,8 +338,9 @@ def main() -> None:
             for name, sec in verdict.stage_seconds.items():
                 if k == kind and not name.startswith("timing."):
                     kind_stages.setdefault(name, []).append(sec)
+        parts = ", ".join(f"{n} {statistics.median(v) * 1000:.0f}/{sum(v):.1f}" for n, v in kind_stages.items())
         print(f"  {kind:14s} n={len(secs):3d} median latency {statistics.median(secs)*1000:8.1f} ms; stages (median ms, "
-              f"sum s): " + ", ".join(f"{n} {statistics.median(v) * 1000:.0f}/{sum(v):.1f}" for n, v in kind_stages.items()))
+              f"sum s): {parts or 'none (refused by the static rules before any worker stage)'}")
     if gate:
         print("GPU gate over the batch: " + ", ".join(f"{k} {v:.1f} s ({v / total:.0%})" for k, v in gate.items()))
     print("verdicts:", dict(got))
@@ -347,7 +367,9 @@ def main() -> None:
           + ", ".join(f"{k} {statistics.median(v) * 1000:.1f} ms" for k, v in stages.items()))
 
     repeat: dict[str, list[float]] = {}
-    if verifier.mode == "gpu":
+    if verifier.mode != "gpu":
+        print("repeatability: skipped (compile-only: nothing is timed)")
+    else:
         for name in args.cov_tasks.split(","):
             task = next(t for t in tasks if t.name.endswith(name))
             runs = [verifier.verify(task, task.solution_src, "repeat") for _ in range(args.repeats)]

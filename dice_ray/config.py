@@ -165,7 +165,9 @@ class VerifyConfig(_Section):
         "auto", description="auto: gpu when the actor has one, else compile_only."
     )
     correctness_trials: int = Field(3, ge=1, description="Input sets (different seeds) checked against the reference.")
-    timing_trials: int = Field(20, ge=1, description="Timed forwards of each of reference and candidate (median taken).")
+    timing_trials: int = Field(
+        20, ge=1, description="Timed windows of each of reference and candidate (median taken; fewer, at least 3, "
+        "when they would not fit in run_timeout_s).")
     warmup: int = Field(3, ge=0, description="Untimed forwards before timing.")
     rtol: float = Field(1e-2, gt=0.0, description="Relative tolerance for fp32 outputs (KernelBench: 1e-2).")
     atol: float = Field(

@@ -34,6 +34,14 @@ def test_pool_sizes_parse_and_reject_bad_lists():
             bench.parse_pool_sizes(bad)
 
 
+@pytest.mark.parametrize("flags, says", [(["--spare-workers", "-1"], "verify.spare_workers"),
+                                         (["--timing-window-ms", "-1"], "verify.timing_window_ms"),
+                                         (["--crash-every", "-1"], "--crash-every")])
+def test_bad_flags_fail_in_one_line_naming_them(flags, says):
+    done = subprocess.run([sys.executable, str(BENCH), *flags], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr[-800:]
+
+
 def test_expected_verdicts_by_mode():
     assert bench.expected_verdict("incorrect", "gpu") == "incorrect"
     assert bench.expected_verdict("crash", "gpu") == "crash"

@@ -25,10 +25,11 @@ def test_learner_line_says_where_the_weights_came_from_and_how_it_runs():
 
 
 def test_heldout_line_names_each_phase_and_says_when_correctness_was_not_measured():
-    out = {"infill": {"candidates": 8, "compile_rate": 0.25, "correct_rate": None, "compile_only": True},
-           "e2e": {"candidates": 8, "compile_rate": 0.5, "correct_rate": 0.125, "compile_only": False}}
-    assert describe_heldout(out) == ("infill: 8 candidates, 25.0% compile, correctness not measured (compile-only verifier); "
-                                     "e2e: 8 candidates, 50.0% compile, 12.5% correct")
+    out = {"infill": {"candidates": 8, "tasks": 4, "compile_rate": 0.25, "correct_rate": None, "compile_only": True},
+           "e2e": {"candidates": 8, "tasks": 4, "compile_rate": 0.5, "correct_rate": 0.125, "compile_only": False}}
+    assert describe_heldout(out) == ("infill: 8 candidates (4 held-out tasks), 25.0% compile, correctness not measured "
+                                     "(compile-only verifier); e2e: 8 candidates (4 held-out tasks), 50.0% compile, "
+                                     "12.5% correct")
     gpu_none = {"e2e": {"candidates": 8, "compile_rate": 0.0, "correct_rate": None, "compile_only": False}}
     assert describe_heldout(gpu_none) == "e2e: 8 candidates, 0.0% compile, correctness not measured (nothing compiled)"
     assert describe_heldout({}) == "no eligible task"

@@ -49,10 +49,11 @@ def test_small_pool_refills_in_place_with_fresh_values():
 
 def test_window_ends_at_the_stream_unless_work_outlasts_it():
     """A window is timed to its stream-ordered end event when the synchronize after it returned as fast
-    as an empty window's; work that ran on past the stream (a side stream) is timed to the synchronize."""
-    empty = [0.026, 0.027, 0.027, 0.028, 0.030, 0.041]  # ms: synchronize return + host wake-up
-    limit = outlast_limit_ms(empty)
-    med = spread_stats(empty)[0]
+    as after the reference's windows; work that ran on past the stream (a side stream) is timed to the
+    synchronize."""
+    gaps = [0.026, 0.027, 0.027, 0.028, 0.030, 0.041]  # ms: the reference's synchronize return + host wake-up
+    limit = outlast_limit_ms(gaps)
+    med = spread_stats(gaps)[0]
     assert med + OUTLAST_SLACK_MS <= limit < med + 0.010
     assert window_ms(0.350, 0.350 + 0.029, limit, med) == (0.350, False)  # host jitter is not timed
     ms, outlasted = window_ms(0.002, 0.002 + 0.035 + 0.027, limit, med)  # all work on a side stream

@@ -121,15 +121,18 @@ def describe_learner(info: dict) -> str:
 
 
 def describe_heldout(out: dict) -> str:
-    """One line from :meth:`Trainer.heldout_eval`'s ``{phase: {"candidates", "compile_rate", "correct_rate",
-    "compile_only"}}``, e.g. ``infill: 8 candidates, 25.0% compile, correctness not measured (compile-only verifier);
-    e2e: ...`` (``... (nothing compiled)`` on a GPU verifier when no candidate compiled)."""
+    """One line from :meth:`Trainer.heldout_eval`'s ``{phase: {"candidates", "tasks", "compile_rate",
+    "correct_rate", "compile_only"}}``, e.g. ``infill: 8 candidates (4 held-out tasks), 25.0% compile, correctness
+    not measured (compile-only verifier); e2e: ...`` (``... (nothing compiled)`` on a GPU verifier when no
+    candidate compiled)."""
     parts = []
     for phase, fig in out.items():
         correct = fig.get("correct_rate")
         why = "compile-only verifier" if fig.get("compile_only") else "nothing compiled"
         said = f"{correct:.1%} correct" if correct is not None else f"correctness not measured ({why})"
-        parts.append(f"{phase}: {fig.get('candidates')} candidates, {fig.get('compile_rate', 0.0):.1%} compile, {said}")
+        tasks = f" ({fig['tasks']} held-out tasks)" if fig.get("tasks") else ""
+        parts.append(f"{phase}: {fig.get('candidates')} candidates{tasks}, {fig.get('compile_rate', 0.0):.1%} compile, "
+                     f"{said}")
     return "; ".join(parts) or "no eligible task"
 
 
@@ -468,6 +471,7 @@ class Trainer:
             measured = [v for v in verdicts if v.correct is not None]
             out[phase] = {
                 "candidates": len(verdicts),
+                "tasks": len(eligible),
                 "compile_rate": sum(v.compiled for v in verdicts) / max(len(verdicts), 1),
                 "correct_rate": (sum(bool(v.correct) for v in measured) / len(measured)) if measured else None,
                 "compile_only": bool(verdicts) and all(v.mode == "compile_only" for v in verdicts),
@@ -531,7 +535,7 @@ class Trainer:
     def _finish(self, t_run: float, heldout_start: dict | None, heldout_end: dict | None) -> dict:
         records = read_metrics(self.run_dir)
         plot = plot_curves(records, self.run_dir / "curves.png", title=f"dice-ray {self.run_dir.name}")
-        phases = sorted({r["phase"] for r in records})
+        phases = list(dict.fromkeys(r["phase"] for r in records))  # in the order the curriculum reached them
         summary = {
             "run_dir": str(self.run_dir),
             "steps": len(records),

@@ -22,12 +22,9 @@ stream); torch fallbacks (static rules + a dispatch-mode op check); decoy kernel
 on every call); behaviour that changes after the correctness phase (a launch check on every timed
 call and a final comparison after timing).
 
-Known gaps: shapes are those of ``get_inputs()`` (a kernel hard-coded for them passes); precision
-within tolerance (an fp32 task may be computed in bf16 when errors stay within 1e-2); a kernel
-that writes out of bounds without faulting can corrupt later candidates in the same worker;
-RLIMIT_AS is not set on GPU workers (CUDA reserves huge ranges); timing is device time between
-CUDA events on one stream, with ~100 us of GPU spin queued before each call so host launch
-overhead (13 us a launch here, 10 us for an eager torch op) is not timed unless a forward's host
-work exceeds it; the dispatch-mode op check runs only in the correctness trials and the dry
-run (the launch check runs on every call, the import guard always).
+Known gaps: a kernel that writes out of bounds without faulting can corrupt later candidates in the
+same worker; RLIMIT_AS is not set on GPU workers (CUDA reserves huge ranges); timing is device time
+between CUDA events on the launching stream (``timing``): work on another stream that ends within
+5-10 us of a window's stream end goes untimed; the dispatch-mode op check runs only in the
+correctness trials and the dry run (the launch check runs on every call, the import guard always).
 """

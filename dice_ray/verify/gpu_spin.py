@@ -2,20 +2,21 @@
 
 A timed window (:mod:`dice_ray.verify.timing`) starts with a spin, so the host can queue the window's
 calls while the GPU waits, and the host's launch overhead is not timed.  ``torch.cuda._sleep`` spins
-one thread: kernels a candidate puts on a stream of its own ran beside it, before the window's start
-event, and were not timed (the ``side_stream.py`` corpus cheat got 28.5x from CUDA events against
-0.7x by the host clock on an H200 with 0.25 ms windows).
+one thread and leaves the SMs free: a kernel a candidate put on a stream of its own, without waiting
+for the launching stream, could run beside it, before the window's start event, untimed (corpus
+cheat ``side_stream_nowait.py``).
 
 :class:`FillSpin` launches ``SMs x blocks-an-SM`` blocks of 256 threads (the driver's occupancy for
 this kernel: every thread slot of every SM, ``__launch_bounds__`` keeps the registers low enough), each
-sleeping in ``__nanosleep`` steps until ``cycles`` of its SM's clock have passed.  No block of another
-kernel can become resident before the spin's blocks exit.  A call returns only once the GPU has
-reached the spin (the work queued before it, such as the L2 flush, is done): kernels the host queues
-afterwards on any stream find every SM taken, so the candidate's side-stream work runs after the
-window's start event, inside the window.  (Without that wait a side-stream kernel queued while the
-flush drained started beside it, before the spin.)  Its launches are not counted by
-:func:`dice_ray.launch.launch_count` (the verifier's rule that every timed call launches a kernel of
-the candidate's own).
+waiting (in ``__nanosleep`` steps from sm_70 on) until ``cycles`` of its SM's clock have passed.  No
+block of another kernel can become resident before the spin's blocks exit.  A call returns once the
+work queued before the spin (such as the L2 flush) has finished, so the spin is next on the GPU:
+kernels the host queues afterwards, on any stream, find the SMs taken by the time they arrive (the
+host's next launch takes microseconds; the spin's blocks are resident sooner), and the candidate's
+side-stream work runs after the window's start event, inside the window.  (Without that wait a
+side-stream kernel queued while the flush drained could start beside it, before the spin.)  Its
+launches are not counted by :func:`dice_ray.launch.launch_count` (the verifier's rule that every
+timed call launches a kernel of the candidate's own).
 """
 
 from __future__ import annotations
@@ -93,10 +94,10 @@ class FillSpin:
         self._reached = _Event()
 
     def __call__(self, cycles: int) -> None:
-        """Queue the spin on the current stream of the device; return once the GPU has reached it.
+        """Queue the spin on the device's current stream; return once the work queued before it finished.
 
-        The host waits (polling an event recorded just before the spin) for the work queued before
-        it: usually the L2 flush, tens of microseconds.
+        The host polls an event recorded on that stream just before the spin: it waits for the work
+        queued before it, usually the L2 flush, tens of microseconds.
 
         Args:
             cycles: SM clock cycles each block waits (~0.5 ns each at 2 GHz); <= 0 still launches.
@@ -105,8 +106,9 @@ class FillSpin:
             RuntimeError: the driver refused the launch (a broken context).
         """
         self._arg.value = int(cycles)
-        stream = self._stream_type(self._stream(self.device).cuda_stream)
-        _record(self._reached)
+        current = self._stream(self.device)
+        stream = self._stream_type(current.cuda_stream)
+        _record(self._reached, current)
         (err,) = self._launch(self._fn, self.grid, 1, 1, BLOCK, 1, 1, 0, stream, ctypes.addressof(self._ptrs), 0)
         if err != self._ok:
             raise RuntimeError(f"launch of fill_spin (grid={self.grid}, block={BLOCK}) failed: {err}")
