@@ -24,6 +24,7 @@ import ray
 import torch
 import yaml
 from rich.console import Console
+from rich.rule import Rule
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dice_ray.cluster.learner import LearnerGroup, TrainGroup, learner_env, make_train_group
@@ -554,7 +555,7 @@ class Trainer:
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         con = self.console
-        con.rule("summary")
+        con.print(Rule("summary"), width=min(con.width, 80))  # the log-file console is 160 wide: no wrapped rule
         con.print(describe_summary(summary), highlight=False)
         con.print(f"[bold]outputs[/] run directory {self.run_dir}: config.yaml, metrics.jsonl, summary.json, curves.png, "
                   f"checkpoints/; a Markdown summary and plots: dice-ray report {self.run_dir}")
