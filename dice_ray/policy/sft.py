@@ -432,8 +432,6 @@ def deepspeed_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         RuntimeError: this process belongs to a group of more than one rank.
     """
     init_single_process_group()
-    import deepspeed
-
     ds_config = {
         "train_micro_batch_size_per_gpu": cfg.batch_size,
         "gradient_accumulation_steps": cfg.gradient_accumulation_steps,

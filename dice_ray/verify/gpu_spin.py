@@ -73,10 +73,8 @@ class FillSpin:
         self.device = device
         with torch.cuda.device(device):
             program = launch.compile_cuda(_SOURCE)
-        launch._context(device)
-        module = launch._check(driver.cuModuleLoadData(program.cubin), "cuModuleLoadData(fill_spin)")
-        self._fn = launch._check(driver.cuModuleGetFunction(module, b"fill_spin"), "cuModuleGetFunction(fill_spin)")
-        self._module = module
+        # launch's loader (torch's context, a module cache), not a KernelModule: its calls count as launches
+        self._fn = launch.KernelModule._load(program, device)["fill_spin"]
         self.blocks_per_sm = int(launch._check(
             driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(self._fn, BLOCK, 0), "occupancy of fill_spin"))
         props = torch.cuda.get_device_properties(device)

@@ -61,7 +61,7 @@ import torch
 
 from dice_ray.verify import gpu_spin
 
-__all__ = ["HEADROOM_CYCLES", "MAX_CALLS_PER_WINDOW", "OUTLAST_SLACK_MS", "InputSchedule", "WindowTimes", "calls_per_window",
+__all__ = ["HEADROOM_CYCLES", "MAX_CALLS_PER_WINDOW", "OUTLAST_SLACK_MAX_MS", "OUTLAST_SLACK_MS", "InputSchedule", "WindowTimes", "calls_per_window",
            "grown_spin", "outlast_limit_ms", "spin_cycles", "spread_stats", "time_calls", "wall_times", "window_ms", "window_sizes"]
 
 # Bound at import, before any candidate runs (patching these later cannot fool the timer).
@@ -205,9 +205,9 @@ def time_calls(
     The window set ``w`` starts at call ``j0`` (the sum of the larger side's sizes before it) and
     each side calls ``j0, j0 + 1, ...`` (``schedule(j)``): both read the same input sets, the side
     with the shorter window a prefix of them.  The reference's window, the candidate's (which goes
-    first alternates with ``w``) and ``baseline``'s (with the reference's sizes) follow each other, so clock and thermal drift hit every side alike.  Several calls a window
-    (:func:`calls_per_window`) make the synchronize's few microseconds of host jitter a small share
-    of a tiny kernel's time.
+    first alternates with ``w``) and ``baseline``'s (with the reference's sizes) follow each other,
+    so clock and thermal drift hit every side alike.  Several calls a window (:func:`calls_per_window`)
+    make the synchronize's few microseconds of host jitter a small share of a tiny kernel's time.
 
     Args:
         ref_fn, cand_fn: the forwards, called under ``torch.no_grad()``.
