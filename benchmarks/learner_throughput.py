@@ -28,8 +28,8 @@ Fused kernels (``--fused none,liger``, the default on CUDA; ``none`` on CPU): ea
 process of this script (``--fused X --out tmp.json``: Liger patches module globals, and DeepSpeed / NCCL state is
 per process), one after the other, and the parent prints one table (s/update, processed tokens/s, MFU, matmul MFU,
 peak GiB) and the ratio liger / none; a variant that fails (out of memory, Liger missing) prints its error line and
-the others still report. ``liger`` = :func:`dice_ray.policy.fused.apply_fused_kernels` (Liger-Kernel's RMSNorm,
-SwiGLU and RoPE, the learner's ``cluster.fused_kernels``), applied once the model is on the device, before the
+the others still report. ``liger`` = :func:`dice_ray.policy.fused.apply_fused_kernels` (Liger-Kernel's SwiGLU
+and RoPE, the learner's ``cluster.fused_kernels``), applied once the model is on the device, before the
 checkpointing wrappers and ``deepspeed.initialize``. One variant runs in this process.
 
     python benchmarks/learner_throughput.py [--device cuda] [--groups 2] [--group-size 16] [--micro-batch 8]

@@ -3,13 +3,16 @@
 For each model (the project's tiny policy and a random-init SDAR-1.7B-shape model: Qwen3-1.7B's
 hidden 2048, 28 layers, 16 query / 8 KV heads, head_dim 128, MLP 6144, vocab 151936, tied embeddings,
 block 4, bf16 on a GPU), one random-token prompt and a batch of G samples of it
-(:func:`dice_ray.policy.sampler.sample_ids`, greedy), three samplers side by side:
+(:func:`dice_ray.policy.sampler.sample_ids`, greedy), the samplers side by side:
 
 * ``one-token, no cache``: static remasking, one token a step, the prompt and every finished block re-run
   at each step (``kv_cache=False``), the naive baseline;
 * ``one-token, KV cache``: the same with the block KV cache (isolates the cache's gain);
 * ``dynamic, KV cache``: Fast-dLLM's confidence threshold (every masked token >= threshold, at least one
-  a step) with the KV cache: the sampler DICE uses.
+  a step) with the KV cache: the sampler DICE uses;
+* ``dynamic, cache, eager`` (on a GPU, at the first scale): the same without CUDA graphs
+  (``sampling.cuda_graphs=false``): every kernel of a denoising forward launched from Python, which
+  isolates the graphs' gain. The cached samplers above replay CUDA graphs on a GPU (the default).
 
 Each is warmed up, then timed ``--repeats`` times (CUDA-synchronised; the no-cache baseline
 ``--nocache-repeats`` times, it is slow); figures are medians. Peak GPU memory is
@@ -62,6 +65,7 @@ TARGET_SPEEDUP = 3.0
 TARGET_TOKENS_PER_S = {"sdar-1.7b": 2000.0}
 
 NOCACHE, STATIC, DYNAMIC = "one-token, no cache", "one-token, KV cache", "dynamic, KV cache"
+EAGER = "dynamic, cache, eager"  # DYNAMIC without CUDA graphs (sampling.cuda_graphs=false), on a GPU only
 
 
 @dataclass
@@ -196,9 +200,12 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
             nocache = time_sampler(policy, prompt, args.batch, one, False, args.nocache_repeats, args.warmup_tokens,
                                    NOCACHE)
             runs.append(nocache)
-        runs.append(time_sampler(policy, prompt, args.batch, one, True, args.repeats, args.warmup_tokens, STATIC))
+        ref = time_sampler(policy, prompt, args.batch, one, True, args.repeats, args.warmup_tokens, STATIC)
+        runs.append(ref)
         runs.append(time_sampler(policy, prompt, args.batch, dyn, True, args.repeats, args.warmup_tokens, DYNAMIC))
-        ref = runs[-2]
+        if i == 0 and device.type == "cuda":
+            eager = dyn.model_copy(update={"cuda_graphs": False})
+            runs.append(time_sampler(policy, prompt, args.batch, eager, True, args.repeats, args.warmup_tokens, EAGER))
         rows = []
         for run in runs:
             agree = agreement(ref.responses, run.responses)
@@ -216,7 +223,7 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
                          "speedup_vs_nocache": x_nc, "speedup_vs_one_token_cache": x_one,
                          "agreement_vs_one_token_cache": agree})
         record["scales"].append({"logit_scale": scale, "runs": rows})
-    dyn_rows = [(s["logit_scale"], s["runs"][-1]) for s in record["scales"]]
+    dyn_rows = [(s["logit_scale"], next(r for r in s["runs"] if r["sampler"] == DYNAMIC)) for s in record["scales"]]
     verdicts = []
     for scale, r in dyn_rows:
         x = r["speedup_vs_nocache"]

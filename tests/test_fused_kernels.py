@@ -20,7 +20,7 @@ from transformers.models.qwen3 import modeling_qwen3
 from dice_ray.cluster.trainer import describe_learner
 from dice_ray.config import ModelConfig, load_config
 from dice_ray.policy.fused import apply_fused_kernels
-from dice_ray.policy.model import block_mask, build_model, forward_hidden, prompt_blocks, token_logits
+from dice_ray.policy.model import RMSNorm, block_mask, build_model, forward_hidden, prompt_blocks, token_logits
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -42,19 +42,6 @@ def _batch(P: int = 6, R: int = 8, bs: int = 4, device: str = "cpu"):
     return ids.to(device), pos.to(device), mask.to(device)
 
 
-class _FakeNorm(torch.nn.Module):
-    """Stands in for LigerRMSNorm on CPU: its constructor signature, Qwen3RMSNorm's arithmetic."""
-
-    def __init__(self, hidden_size, eps=1e-6, casting_mode="llama"):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size))
-        self.eps, self.casting_mode = eps, casting_mode
-
-    def forward(self, x):
-        h = x.float()
-        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-
-
 class _FakeSwiGLU(torch.nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -74,7 +61,7 @@ def _fake_rope(*args, **kwargs):
 def fake_liger(monkeypatch):
     """An importable ``liger_kernel.transformers`` stand-in; the RoPE global is restored after the test."""
     mod = types.ModuleType("liger_kernel.transformers")
-    mod.LigerRMSNorm, mod.LigerSwiGLUMLP, mod.liger_rotary_pos_emb = _FakeNorm, _FakeSwiGLU, _fake_rope
+    mod.LigerSwiGLUMLP, mod.liger_rotary_pos_emb = _FakeSwiGLU, _fake_rope
     monkeypatch.setitem(sys.modules, "liger_kernel", types.ModuleType("liger_kernel"))
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers", mod)
     monkeypatch.setattr(modeling_qwen3, "apply_rotary_pos_emb", modeling_qwen3.apply_rotary_pos_emb)
@@ -117,7 +104,7 @@ def test_liger_on_cpu_raises_naming_cuda(fake_liger):
     model = _tiny()
     with pytest.raises(ValueError, match=r"cluster.fused_kernels='liger'.*on cpu.*CUDA only"):
         apply_fused_kernels(model, "liger")
-    assert not any(isinstance(m, (_FakeNorm, _FakeSwiGLU)) for m in model.modules())
+    assert not any(isinstance(m, _FakeSwiGLU) for m in model.modules())
 
 
 def test_liger_unimportable_gives_the_install_hint(monkeypatch):
@@ -134,8 +121,6 @@ def test_liger_unimportable_gives_the_install_hint(monkeypatch):
 
 def test_on_cpu_the_device_is_named_before_the_install(monkeypatch):
     """On a CPU learner installing Liger would not help: the error says CUDA, not pip."""
-    from dice_ray.policy import fused
-
     monkeypatch.setitem(sys.modules, "liger_kernel", None)
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers", None)
     with pytest.raises(ValueError, match=r"on cpu, and Liger's Triton kernels run on CUDA only") as err:
@@ -156,18 +141,18 @@ def test_unsupported_model_type_is_named(fake_liger, monkeypatch):
 
 def test_swap_keeps_parameters_and_outputs(fake_liger):
     """The swap itself (device check bypassed, Liger's classes stood in for): same Parameter objects and state-dict
-    names, every RMSNorm and MLP replaced, the RoPE global falls back to transformers' own on CPU."""
+    names, every MLP replaced, the RoPE global falls back to transformers' own on CPU; the norms stay torch's."""
     from dice_ray.policy import fused
 
     model = _tiny()
     ref = copy.deepcopy(model)
     params, keys = dict(model.named_parameters()), list(model.state_dict())
-    assert fused._patch_liger(model, "qwen3", fake_liger) == ["rms_norm", "swiglu", "rope"]
+    assert fused._patch_liger(model, "qwen3", fake_liger) == ["swiglu", "rope"]
     assert list(model.state_dict()) == keys and all(params[n] is p for n, p in model.named_parameters())
     layers = model.config.num_hidden_layers
-    assert sum(isinstance(m, _FakeNorm) for m in model.modules()) == 4 * layers + 1  # input, post, q, k; final
+    assert sum(isinstance(m, RMSNorm) for m in model.modules()) == 4 * layers + 1  # input, post, q, k; final
     assert sum(isinstance(m, _FakeSwiGLU) for m in model.modules()) == layers
-    assert not any(isinstance(m, (modeling_qwen3.Qwen3RMSNorm, modeling_qwen3.Qwen3MLP)) for m in model.modules())
+    assert not any(isinstance(m, modeling_qwen3.Qwen3MLP) for m in model.modules())
     assert modeling_qwen3.apply_rotary_pos_emb._dice_unfused is not None
     ids, pos, mask = _batch()
     torch.testing.assert_close(forward_hidden(model, ids, pos, mask), forward_hidden(ref, ids, pos, mask))
@@ -180,8 +165,8 @@ def test_describe_learner_names_fused_kernels():
     info = {"family": "sdar", "params": 1e6, "model": "built", "zero_stage": 2, "backend": "nccl", "ranks": 1,
             "device": "cuda:0", "seconds": 2.0}
     assert "fused" not in describe_learner({**info, "fused_kernels": []})
-    line = describe_learner({**info, "fused_kernels": ["rms_norm", "swiglu", "rope"]})
-    assert "on cuda:0, fused kernels: rms_norm, swiglu, rope (Liger); ready in 2.0 s" in line
+    line = describe_learner({**info, "fused_kernels": ["swiglu", "rope"]})
+    assert "on cuda:0, fused kernels: swiglu, rope (Liger); ready in 2.0 s" in line
 
 
 def _bench():
@@ -249,9 +234,8 @@ def test_gpu_liger_matches_unpatched(dtype, tol, monkeypatch):
         return hidden.detach().float(), {n: p.grad.float() for n, p in m.named_parameters()}
 
     h_ref, g_ref = run(ref)  # before the patch: transformers' RoPE too
-    assert apply_fused_kernels(model, "liger") == ["rms_norm", "swiglu", "rope"]
-    assert isinstance(model.model.norm, liger.LigerRMSNorm) and isinstance(model.model.layers[0].mlp, liger.LigerSwiGLUMLP)
-    assert isinstance(model.model.layers[0].self_attn.q_norm, liger.LigerRMSNorm)
+    assert apply_fused_kernels(model, "liger") == ["swiglu", "rope"]
+    assert isinstance(model.model.layers[0].mlp, liger.LigerSwiGLUMLP)
     assert modeling_qwen3.apply_rotary_pos_emb._dice_unfused is not None
     h, g = run(model)
 

@@ -87,37 +87,98 @@ def test_cache_equals_full_pass_and_peek_keeps_nothing():
 
 
 def test_preallocated_cache_gives_the_concatenating_caches_outputs():
-    """The sampler's in-place cache (capacity set) sees the same keys as the concatenating one through a
-    prefill, a peek (its scratch keys overwritten by the next pass), a commit and a row selection; it
-    refuses to overflow and to run with autograd on."""
+    """The sampler's in-place cache (capacity set: new keys at slots, the whole buffer attended under a padded
+    mask, the caller commits) gives the concatenating cache's hidden states through a prefill, a peek (its
+    scratch keys overwritten by the next pass), a commit and a last pass; it refuses to overflow, to run
+    with autograd on and to run without slots."""
     torch.manual_seed(2)
     model = build_model(TINY, 64, 0).eval()
     P, R, bs = 5, 8, 4
     blocks, copies, pos = _layout(P, R, bs)
     mask = block_mask(blocks, copies, blocks, copies)
     ids = torch.randint(3, 64, (3, P + R))
+    peek = ids[:, P : P + bs].flip(0)  # other tokens than the commit below: must leave no trace
+    passes = [  # (ids, query positions, keep)
+        (ids[:, :P], slice(0, P), None),
+        (peek, slice(P, P + bs), 0),
+        (ids[:, P : P + bs], slice(P, P + bs), bs),
+        (ids[:, P + bs :], slice(P + bs, P + R), None),
+    ]
     outs = []
     with torch.no_grad():
-        for cache in (KVCache(), KVCache(capacity=P + R)):
-            got = [forward_hidden(model, ids[:, :P], pos[:P], mask[:P, :P], cache)]
-            peek = ids[:, P : P + bs].flip(0)  # other tokens than the commit below: must leave no trace
-            got.append(forward_hidden(model, peek, pos[P : P + bs], mask[P : P + bs, : P + bs], cache, keep=0))
-            got.append(forward_hidden(model, ids[:, P : P + bs], pos[P : P + bs], mask[P : P + bs, : P + bs], cache,
-                                      keep=bs))
-            cache.select(torch.tensor([2, 0]))
-            got.append(forward_hidden(model, ids[[2, 0], P + bs :], pos[P + bs :], mask[P + bs :], cache))
+        for cache in (KVCache(), KVCache(capacity=P + R + 2)):  # 2 positions never written: hidden by the mask
+            got = []
+            for x, qs, keep in passes:
+                m = mask[qs, : qs.stop]
+                if cache.capacity is None:
+                    got.append(forward_hidden(model, x, pos[qs], m, cache, keep=keep))
+                else:
+                    cache.next_slots(x.shape[1], "cpu")
+                    got.append(forward_hidden(model, x, pos[qs], cache.pad_mask(m), cache))
+                    cache.commit(x.shape[1] if keep is None else keep)
             assert len(cache) == P + R
             outs.append(got)
         for x, y in zip(*outs):
             torch.testing.assert_close(x, y, atol=1e-6, rtol=0)
         full = KVCache(capacity=P)
-        forward_hidden(model, ids[:, :P], pos[:P], mask[:P, :P], full)
+        full.next_slots(P, "cpu")
+        full.commit(P)
         with pytest.raises(RuntimeError, match="capacity 5 exceeded"):
-            forward_hidden(model, ids[:, P:], pos[P:], mask[P:], full, keep=0)
+            full.next_slots(1, "cpu")
+        with pytest.raises(RuntimeError, match="set slots"):
+            forward_hidden(model, ids[:, :P], pos[:P], mask[:P, :P], KVCache(capacity=P))
     with pytest.raises(RuntimeError, match="torch.no_grad"):
         forward_hidden(model, ids[:, :P], pos[:P], mask[:P, :P], KVCache(capacity=P))
     with pytest.raises(ValueError, match="capacity=0"):
         KVCache(capacity=0)
+
+
+@pytest.mark.parametrize("heads,kv_heads,mask_batch", [(4, 2, 1), (8, 2, 3), (4, 4, 3)])
+def test_gqa_attention_reads_shared_kv_heads_in_place(heads, kv_heads, mask_batch):
+    """The stacked-query GQA equals attention with the keys repeated per query head (repeat_interleave)."""
+    from types import SimpleNamespace
+
+    from dice_ray.policy.model import _block_attention
+
+    g = torch.Generator().manual_seed(0)
+    B, q, kv, D = 3, 5, 9, 8
+    query = torch.randn(B, q, heads, D, generator=g).transpose(1, 2)  # a strided view, as transformers passes it
+    key, value = torch.randn(2, B, kv_heads, kv, D, generator=g)
+    mask = torch.rand(mask_batch, 1, q, kv, generator=g) > 0.4
+    mask[..., 0] = True  # every query attends something
+    out, _ = _block_attention(SimpleNamespace(training=False), query, key, value, mask, scaling=D ** -0.5)
+    rep = heads // kv_heads
+    k, v = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
+    scores = (query @ k.transpose(-1, -2)) * D ** -0.5
+    want = (scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v).transpose(1, 2)
+    assert out.shape == (B, q, heads, D)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada", "dream"])
+def test_every_family_runs_torchs_rms_norm_with_the_same_state_dict(family):
+    """Built models hold :class:`RMSNorm` (torch's fused kernel) in place of transformers' modules, under the same
+    parameter names, and it computes transformers' RMSNorm: equal in fp32, within one bf16 rounding in bf16."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    from dice_ray.policy.families import build_model as build_family
+    from dice_ray.policy.model import RMSNorm
+
+    cfg = TINY.model_copy(update={"family": family, "head_dim": 8, "hidden_size": 32})
+    model = build_family(cfg, vocab_size=64, pad_id=0)
+    norms = [m for m in model.modules() if "RMSNorm" in type(m).__name__]
+    assert norms and all(type(m) is RMSNorm for m in norms)
+    assert "model.norm.weight" in model.state_dict()
+    g = torch.Generator().manual_seed(0)
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 2 ** -7)):
+        x = torch.randn(5, 3, 32, generator=g).to(dtype)
+        hf = Qwen3RMSNorm(32, eps=1e-6).to(dtype)
+        with torch.no_grad():
+            hf.weight.copy_(torch.rand(32, generator=g) + 0.5)
+        ours = RMSNorm(hf.weight, hf.variance_epsilon)
+        want = hf(x)
+        assert ours(x).dtype == dtype
+        torch.testing.assert_close(ours(x).float(), want.float(), rtol=tol, atol=tol * want.float().abs().max().item())
 
 
 def test_model_refuses_a_pass_without_block_mask():

@@ -54,8 +54,8 @@ def test_summary_lines_say_steps_rewards_rates_and_heldout_in_words():
 def test_learner_line_says_why_auto_left_the_fused_kernels_off_on_a_gpu():
     info = {"family": "sdar", "params": 1.7e9, "model": "built (random init)", "zero_stage": 2, "backend": "nccl",
             "ranks": 1, "device": "cuda:0", "seconds": 3.0}
-    on = describe_learner({**info, "fused_kernels": ["rms_norm", "swiglu", "rope"]})
-    assert "fused kernels: rms_norm, swiglu, rope (Liger)" in on and "off" not in on
+    on = describe_learner({**info, "fused_kernels": ["swiglu", "rope"]})
+    assert "fused kernels: swiglu, rope (Liger)" in on and "off" not in on
     off = describe_learner({**info, "fused_kernels": [], "fused_kernels_off": "Liger-Kernel does not import (x)"})
     assert "fused kernels off (cluster.fused_kernels=auto: Liger-Kernel does not import (x))" in off
     assert "fused" not in describe_learner({**info, "device": "cpu", "fused_kernels": [], "fused_kernels_off": None})

@@ -111,7 +111,7 @@ def describe_learner(info: dict) -> str:
     ``zero_stage``, ``backend``, ``ranks``, ``device``, ``seconds``; ``fused_kernels`` named when not empty, and
     ``fused_kernels_off``, why ``auto`` left them off on a GPU), e.g.
     ``sdar policy, 0.55 M params, built, warm-started by SFT; DeepSpeed ZeRO-0 over gloo, 1 rank(s) on cpu; ready in
-    1.3 s`` (on a GPU with Liger: ``... on cuda:0, fused kernels: rms_norm, swiglu, rope (Liger); ready in ...``)."""
+    1.3 s`` (on a GPU with Liger: ``... on cuda:0, fused kernels: swiglu, rope (Liger); ready in ...``)."""
     return (f"{info.get('family')} policy, {info.get('params', 0) / 1e6:.2f} M params, {info.get('model')}; "
             f"DeepSpeed ZeRO-{info.get('zero_stage')} over {info.get('backend')}, {info.get('ranks')} rank(s) on "
             f"{info.get('device')}"

@@ -119,7 +119,7 @@ def _instantiate(hf_config, family: str, dtype: str, empty: bool = False) -> tor
     hf_config._attn_implementation = block_model.ATTN_IMPL
     cls, torch_dtype = _CLASSES[family][1], getattr(torch, dtype)
     if not empty:
-        return cls(hf_config).to(torch_dtype)
+        return block_model.use_torch_rms_norm(cls(hf_config)).to(torch_dtype)
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch_dtype)
     try:
@@ -128,7 +128,7 @@ def _instantiate(hf_config, family: str, dtype: str, empty: bool = False) -> tor
     finally:
         torch.set_default_dtype(default)
     model.tie_weights()  # no_init_weights skips the tying too
-    return model.to(torch_dtype)
+    return block_model.use_torch_rms_norm(model).to(torch_dtype)
 
 
 def build_model(cfg: ModelConfig, vocab_size: int, pad_id: int) -> torch.nn.Module:

@@ -1,18 +1,15 @@
-"""Fused Triton kernels for the learner's model: Liger-Kernel's RMSNorm, SwiGLU MLP and RoPE (``cluster.fused_kernels``).
+"""Fused Triton kernels for the learner's model: Liger-Kernel's SwiGLU MLP and RoPE (``cluster.fused_kernels``).
 
 Liger-Kernel (Hsu et al. 2024, "Liger Kernel: Efficient Triton Kernels for LLM Training", arXiv 2410.10989,
-``linkedin/Liger-Kernel``, the ``gpu`` extra: ``pip install 'dice-ray[gpu]'``) replaces the elementwise chains
-of a Llama-style decoder layer (fp32 RMSNorm, SiLU * up, rotary embedding) with one Triton kernel each, forward
-and backward. Those chains are about half of the learner's device time at the SDAR-1.7B shape
-(``benchmarks/learner_throughput.py --profile``), and many small launches.
+``linkedin/Liger-Kernel``, the ``gpu`` extra: ``pip install 'dice-ray[gpu]'``) replaces elementwise chains of a
+Llama-style decoder layer (SiLU * up, rotary embedding) with one Triton kernel each, forward and backward.
+RMSNorm is not taken from Liger: every policy model already runs torch's own fused ``rms_norm``
+(:class:`dice_ray.policy.model.RMSNorm`), three times faster than Liger's on an H200 and with a sixth of its
+host time a call.
 
 What :func:`apply_fused_kernels` changes, for the three families of :mod:`dice_ray.policy.families`
 (``model.config.model_type`` qwen3 = SDAR / TraDo / DICE, llama = LLaDA, qwen2 = Dream):
 
-* every ``<Family>RMSNorm`` module (per layer: input, post-attention and, for Qwen3, the per-head q / k norms;
-  the final norm) is replaced by a ``liger_kernel.transformers.LigerRMSNorm`` holding the SAME weight
-  Parameter, casting mode ``"llama"``: the inverse RMS in fp32, normalised in fp32, cast to the input dtype, then
-  scaled by the weight, which is what ``Qwen3RMSNorm`` / ``LlamaRMSNorm`` / ``Qwen2RMSNorm`` compute;
 * every ``<Family>MLP`` is replaced by a ``LigerSwiGLUMLP`` holding the same ``gate_proj`` / ``up_proj`` /
   ``down_proj`` Linear modules (``down(silu(gate(x)) * up(x))`` in one kernel);
 * the module-global ``apply_rotary_pos_emb`` of the model's transformers module (``modeling_qwen3`` etc.,
@@ -35,11 +32,11 @@ import torch
 
 KINDS: tuple[str, ...] = ("auto", "none", "liger")
 _INSTALL = "pip install -e '.[gpu]' in a dice-ray checkout (pip install 'dice-ray[gpu]' from a package index)"
-# model_type -> (transformers module, RMSNorm class name, MLP class name)
-_LIGER_FAMILIES: dict[str, tuple[str, str, str]] = {
-    "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3RMSNorm", "Qwen3MLP"),
-    "llama": ("transformers.models.llama.modeling_llama", "LlamaRMSNorm", "LlamaMLP"),
-    "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2RMSNorm", "Qwen2MLP"),
+# model_type -> (transformers module, MLP class name)
+_LIGER_FAMILIES: dict[str, tuple[str, str]] = {
+    "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3MLP"),
+    "llama": ("transformers.models.llama.modeling_llama", "LlamaMLP"),
+    "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2MLP"),
 }
 
 
@@ -52,11 +49,12 @@ def apply_fused_kernels(model: torch.nn.Module, kind: str) -> list[str]:
 
     Args:
         model: a transformers ``Qwen3ForCausalLM`` / ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` (unwrapped).
-        kind: ``"none"`` nothing; ``"liger"`` Liger's RMSNorm, SwiGLU and RoPE (needs CUDA and the ``gpu`` extra);
+        kind: ``"none"`` nothing; ``"liger"`` Liger's SwiGLU and RoPE (needs CUDA and the ``gpu`` extra);
             ``"auto"`` ``"liger"`` when the model is on CUDA, Liger imports and supports the model type, else nothing.
 
     Returns:
-        the names of what was patched, ``["rms_norm", "swiglu", "rope"]`` for Liger, ``[]`` for nothing.
+        the names of what was patched, ``["swiglu", "rope"]`` for Liger (``["rope"]`` for a non-SiLU MLP), ``[]``
+        for nothing.
 
     Raises:
         ValueError: (naming ``cluster.fused_kernels``) ``kind`` is not one of :data:`KINDS`; ``"liger"`` but
@@ -112,34 +110,21 @@ def _import_liger():
 
 
 def _patch_liger(model: torch.nn.Module, model_type: str, liger) -> list[str]:
-    """Replace the RMSNorm and MLP modules of ``model`` by Liger's and the family's RoPE function (see the module doc)."""
-    module_name, norm_name, mlp_name = _LIGER_FAMILIES[model_type]
+    """Replace the MLP modules of ``model`` by Liger's and the family's RoPE function (see the module doc)."""
+    module_name, mlp_name = _LIGER_FAMILIES[model_type]
     modeling = importlib.import_module(module_name)
-    norm_cls, mlp_cls = getattr(modeling, norm_name), getattr(modeling, mlp_name)
-    swiglu = getattr(model.config, "hidden_act", "silu") in ("silu", "swish")  # Liger's SwiGLU is SiLU only
-    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if isinstance(child, norm_cls) or (swiglu and isinstance(child, mlp_cls))]
-    for parent, name, child in swaps:
-        if isinstance(child, norm_cls):
-            setattr(parent, name, _liger_norm(child, liger.LigerRMSNorm))
-        else:
+    mlp_cls = getattr(modeling, mlp_name)
+    if getattr(model.config, "hidden_act", "silu") in ("silu", "swish"):  # Liger's SwiGLU is SiLU only
+        swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+                 if isinstance(child, mlp_cls)]
+        for parent, name, child in swaps:
             setattr(parent, name, _liger_mlp(child, liger.LigerSwiGLUMLP))
-    patched = [what for what, cls in (("rms_norm", liger.LigerRMSNorm), ("swiglu", liger.LigerSwiGLUMLP))
-               if any(isinstance(m, cls) for m in model.modules())]  # also on a second call
+    patched = ["swiglu"] if any(isinstance(m, liger.LigerSwiGLUMLP) for m in model.modules()) else []  # also on a second call
     rope = modeling.apply_rotary_pos_emb
     if getattr(rope, "_dice_unfused", None) is None:
         modeling.apply_rotary_pos_emb = _cuda_rope(rope, liger.liger_rotary_pos_emb)
     patched.append("rope")
     return patched
-
-
-def _liger_norm(norm: torch.nn.Module, cls: type) -> torch.nn.Module:
-    """A Liger RMSNorm (casting mode "llama", in-place backward) around ``norm``'s own weight Parameter."""
-    with torch.device("meta"):
-        new = cls(norm.weight.shape[-1], eps=norm.variance_epsilon, casting_mode="llama")
-    new.weight = norm.weight
-    new.train(norm.training)
-    return new
 
 
 def _liger_mlp(mlp: torch.nn.Module, cls: type) -> torch.nn.Module:

@@ -14,7 +14,9 @@ Confidence is the probability of the drawn token under the sampling distribution
 top-k / top-p); temperature 0 is greedy. When a block is complete it is re-run clean (merged with the first
 step of the next block) to commit its keys/values to the cache, so the cache holds exactly what the
 training pass (:mod:`dice_ray.policy.logprobs`) computes for clean blocks. A sample stops after the block
-holding ``<|eos|>`` or at ``max_new_tokens``.
+holding ``<|eos|>`` or at ``max_new_tokens``. On a GPU the cached denoising forward is recorded as CUDA
+graphs and replayed (``sampling.cuda_graphs``, :mod:`dice_ray.policy.graphs`): one launch a step instead of
+one a kernel.
 
 For every response token the rollout records its ``unmask_step`` (0-based denoising step within its block)
 and its behaviour log-prob (log-softmax of the temperature-1 logits at that step, at the chosen token):
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dice_ray.config import SamplingConfig
+from dice_ray.policy.graphs import CachedForward
 from dice_ray.policy.model import KVCache, block_mask, forward_hidden, prompt_blocks, token_logits
 from dice_ray.policy.policy import DiffusionPolicy
 
@@ -161,10 +164,17 @@ def _choose(conf: torch.Tensor, masked: torch.Tensor, cfg: SamplingConfig, k_sta
 
 def _decode_blocks(policy: DiffusionPolicy, prompt_ids: list[int], G: int, n_blocks: int, cfg: SamplingConfig,
                    generator: torch.Generator, kv_cache: bool = True):
-    """The decoding loop of :func:`sample_ids`: per sample, lists of per-block token / step / log-prob tensors."""
+    """The decoding loop of :func:`sample_ids`: per sample, lists of per-block token / step / log-prob tensors.
+
+    With the cache and ``cfg.cuda_graphs`` on a GPU, the denoising forwards are replayed CUDA graphs
+    (:class:`~dice_ray.policy.graphs.CachedForward`). A row that finishes stays in the batch until every
+    row has (its later blocks are dropped): the cache buffers a graph recorded stay valid, and the random
+    draws of the other rows do not depend on when it finished, so graphs and eager give the same samples.
+    """
     model, bs, mask_id, P = policy.model, policy.block_size, policy.mask_id, len(prompt_ids)
     device = policy.device
     k_sched = transfer_schedule(bs, cfg.steps_per_block)
+    graphs = kv_cache and cfg.cuda_graphs and device.type == "cuda"
 
     # committed tokens never exceed the prompt and all blocks; a step adds at most the finished block and this one
     cache = KVCache(capacity=P + (n_blocks + 1) * bs)
@@ -173,24 +183,29 @@ def _decode_blocks(policy: DiffusionPolicy, prompt_ids: list[int], G: int, n_blo
     p_block = prompt_blocks(P, bs, device)
     forwards = 0
     if kv_cache:
-        forward_hidden(model, prompt, torch.arange(P, device=device), block_mask(p_block, zeros, p_block, zeros), cache)
+        cache.next_slots(P, device)
+        forward_hidden(model, prompt, torch.arange(P, device=device),
+                       cache.pad_mask(block_mask(p_block, zeros, p_block, zeros)), cache)
+        cache.commit(P)
         cache.expand(G)
         forwards = 1
+        cached_forward = CachedForward(model, cache, graphs)
     done = prompt.expand(G, -1)  # kv_cache=False: prompt + committed blocks of each active row, re-run every step
 
-    rows = torch.arange(G, device=device)  # sample index of each active batch row
+    live = [True] * G  # rows still decoding (a finished row stays in the batch, fully unmasked: pad tokens)
     out_tok: list[list[torch.Tensor]] = [[] for _ in range(G)]
     out_step: list[list[torch.Tensor]] = [[] for _ in range(G)]
     out_lp: list[list[torch.Tensor]] = [[] for _ in range(G)]
-    prev: torch.Tensor | None = None  # [A, bs] finished block not yet committed to the cache
+    prev: torch.Tensor | None = None  # [G, bs] finished block not yet committed to the cache
     # block / copy ids of the committed cache: prompt blocks <= 0, response block j = j + 1, all clean
     k_block = p_block.clone()
 
     for b in range(n_blocks):
-        A = rows.numel()
-        x = torch.full((A, bs), mask_id, dtype=torch.long, device=device)
-        step_of = torch.full((A, bs), -1, dtype=torch.long, device=device)
-        lp_of = torch.zeros((A, bs), device=device)
+        x = torch.full((G, bs), mask_id, dtype=torch.long, device=device)
+        if not all(live):  # finished rows: nothing masked, so they add no denoising steps
+            x[torch.tensor([not a for a in live], device=device)] = policy.pad_id
+        step_of = torch.full((G, bs), -1, dtype=torch.long, device=device)
+        lp_of = torch.zeros((G, bs), device=device)
         cur = torch.full((bs,), b + 1, dtype=torch.long, device=device)
         step = 0
         while True:
@@ -210,14 +225,16 @@ def _decode_blocks(policy: DiffusionPolicy, prompt_ids: list[int], G: int, n_blo
                 else:
                     q_block, q_copy, ids, keep = cur, torch.ones(bs, dtype=torch.long, device=device), x, 0
                 k_copy = torch.cat([torch.zeros_like(k_block), q_copy])
-                mask = block_mask(q_block, q_copy, torch.cat([k_block, q_block]), k_copy)
+                mask = cache.pad_mask(block_mask(q_block, q_copy, torch.cat([k_block, q_block]), k_copy))
                 pos = P + (q_block - 1) * bs + torch.arange(q_block.numel(), device=device) % bs
-                h = forward_hidden(model, ids, pos, mask, cache, keep=keep)
+                cache.next_slots(q_block.numel(), device)
+                h = cached_forward(ids, pos, mask)
+                cache.commit(keep)
             forwards += 1
             if prev is not None:
                 k_block = torch.cat([k_block, cur - 1])
                 prev = None
-            logits = token_logits(model, h[:, -bs:], mask_id)  # [A, bs, V] fp32
+            logits = token_logits(model, h[:, -bs:], mask_id)  # [G, bs, V] fp32
             tok, conf = draw_tokens(logits, cfg.temperature, cfg.top_k, cfg.top_p, generator)
             lp = torch.log_softmax(logits, dim=-1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
             pick = _choose(conf, masked, cfg, k_sched[min(step, len(k_sched) - 1)])
@@ -225,18 +242,17 @@ def _decode_blocks(policy: DiffusionPolicy, prompt_ids: list[int], G: int, n_blo
             step_of = torch.where(pick, step, step_of)
             lp_of = torch.where(pick, lp, lp_of)
             step += 1
-        for i, r in enumerate(rows.tolist()):
-            out_tok[r].append(x[i])
-            out_step[r].append(step_of[i])
-            out_lp[r].append(lp_of[i])
-        alive = ~(x == policy.eos_id).any(-1)
+        for r in range(G):
+            if live[r]:
+                out_tok[r].append(x[r])
+                out_step[r].append(step_of[r])
+                out_lp[r].append(lp_of[r])
+        ended = (x == policy.eos_id).any(-1).tolist()
+        live = [a and not e for a, e in zip(live, ended)]
+        if not any(live):
+            break
         if not kv_cache:
-            done = torch.cat([done, x], dim=1)[alive]
-        if not alive.all():
-            rows, x = rows[alive], x[alive]
-            if rows.numel() == 0:
-                break
-            cache.select(alive.nonzero().squeeze(-1))
+            done = torch.cat([done, x], dim=1)
         prev = x if kv_cache else None
 
     return out_tok, out_step, out_lp, forwards
