@@ -288,7 +288,9 @@ def main(argv: list[str] | None = None) -> dict:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA GPU visible (use --device cpu)")
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"device {gpu}; torch {torch.__version__}; samplers: {NOCACHE!r} (baseline), {STATIC!r}, {DYNAMIC!r}; "
+    graphs = (f"; cached samplers replay CUDA graphs, {EAGER!r} (first scale) does not" if device.type == "cuda"
+              else "; no CUDA graphs on CPU")
+    print(f"device {gpu}; torch {torch.__version__}; samplers: {NOCACHE!r} (baseline), {STATIC!r}, {DYNAMIC!r}{graphs}; "
           f"greedy (temperature 0), no <|eos|> stop; medians of {args.repeats} (no-cache: {args.nocache_repeats})")
     result = {"device": gpu, "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
               "threshold": args.threshold, "repeats": args.repeats, "nocache_repeats": args.nocache_repeats,
