@@ -94,8 +94,8 @@ class SamplingConfig(_Section):
     top_p: float | None = Field(None, gt=0.0, le=1.0, description="Nucleus sampling mass (None: off).")
     cuda_graphs: bool = Field(
         True, description="On a GPU, record the block sampler's cached denoising forward as CUDA graphs and replay "
-        "them (dice_ray.policy.graphs): one launch a step instead of ~1,600 from Python at the SDAR-1.7B shape. "
-        "Finished rows then stay in the batch. Ignored on CPU.")
+        "them (dice_ray.policy.graphs): the forward is one launch instead of ~1,600 from Python at the SDAR-1.7B "
+        "shape; the sampling around it stays eager. Ignored on CPU, without the KV cache and by LLaDA / Dream.")
 
 
 class SFTConfig(_Section):

@@ -56,8 +56,8 @@ def test_gpu_warm_start_runs(tmp_path):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_gpu_cuda_graph_sampler_matches_eager(dtype):
     """The block sampler with its cached forward replayed as CUDA graphs gives the eager sampler's tokens, unmask
-    steps and behaviour log-probs, with rows ending (an <|eos|> stand-in) while others go on: graphs keep the
-    finished rows in the batch, eager drops them."""
+    steps and behaviour log-probs, with rows ending (an <|eos|> stand-in) while others go on (both keep finished
+    rows in the batch, fully unmasked)."""
     from dice_ray.policy.sampler import sample_ids
 
     policy = DiffusionPolicy.build(ModelConfig(dtype=dtype), seed=0).to("cuda")

@@ -39,11 +39,12 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 from dice_ray.config import ModelConfig
 
 ATTN_IMPL = "dice_block"
-#: SDPA kernels of passes without autograd (sampling): cuDNN's attention, PyTorch's first choice on an H100 /
-#: H200, spent ~1 ms of host time a call building plans for the decoder's ever-changing key lengths (H200,
-#: SDAR-1.7B shape, batch 64: 28 ms of a 37-57 ms denoising step); the memory-efficient kernel takes the
-#: same mask with no plan, at 0.23 against 0.21 ms of GPU time a decoding call.
-NO_GRAD_SDPA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+#: SDPA kernels allowed in passes without autograd (sampling): the memory-efficient kernel (MATH where it cannot
+#: run, e.g. on CPU). cuDNN's attention, PyTorch's first choice on an H100 / H200, spent ~1 ms of host time a
+#: call building a plan for each new key length, and the decoder's grows every block (H200, SDAR-1.7B shape,
+#: batch 64, before CUDA graphs: 28 ms of a 37-57 ms denoising step). On GPU time a decoding attention call
+#: the two are close: memory-efficient 0.23 ms, cuDNN 0.21 ms. (FlashAttention takes no mask.)
+NO_GRAD_SDPA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class KVCache:

@@ -14,9 +14,9 @@ Confidence is the probability of the drawn token under the sampling distribution
 top-k / top-p); temperature 0 is greedy. When a block is complete it is re-run clean (merged with the first
 step of the next block) to commit its keys/values to the cache, so the cache holds exactly what the
 training pass (:mod:`dice_ray.policy.logprobs`) computes for clean blocks. A sample stops after the block
-holding ``<|eos|>`` or at ``max_new_tokens``. On a GPU the cached denoising forward is recorded as CUDA
-graphs and replayed (``sampling.cuda_graphs``, :mod:`dice_ray.policy.graphs`): one launch a step instead of
-one a kernel.
+holding ``<|eos|>`` or at ``max_new_tokens`` (it stays in the batch, fully unmasked, until all have). On a
+GPU the cached denoising forward is recorded as CUDA graphs and replayed (``sampling.cuda_graphs``,
+:mod:`dice_ray.policy.graphs`): one launch for the forward instead of one a kernel.
 
 For every response token the rollout records its ``unmask_step`` (0-based denoising step within its block)
 and its behaviour log-prob (log-softmax of the temperature-1 logits at that step, at the chosen token):
@@ -167,9 +167,15 @@ def _decode_blocks(policy: DiffusionPolicy, prompt_ids: list[int], G: int, n_blo
     """The decoding loop of :func:`sample_ids`: per sample, lists of per-block token / step / log-prob tensors.
 
     With the cache and ``cfg.cuda_graphs`` on a GPU, the denoising forwards are replayed CUDA graphs
-    (:class:`~dice_ray.policy.graphs.CachedForward`). A row that finishes stays in the batch until every
-    row has (its later blocks are dropped): the cache buffers a graph recorded stay valid, and the random
-    draws of the other rows do not depend on when it finished, so graphs and eager give the same samples.
+    (:class:`~dice_ray.policy.graphs.CachedForward`). In every mode a row that finishes stays in the batch
+    until every row has, fully unmasked (pad tokens), so it adds no denoising steps and its later blocks are
+    not returned: the cache buffers a graph recorded stay valid, and the random draws of the other rows do
+    not depend on when it finished, so graphs and eager give the same samples. The cost: a finished row is
+    still computed (little at decoding batch sizes, where the GEMMs are bound by reading the weights).
+
+    Returns:
+        (tokens, unmask steps, behaviour log-probs: per sample a list of LongTensor / LongTensor /
+        FloatTensor ``[block_size]``, one per returned block; model forwards run, prefill included).
     """
     model, bs, mask_id, P = policy.model, policy.block_size, policy.mask_id, len(prompt_ids)
     device = policy.device
@@ -190,7 +196,7 @@ def _decode_blocks(policy: DiffusionPolicy, prompt_ids: list[int], G: int, n_blo
         cache.expand(G)
         forwards = 1
         cached_forward = CachedForward(model, cache, graphs)
-    done = prompt.expand(G, -1)  # kv_cache=False: prompt + committed blocks of each active row, re-run every step
+    done = prompt.expand(G, -1)  # kv_cache=False: prompt + finished blocks of every row, re-run every step
 
     live = [True] * G  # rows still decoding (a finished row stays in the batch, fully unmasked: pad tokens)
     out_tok: list[list[torch.Tensor]] = [[] for _ in range(G)]
