@@ -59,3 +59,15 @@ def test_learner_line_says_why_auto_left_the_fused_kernels_off_on_a_gpu():
     off = describe_learner({**info, "fused_kernels": [], "fused_kernels_off": "Liger-Kernel does not import (x)"})
     assert "fused kernels off (cluster.fused_kernels=auto: Liger-Kernel does not import (x))" in off
     assert "fused" not in describe_learner({**info, "device": "cpu", "fused_kernels": [], "fused_kernels_off": None})
+
+
+def test_learner_line_names_a_slow_deepspeed_set_up():
+    """A first run spends ~25 s in deepspeed.initialize building DeepSpeed's ops (0.4 s once cached): the line
+    says where the time went, right after a warm start line that reports its own time."""
+    info = {"family": "sdar", "params": 5.5e5, "model": "built, warm-started by SFT", "zero_stage": 0,
+            "backend": "gloo", "ranks": 1, "device": "cpu", "fused_kernels": []}
+    slow = describe_learner({**info, "seconds": 25.9, "deepspeed_seconds": 25.5})
+    assert slow.endswith("ready in 25.9 s (DeepSpeed's set-up 25.5 s of it: it builds its ops on first use, then "
+                         "caches them in ~/.cache/torch_extensions)")
+    assert describe_learner({**info, "seconds": 0.4, "deepspeed_seconds": 0.3}).endswith("ready in 0.4 s")
+    assert describe_learner({**info, "seconds": 0.4}).endswith("ready in 0.4 s")

@@ -304,11 +304,13 @@ class Learner:
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }
+        t_ds = time.perf_counter()
         self.engine, _, _, _ = deepspeed_initialize(model=model, optimizer=optimizer, config=ds_config)
+        t_ds = time.perf_counter() - t_ds
         built = "built, warm-started by SFT" if self.warm_started else "built (random init)"
         return {"family": self.policy.family, "model": self.cfg.model.path or built,
                 "backend": backend, "zero_stage": c.zero_stage, "ranks": self.world_size,
-                "seconds": time.perf_counter() - t0, "device": str(self.device),
+                "seconds": time.perf_counter() - t0, "deepspeed_seconds": t_ds, "device": str(self.device),
                 "params": sum(p.numel() for p in self.policy.model.parameters()), "fused_kernels": fused,
                 "fused_kernels_off": fused_off}
 

@@ -106,10 +106,15 @@ def describe_warm_start(report: dict, steps_max: int, target_loss: float | None)
     return f"{line}; cached as {key}" if key else line
 
 
+#: a ``deepspeed.initialize`` this slow (s) is named on the learner line (the first run builds DeepSpeed's ops)
+SLOW_DEEPSPEED_S = 5.0
+
+
 def describe_learner(info: dict) -> str:
     """One line for the console from the learner's ``init_engine`` report (``family``, ``model``, ``params``,
-    ``zero_stage``, ``backend``, ``ranks``, ``device``, ``seconds``; ``fused_kernels`` named when not empty, and
-    ``fused_kernels_off``, why ``auto`` left them off on a GPU), e.g.
+    ``zero_stage``, ``backend``, ``ranks``, ``device``, ``seconds``; ``fused_kernels`` named when not empty,
+    ``fused_kernels_off``, why ``auto`` left them off on a GPU, and ``deepspeed_seconds``, named when
+    ``deepspeed.initialize`` took :data:`SLOW_DEEPSPEED_S` or more: it builds its ops the first time), e.g.
     ``sdar policy, 0.55 M params, built, warm-started by SFT; DeepSpeed ZeRO-0 over gloo, 1 rank(s) on cpu; ready in
     1.3 s`` (on a GPU with Liger: ``... on cuda:0, fused kernels: swiglu, rope (Liger); ready in ...``)."""
     return (f"{info.get('family')} policy, {info.get('params', 0) / 1e6:.2f} M params, {info.get('model')}; "
@@ -118,7 +123,10 @@ def describe_learner(info: dict) -> str:
             + (f", fused kernels: {', '.join(info['fused_kernels'])} (Liger)" if info.get("fused_kernels") else "")
             + (f", fused kernels off (cluster.fused_kernels=auto: {info['fused_kernels_off']})"
                if info.get("fused_kernels_off") else "")
-            + f"; ready in {info.get('seconds', 0.0):.1f} s")
+            + f"; ready in {info.get('seconds', 0.0):.1f} s"
+            + (f" (DeepSpeed's set-up {info['deepspeed_seconds']:.1f} s of it: it builds its ops on first use, then "
+               f"caches them in ~/.cache/torch_extensions)" if info.get("deepspeed_seconds", 0.0) >= SLOW_DEEPSPEED_S
+               else ""))
 
 
 def describe_heldout(out: dict) -> str:
