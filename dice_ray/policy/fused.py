@@ -30,6 +30,8 @@ from typing import Callable
 
 import torch
 
+from dice_ray.policy.model import replace_modules
+
 KINDS: tuple[str, ...] = ("auto", "none", "liger")
 _INSTALL = "pip install -e '.[gpu]' in a dice-ray checkout (pip install 'dice-ray[gpu]' from a package index)"
 # model_type -> (transformers module, MLP class name)
@@ -115,10 +117,7 @@ def _patch_liger(model: torch.nn.Module, model_type: str, liger) -> list[str]:
     modeling = importlib.import_module(module_name)
     mlp_cls = getattr(modeling, mlp_name)
     if getattr(model.config, "hidden_act", "silu") in ("silu", "swish"):  # Liger's SwiGLU is SiLU only
-        swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-                 if isinstance(child, mlp_cls)]
-        for parent, name, child in swaps:
-            setattr(parent, name, _liger_mlp(child, liger.LigerSwiGLUMLP))
+        replace_modules(model, mlp_cls, lambda mlp: _liger_mlp(mlp, liger.LigerSwiGLUMLP))
     patched = ["swiglu"] if any(isinstance(m, liger.LigerSwiGLUMLP) for m in model.modules()) else []  # also on a second call
     rope = modeling.apply_rotary_pos_emb
     if getattr(rope, "_dice_unfused", None) is None:

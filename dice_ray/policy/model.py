@@ -27,6 +27,7 @@ so a plain causal pass can never slip in by accident.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -218,14 +219,22 @@ class RMSNorm(torch.nn.Module):
 _TRANSFORMERS_RMS_NORMS = (Qwen3RMSNorm, LlamaRMSNorm, Qwen2RMSNorm)
 
 
+def replace_modules(model: torch.nn.Module, cls: type | tuple[type, ...],
+                    make: Callable[[torch.nn.Module], torch.nn.Module]) -> int:
+    """Replace every submodule of ``model`` that is a ``cls`` by ``make(old)``, in place; returns how many.
+    ``make`` should reuse the old module's Parameters so the state dict keeps its names."""
+    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+             if isinstance(child, cls)]
+    for parent, name, child in swaps:
+        setattr(parent, name, make(child))
+    return len(swaps)
+
+
 def use_torch_rms_norm(model: torch.nn.Module) -> torch.nn.Module:
     """Replace every transformers Qwen3 / Llama / Qwen2 RMSNorm module of ``model`` by :class:`RMSNorm`, in
     place, around the same weight Parameter (state dict and checkpoints unchanged); returns ``model``.
     Every policy model of :mod:`dice_ray.policy.families` gets it when built or loaded."""
-    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if isinstance(child, _TRANSFORMERS_RMS_NORMS)]
-    for parent, name, child in swaps:
-        setattr(parent, name, RMSNorm(child.weight, child.variance_epsilon))
+    replace_modules(model, _TRANSFORMERS_RMS_NORMS, lambda norm: RMSNorm(norm.weight, norm.variance_epsilon))
     return model
 
 
