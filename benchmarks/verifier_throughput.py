@@ -357,6 +357,10 @@ def main() -> None:
     st = verifier.stats()
     forked = st["boot_s_forked"]
     boots = ", ".join(f"{kind} {statistics.median(v):.2f} s" for kind, v in (("cold", st["boot_s_cold"]), ("forked", forked)) if v)
+    gated = st["boot_gate_s_forked"]
+    if gated:
+        boots += (f" (its start held the GPU gate {statistics.median(g for g, _ in gated) * 1000:.0f} ms in parts of "
+                  f"at most {statistics.median(p for _, p in gated) * 1000:.0f} ms)")
     print(f"workers: {st['workers']}, replaced {st['restarts']}; boot median: {boots or 'none'}; jobs waited "
           f"{st['ready_wait_s']:.1f} s in all for workers to boot (the warm-up before the timed batch included)")
     if st["forked_boot_phases_s"]:

@@ -178,6 +178,9 @@ def test_worker_start_up_self_test_takes_the_gate():
         gate.release("exclusive")
         info = worker.wait_ready(120)
         assert info["self_test"].startswith("ok") and gate._readers == 0 and not gate._writer
+        # how long the start held the gate is measured (the self-test's shared parts), waiting excluded
+        assert 0 < worker.boot_gate_part_s <= worker.boot_gate_s < time.monotonic() - worker.started
+        assert info["gc_frozen"] > 100_000  # torch's objects frozen: the after-job collections skip them
     finally:
         worker.kill()
 

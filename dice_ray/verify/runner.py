@@ -203,6 +203,8 @@ class WorkerProcess:
         self.jobs = 0
         self.started = time.monotonic()
         self.boot_s: float | None = None  # spawn to ready (s)
+        self.boot_gate_s = 0.0  # seconds its self-test held the GPU gate (the sum of its parts)
+        self.boot_gate_part_s = 0.0  # the longest of those parts: what a timing stage may wait for it
         self.ready_wait_s = 0.0  # time jobs waited for it to become ready (s)
         self._boot_error: str | None = None
         self._booting = threading.Thread(target=self._boot, daemon=True, name=f"boot-{self.pid}")
@@ -243,10 +245,14 @@ class WorkerProcess:
         ready); a failure or a start past ``start_timeout_s`` is kept for :meth:`wait_ready`.
 
         Imports and CUDA set-up are not gated; the self-test announces its stages like a job, and
-        each takes the gate access of :data:`STAGE_ACCESS` (its timing stage runs alone).
+        each takes the gate access of :data:`STAGE_ACCESS` (its timing stage runs alone; a stage
+        announced again is its next part: a waiting timing stage goes first, as in :meth:`run`).
+        :attr:`boot_gate_s` and :attr:`boot_gate_part_s` say how long it held the gate.
         """
         deadline = time.monotonic() + self.settings.get("start_timeout_s", 180.0)
         held: str | None = None
+        stage = ""
+        mark = time.monotonic()  # start of the current part
         try:
             while True:
                 try:
@@ -255,8 +261,18 @@ class WorkerProcess:
                     self.kill()
                     self._boot_error = f"verifier worker died while starting: {self._death()}"
                     return
+                if held is not None:
+                    part = time.monotonic() - mark
+                    self.boot_gate_s += part
+                    self.boot_gate_part_s = max(self.boot_gate_part_s, part)
                 if msg is not None and msg.get("type") == "stage":
-                    held = self._switch_gate(held, STAGE_ACCESS.get(str(msg.get("stage")), "exclusive"))
+                    again = str(msg.get("stage")) == stage  # its next part: waiting timing stages go first
+                    stage = str(msg.get("stage"))
+                    if again and held == "shared" and self.gate is not None:
+                        self.gate.yield_shared()
+                    else:
+                        held = self._switch_gate(held, STAGE_ACCESS.get(stage, "exclusive"))
+                    mark = time.monotonic()
                     try:
                         write_frame(self._w, {"op": "go"})
                     except OSError:

@@ -136,7 +136,7 @@ class Verifier:
         old.close()
         with self._lock:
             self.restarts += 1
-            self._retired.append((old.boot_s, old.ready_wait_s, old.forked))
+            self._retired.append((old.boot_s, old.ready_wait_s, old.forked, (old.boot_gate_s, old.boot_gate_part_s)))
             if old.info and old.forked:
                 self._boot_phases.append(old.info.get("boot_phases_s", {}))
             alive = [w for w in self._spares if w.alive()]
@@ -151,18 +151,20 @@ class Verifier:
 
     def stats(self) -> dict[str, Any]:
         """Worker book-keeping: ``workers``, ``restarts``, ``boot_s`` (spawn to ready of every worker
-        so far, s; forked and cold separately) and ``ready_wait_s`` (job time spent waiting for a
+        so far, s; forked and cold separately), ``boot_gate_s_forked`` (of each forked worker's start,
+        the seconds it held the GPU gate in all and in its longest part), ``ready_wait_s`` (job time spent waiting for a
         worker to become ready, s) and, on a GPU, ``gpu_gate_s``: wall seconds the GPU gate was held
         exclusive (timing), shared (loads and checks) or idle since the Verifier started."""
         with self._lock:
             current = list(self._idle.queue) + list(self._busy)
-            rows = self._retired + [(w.boot_s, w.ready_wait_s, w.forked) for w in current]
+            rows = self._retired + [(w.boot_s, w.ready_wait_s, w.forked, (w.boot_gate_s, w.boot_gate_part_s)) for w in current]
         return {
             "workers": self.workers,
             "restarts": self.restarts,
-            "boot_s_forked": [round(b, 2) for b, _, f in rows if b is not None and f],
-            "boot_s_cold": [round(b, 2) for b, _, f in rows if b is not None and not f],
-            "ready_wait_s": round(sum(w for _, w, _ in rows), 2),
+            "boot_s_forked": [round(b, 2) for b, _, f, _ in rows if b is not None and f],
+            "boot_s_cold": [round(b, 2) for b, _, f, _ in rows if b is not None and not f],
+            "boot_gate_s_forked": [(round(g, 4), round(p, 4)) for b, _, f, (g, p) in rows if b is not None and f],
+            "ready_wait_s": round(sum(w for _, w, _, _ in rows), 2),
             "forked_boot_phases_s": list(self._boot_phases),
             "gpu_gate_s": self._gate.held_seconds() if self._gate is not None else {},
         }

@@ -1,0 +1,179 @@
+"""What one crashing candidate costs everyone on its GPU: the floor under verifier throughput with crashes.
+
+A victim process loops a ~50 us kernel with a synchronize after each (as a timing worker's windows
+do). Other processes, one after another, launch a kernel that stores through a null pointer (one
+thread, or every thread of a full grid), reads a wild address, or calls ``__trap()``, and wait for
+the error; then processes that start a CUDA context and run their first ops (what a replacement
+sandbox worker does after a crash). For each it prints how long the process waited for its error
+(or its set-up) and the victim's longest iteration meanwhile, against the victim's median.
+
+Measured on one H200 (2026-12-01) with a CuPy version of this probe: an illegal address took
+120-270 ms to report and stalled the victim 144-177 ms, whatever the grid; ``__trap()`` took
+0.6-1.5 s to report but stalled the victim only 12-14 ms; a new context took 274-355 ms and its
+first ops 93-212 ms (lazy kernel loading), the victim's longest iteration 1.4-1.6 ms. So every
+faulting candidate costs about 150 ms of the whole GPU's time, whatever the verifier does; at 7 %
+crashing candidates that alone is 4 s of a 392-candidate batch (``verifier_throughput.py``).
+
+    python benchmarks/gpu_fault_stall.py [--device 0] [--json OUT]
+
+Without a GPU it says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+FAULT_SOURCE = r"""
+extern "C" __global__ void fault(int mode, unsigned long long wild) {
+    bool first = blockIdx.x == 0 && threadIdx.x == 0;
+    if (mode == 0) { *(volatile int*)0 = 1; }                                   // every thread: null store
+    else if (mode == 1 && first) { __trap(); }
+    else if (mode == 2 && first) { if (*(volatile int*)wild == 12345) *(volatile int*)8 = 1; }  // wild read
+}
+"""
+WILD = 0x7F0000000000
+#: (label, mode of FAULT_SOURCE, blocks (0: SMs x 8), threads a block)
+CASES = (("null store, 1 thread", 0, 1, 1), ("null store, full grid", 0, 0, 256),
+         ("wild read, 1 thread", 2, 1, 1), ("__trap(), 1 thread", 1, 1, 1))
+
+
+def longest_iteration_ms(starts: np.ndarray, ends: np.ndarray, a: float, b: float) -> float | None:
+    """Longest victim iteration (ms) that overlaps ``[a, b]`` (monotonic seconds); None when none does.
+
+    Args:
+        starts, ends: ``[n]`` float64, monotonic seconds each iteration started and ended.
+    """
+    hit = (ends >= a) & (starts <= b)
+    return float(((ends - starts)[hit]).max() * 1e3) if hit.any() else None
+
+
+def _victim(path: str, stop: str, device: int) -> None:
+    import torch
+
+    torch.cuda.set_device(device)
+    x = torch.ones(16 << 20, device="cuda")  # 64 MB: ~50 us a multiply on an H100/H200
+    for _ in range(20):
+        x.mul_(1.0)
+    torch.cuda.synchronize()
+    Path(path + ".ready").touch()
+    starts, ends = [], []
+    while not os.path.exists(stop):
+        t0 = time.monotonic()
+        x.mul_(1.0)
+        torch.cuda.synchronize()
+        starts.append(t0)
+        ends.append(time.monotonic())
+    np.save(path, np.array([starts, ends]))
+
+
+def _fault(mode: int, blocks: int, threads: int, device: int) -> None:
+    import torch
+
+    from dice_ray.launch import load_cuda
+
+    torch.cuda.set_device(device)
+    torch.ones(1, device="cuda").add_(1)
+    torch.cuda.synchronize()
+    kernels = load_cuda(FAULT_SOURCE)
+    blocks = blocks or torch.cuda.get_device_properties(device).multi_processor_count * 8
+    t0 = time.monotonic()
+    try:
+        kernels.fault(grid=blocks, block=threads, args=(mode, WILD))
+        torch.cuda.synchronize()
+        error = "none"
+    except Exception as e:  # noqa: BLE001 - the error is what is measured
+        error = f"{type(e).__name__}: {str(e).splitlines()[0][:90]}"
+    print(json.dumps({"from": t0, "to": time.monotonic(), "error": error, "blocks": blocks}), flush=True)
+    os._exit(0)  # a broken context: no teardown
+
+
+def _context(device: int) -> None:
+    import torch
+
+    t0 = time.monotonic()
+    torch.cuda.set_device(device)
+    torch.ones(1 << 20, device="cuda").mul_(2).sum().item()
+    t1 = time.monotonic()
+    a = torch.randn(256, 256, device="cuda")
+    (torch.softmax(a, -1) @ a).double().isfinite().all().item()
+    print(json.dumps({"from": t0, "set_up": t1, "to": time.monotonic()}), flush=True)
+    os._exit(0)
+
+
+def _child(*args: str) -> dict:
+    r = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"{args[0]} child failed (exit {r.returncode}): {r.stderr[-800:]}")
+    return json.loads(lines[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--contexts", type=int, default=2, help="new-context children to time")
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_fault_stall: skipped (no GPU: nothing can fault)")
+        return
+    with tempfile.TemporaryDirectory() as d:
+        path, stop = os.path.join(d, "victim.npy"), os.path.join(d, "stop")
+        victim = subprocess.Popen([sys.executable, __file__, "victim", path, stop, str(args.device)])
+        deadline = time.monotonic() + 120
+        while not os.path.exists(path + ".ready"):
+            if victim.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the victim process did not start")
+            time.sleep(0.05)
+        rows = []
+        for label, mode, blocks, threads in CASES:
+            rows.append({"case": label, **_child("fault", str(mode), str(blocks), str(threads), str(args.device))})
+            time.sleep(0.5)
+        for i in range(args.contexts):
+            rows.append({"case": f"new context {i + 1}", **_child("context", str(args.device))})
+            time.sleep(0.5)
+        Path(stop).touch()
+        victim.wait(timeout=60)
+        starts, ends = np.load(path)
+    median = float(np.median(ends - starts) * 1e3)
+    print(f"victim: {len(starts)} iterations, median {median:.3f} ms (kernel + synchronize)")
+    for row in rows:
+        if "set_up" in row:
+            row["wait_ms"] = (row["set_up"] - row["from"]) * 1e3
+            row["first_ops_ms"] = (row["to"] - row["set_up"]) * 1e3
+            row["victim_longest_ms"] = longest_iteration_ms(starts, ends, row["from"], row["to"])
+            print(f"  {row['case']:24s} set-up {row['wait_ms']:7.1f} ms, first ops {row['first_ops_ms']:6.1f} ms; "
+                  f"victim's longest iteration {row['victim_longest_ms']:.2f} ms")
+        else:
+            row["wait_ms"] = (row["to"] - row["from"]) * 1e3
+            row["victim_longest_ms"] = longest_iteration_ms(starts, ends, row["from"], row["to"])
+            print(f"  {row['case']:24s} error after {row['wait_ms']:7.1f} ms ({row['error']}); "
+                  f"victim's longest iteration {row['victim_longest_ms']:.2f} ms")
+    stalls = [r["victim_longest_ms"] for r in rows if r.get("error", "").find("illegal") >= 0 and r["victim_longest_ms"]]
+    if stalls:
+        print(f"every illegal-address fault stalled the other process {min(stalls):.0f}-{max(stalls):.0f} ms: "
+              "the GPU time one such crashing candidate costs the whole verifier")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"victim_median_ms": median, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "victim":
+        _victim(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "fault":
+        _fault(*(int(a) for a in sys.argv[2:6]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "context":
+        _context(int(sys.argv[2]))
+    else:
+        main()

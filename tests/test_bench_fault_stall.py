@@ -1,0 +1,33 @@
+"""benchmarks/gpu_fault_stall.py: which victim iterations a fault's window catches, and the run without a GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_fault_stall.py"
+spec = importlib.util.spec_from_file_location("gpu_fault_stall", BENCH)
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def test_longest_iteration_counts_every_iteration_that_overlaps_the_window():
+    # iterations [0, 1], [1, 1.2] (stalled: 200 ms), [1.2, 1.3], [5, 5.001]
+    starts = np.array([0.0, 1.0, 1.2, 5.0])
+    ends = np.array([1.0, 1.2, 1.3, 5.001])
+    assert bench.longest_iteration_ms(starts, ends, 1.05, 1.1) == pytest.approx(200.0)  # inside one iteration
+    assert bench.longest_iteration_ms(starts, ends, 1.25, 4.0) == pytest.approx(100.0)  # its tail only
+    assert bench.longest_iteration_ms(starts, ends, 0.5, 1.25) == pytest.approx(1000.0)  # first one overlaps too
+    assert bench.longest_iteration_ms(starts, ends, 2.0, 3.0) is None  # the victim ran nothing then
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path")
+def test_without_a_gpu_it_says_so_and_exits_0():
+    r = subprocess.run([sys.executable, str(BENCH)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "skipped (no GPU" in r.stdout, r.stderr[-500:]
