@@ -82,3 +82,30 @@ def test_pool_mode_runs_compile_only_on_cpu(tmp_path):
     assert figures["sizes"]["1"]["ratio"] == 1.0
     assert figures["targets"]["2"]["met"] is None  # compile-only throughput says nothing about the GPU targets
     assert "N=1" in proc.stdout and "N=2" in proc.stdout and "ratio to N=1" in proc.stdout
+
+
+def test_rounds_get_sources_new_to_the_compile_caches():
+    from dice_ray.tasks.loaders import load_tasks
+
+    tasks = [t for t in load_tasks("builtin").tasks if t.solution_format == "fast"][:3]
+    first, second = bench.build_jobs(tasks, 4, 3, 0), bench.build_jobs(tasks, 4, 3, 1)
+    assert [k for _, k, _ in first] == [k for _, k, _ in second]
+    assert [s for _, _, s in first] == [bench.build_jobs(tasks, 4, 3)[i][2] for i in range(len(first))]  # round 0 unchanged
+    for (_, kind, a), (_, _, b) in zip(first, second):
+        assert a != b and "/* benchmark round 1 */" in b and b.replace(" /* benchmark round 1 */", "", 1) == a, kind
+
+
+@pytest.mark.slow
+def test_single_verifier_rounds_quote_the_median_on_cpu(tmp_path):
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--tasks", "2", "--rounds", "3", "--inline", "0", "--json", str(out)],
+        capture_output=True, text=True, timeout=300, env=env, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    # 2 tasks a round: 2 honest, 2 incorrect, 2 non-compiling, 1 crashing and 1 cheating (task 0)
+    assert figures["mode"] == "compile_only" and figures["candidates"] == 3 * 8 and len(figures["rounds"]) == 3
+    assert figures["candidates_per_s"] == sorted(figures["rounds"])[1] and not figures["unexpected"]
+    assert "median of 3 rounds" in proc.stdout
