@@ -266,12 +266,7 @@ class WorkerProcess:
                     self.boot_gate_s += part
                     self.boot_gate_part_s = max(self.boot_gate_part_s, part)
                 if msg is not None and msg.get("type") == "stage":
-                    again = str(msg.get("stage")) == stage  # its next part: waiting timing stages go first
-                    stage = str(msg.get("stage"))
-                    if again and held == "shared" and self.gate is not None:
-                        self.gate.yield_shared()
-                    else:
-                        held = self._switch_gate(held, STAGE_ACCESS.get(stage, "exclusive"))
+                    stage, held = self._enter(str(msg.get("stage")), stage, held)
                     mark = time.monotonic()
                     try:
                         write_frame(self._w, {"op": "go"})
@@ -290,6 +285,16 @@ class WorkerProcess:
         else:
             self.info = msg["info"]
             self.boot_s = time.monotonic() - self.started
+
+    def _enter(self, announced: str, stage: str, held: str | None) -> tuple[str, str | None]:
+        """The worker announced stage ``announced`` while in ``stage`` holding ``held``: take the gate
+        access it needs (:data:`STAGE_ACCESS`); the same stage again is its next part, and a shared
+        holder first lets waiting timing stages go (:meth:`GpuGate.yield_shared`).  Returns
+        ``(stage, held)`` now."""
+        if announced == stage and held == "shared" and self.gate is not None:
+            self.gate.yield_shared()
+            return announced, held
+        return announced, self._switch_gate(held, STAGE_ACCESS.get(announced, "exclusive"))
 
     def _switch_gate(self, held: str | None, want: str | None) -> str | None:
         """Give back ``held`` gate access and take ``want`` (None: none); returns what is held now."""
@@ -359,11 +364,7 @@ class WorkerProcess:
                     now = time.monotonic()
                     spent[stage] = spent.get(stage, 0.0) + now - mark
                     again = str(msg.get("stage")) == stage  # a stage announced again: its next part
-                    stage = str(msg.get("stage"))
-                    if again and held == "shared" and self.gate is not None:
-                        self.gate.yield_shared()
-                    else:
-                        held = self._switch_gate(held, STAGE_ACCESS.get(stage, "exclusive"))
+                    stage, held = self._enter(str(msg.get("stage")), stage, held)
                     mark = time.monotonic()
                     spent["gate_wait"] = spent.get("gate_wait", 0.0) + mark - now
                     try:
