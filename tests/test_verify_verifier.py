@@ -156,6 +156,7 @@ def test_after_a_crash_a_warm_spare_takes_over(unguarded):
     check(unguarded, crash, "crash")
     assert unguarded.worker_pid == spare.pid  # swapped in, not cold-started
     assert spare.forked  # forked from the zygote, torch already imported
+    assert spare.info["gc_frozen"] > 100_000  # the zygote's imports, frozen: after-job collections skip them
     check(unguarded, HONEST, "ok")
     test_environment_stripped_and_private_cwd(unguarded)  # the forked worker is as sandboxed
 

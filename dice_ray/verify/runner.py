@@ -29,9 +29,10 @@ from dice_ray.verify.zygote import Zygote, ZygoteError
 __all__ = ["STAGE_ACCESS", "GpuGate", "JobOutcome", "WorkerError", "WorkerProcess"]
 
 
-#: GPU access each stage needs: loading compiles on the CPU, checks share the GPU, timing owns it
+#: GPU access each stage needs: loading compiles on the CPU, checks share the GPU, timing owns it; a
+#: starting worker's last stage (``limits``: collecting, sandbox limits) needs none
 STAGE_ACCESS: dict[str, str | None] = {"load": None, "reference": "shared", "run": "shared", "timing": "exclusive",
-                                       "check": "shared"}
+                                       "check": "shared", "limits": None}
 
 
 class GpuGate:

@@ -108,7 +108,7 @@ class Verifier:
         if mode == "gpu":  # kernels that crash are routine on a GPU: have spares warm from the start
             self._spares = [WorkerProcess(self._settings, self._zygote, self._gate) for _ in range(verify_cfg.spare_workers)]
         self.restarts = 0
-        self._retired: list[tuple[float | None, float, bool]] = []
+        self._retired: list[tuple[float | None, float, bool, float, float]] = []  # stats() rows of closed workers
         self._boot_phases: list[dict[str, float]] = []
 
     # -- worker lifecycle ----------------------------------------------------------------------
@@ -136,7 +136,7 @@ class Verifier:
         old.close()
         with self._lock:
             self.restarts += 1
-            self._retired.append((old.boot_s, old.ready_wait_s, old.forked, (old.boot_gate_s, old.boot_gate_part_s)))
+            self._retired.append((old.boot_s, old.ready_wait_s, old.forked, old.boot_gate_s, old.boot_gate_part_s))
             if old.info and old.forked:
                 self._boot_phases.append(old.info.get("boot_phases_s", {}))
             alive = [w for w in self._spares if w.alive()]
@@ -157,14 +157,14 @@ class Verifier:
         exclusive (timing), shared (loads and checks) or idle since the Verifier started."""
         with self._lock:
             current = list(self._idle.queue) + list(self._busy)
-            rows = self._retired + [(w.boot_s, w.ready_wait_s, w.forked, (w.boot_gate_s, w.boot_gate_part_s)) for w in current]
+            rows = self._retired + [(w.boot_s, w.ready_wait_s, w.forked, w.boot_gate_s, w.boot_gate_part_s) for w in current]
         return {
             "workers": self.workers,
             "restarts": self.restarts,
-            "boot_s_forked": [round(b, 2) for b, _, f, _ in rows if b is not None and f],
-            "boot_s_cold": [round(b, 2) for b, _, f, _ in rows if b is not None and not f],
-            "boot_gate_s_forked": [(round(g, 4), round(p, 4)) for b, _, f, (g, p) in rows if b is not None and f],
-            "ready_wait_s": round(sum(w for _, w, _, _ in rows), 2),
+            "boot_s_forked": [round(b, 2) for b, _, f, _, _ in rows if b is not None and f],
+            "boot_s_cold": [round(b, 2) for b, _, f, _, _ in rows if b is not None and not f],
+            "boot_gate_s_forked": [(round(g, 4), round(p, 4)) for b, _, f, g, p in rows if b is not None and f],
+            "ready_wait_s": round(sum(w for _, w, _, _, _ in rows), 2),
             "forked_boot_phases_s": list(self._boot_phases),
             "gpu_gate_s": self._gate.held_seconds() if self._gate is not None else {},
         }

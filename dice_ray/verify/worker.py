@@ -61,8 +61,9 @@ def main(argv: list[str]) -> int:
         # timing stage (the verifier's cold workers checked that path; it would hold the GPU alone ~70 ms)
         selftest = harness.self_test(stage, timing=not settings.get("forked", False))
         phases["self_test"] = time.monotonic() - started
-        gc.collect()  # the self-test's garbage first (it may hold GPU memory), then
-        gc.freeze()  # torch's ~300k objects: the full collection every 50 jobs took 127 ms under the gate, now ~0
+        stage("limits")  # the GPU gate goes back: nothing below runs on the GPU
+        gc.collect()  # the self-test's garbage (it may hold GPU memory), then everything into the permanent
+        gc.freeze()  # generation: a full collection (every 50 jobs, under the gate) took 127 ms with torch, now ~0
         limits = sandbox.apply_limits(
             file_size_mib=settings["file_size_mib"],
             address_space_gib=settings["cpu_address_space_gib"] if mode == "compile_only" else None,
