@@ -7,7 +7,8 @@ the error; then processes that start a CUDA context and run their first ops (wha
 sandbox worker does after a crash). For each it prints how long the process waited for its error
 (or its set-up) and the victim's longest iteration meanwhile, against the victim's median.
 
-Measured on one H200 (2026-12-01) with a CuPy version of this probe: an illegal address took
+Measured on one H200 (2026-12-01) with the same probe written with CuPy kernels (not shipped; this
+script, with dice-ray's own launcher instead, has not run on a GPU yet): an illegal address took
 120-270 ms to report and stalled the victim 144-177 ms, whatever the grid; ``__trap()`` took
 0.6-1.5 s to report but stalled the victim only 12-14 ms; a new context took 274-355 ms and its
 first ops 93-212 ms (lazy kernel loading), the victim's longest iteration 1.4-1.6 ms. So every
@@ -118,15 +119,18 @@ def _child(*args: str) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", type=int, default=0)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--device", type=int, default=0, help="CUDA ordinal every process uses")
     ap.add_argument("--contexts", type=int, default=2, help="new-context children to time")
-    ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--json", help="write the figures here (without a GPU: why they are missing)")
     args = ap.parse_args()
     import torch
 
     if not torch.cuda.is_available():
         print("gpu_fault_stall: skipped (no GPU: nothing can fault)")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"skipped": "no GPU"}))
         return
     with tempfile.TemporaryDirectory() as d:
         path, stop = os.path.join(d, "victim.npy"), os.path.join(d, "stop")

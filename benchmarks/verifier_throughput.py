@@ -279,18 +279,19 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=0, help="sandbox workers of the Verifier (verify.workers; 0: auto)")
     ap.add_argument("--spare-workers", type=int, default=None,
                     help="warm sandbox workers kept ready to replace one after a crash (verify.spare_workers; "
-                         "default: the config's)")
+                         "None: the config's)")
     ap.add_argument("--timing-window-ms", type=float, default=None,
-                    help="verify.timing_window_ms (default: the config's; 0: one call a timed window)")
+                    help="verify.timing_window_ms (None: the config's; 0: one call a timed window)")
     ap.add_argument("--crash-every", type=int, default=4, help="one crashing candidate every N tasks (0: none; a crash's fault stalls the whole GPU ~150 ms)")
     ap.add_argument("--cheat-every", type=int, default=3, help="one cheating candidate every N tasks (0: none)")
     ap.add_argument("--repeats", type=int, default=5,
                     help="verifications of each --cov-tasks task for the speedup's CoV (GPU only)")
-    ap.add_argument("--inline", type=int, default=3, help="DICE load_inline records for the per-candidate cost (0: off)")
+    ap.add_argument("--inline", type=int, default=3, help="DICE load_inline records for the per-candidate cost of that path (GPU only; 0: off)")
     ap.add_argument("--dice-data", default=os.environ.get("DICE_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "data" / "dice")),
                     help="folder with DICE's kernel_infilling_evaluation.json (env DICE_DATA_DIR)")
     ap.add_argument("--torch-inline", type=int, default=1,
-                    help="of those, records also built with torch's own load_inline, as KernelBench does (0: off)")
+                    help="of the --inline records, how many are also built with torch's own load_inline, as KernelBench "
+                         "does (0: off)")
     ap.add_argument("--cov-tasks", default="relu,softmax,matmul", help="tasks whose speedup is repeated (names)")
     ap.add_argument("--tasks", type=int, default=0, help="use the first N built-in tasks (0: all)")
     ap.add_argument("--pool", type=parse_pool_sizes, default=None,
@@ -358,7 +359,7 @@ def main() -> None:
                 if k == kind and not name.startswith("timing."):
                     kind_stages.setdefault(name, []).append(sec)
         parts = ", ".join(f"{n} {statistics.median(v) * 1000:.0f}/{sum(v):.1f}" for n, v in kind_stages.items())
-        print(f"  {kind:14s} n={len(secs):3d} median latency {statistics.median(secs)*1000:8.1f} ms; stages (median ms, "
+        print(f"  {kind:14s} n={len(secs):3d}{' (all rounds)' if args.rounds > 1 else ''} median latency {statistics.median(secs)*1000:8.1f} ms; stages (median ms, "
               f"sum s): {parts or 'none (refused by the static rules before any worker stage)'}")
     if gate:
         print("GPU gate over the batch: " + ", ".join(f"{k} {v:.1f} s ({v / total:.0%})" for k, v in gate.items()))

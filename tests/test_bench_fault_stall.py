@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,8 @@ def test_longest_iteration_counts_every_iteration_that_overlaps_the_window():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path")
-def test_without_a_gpu_it_says_so_and_exits_0():
-    r = subprocess.run([sys.executable, str(BENCH)], capture_output=True, text=True, timeout=120)
+def test_without_a_gpu_it_says_so_and_exits_0(tmp_path):
+    out = tmp_path / "stall.json"
+    r = subprocess.run([sys.executable, str(BENCH), "--json", str(out)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "skipped (no GPU" in r.stdout, r.stderr[-500:]
+    assert json.loads(out.read_text()) == {"skipped": "no GPU"}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+
+from dice_ray.cluster.learner import learner_env
 from dice_ray.cluster.trainer import describe_summary, describe_heldout, describe_learner, describe_warm_start
 
 
@@ -68,6 +71,8 @@ def test_learner_line_names_a_slow_deepspeed_set_up():
             "backend": "gloo", "ranks": 1, "device": "cpu", "fused_kernels": []}
     slow = describe_learner({**info, "seconds": 25.9, "deepspeed_seconds": 25.5})
     assert slow.endswith("ready in 25.9 s (DeepSpeed's set-up 25.5 s of it: it builds its ops on first use, then "
-                         "caches them in ~/.cache/torch_extensions)")
+                         "caches them in ~/.cache/dice-ray/torch_extensions)")
+    named = slow.rsplit("caches them in ", 1)[1].rstrip(")")
+    assert os.path.expanduser(named) == learner_env(False)["TORCH_EXTENSIONS_DIR"]  # the folder the learner uses
     assert describe_learner({**info, "seconds": 0.4, "deepspeed_seconds": 0.3}).endswith("ready in 0.4 s")
     assert describe_learner({**info, "seconds": 0.4}).endswith("ready in 0.4 s")

@@ -189,7 +189,9 @@ def estimator_seed(base: int, step: int, group: int) -> int:
 def learner_env(use_gpu: bool) -> dict:
     """Environment for a learner rank: DeepSpeed's CPU accelerator without GPUs, and a persistent
     ``TORCH_EXTENSIONS_DIR`` so DeepSpeed's JIT ops (shm comm: ~30 s) build once per machine."""
-    env = {"TORCH_EXTENSIONS_DIR": os.path.expanduser("~/.cache/dice-ray/torch_extensions")}
+    from dice_ray.policy.sft import DEEPSPEED_OPS_DIR
+
+    env = {"TORCH_EXTENSIONS_DIR": os.path.expanduser(DEEPSPEED_OPS_DIR)}
     if not use_gpu:
         env["DS_ACCELERATOR"] = "cpu"
     return env

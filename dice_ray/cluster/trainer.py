@@ -36,6 +36,7 @@ from dice_ray.cluster.storage import CheckpointStore, run_store_url
 from dice_ray.cluster.verifier_pool import POOL_NAME, VerifierPool
 from dice_ray.cluster.weight_sync import WeightSync, resolve_mode
 from dice_ray.config import DiceConfig, load_config
+from dice_ray.policy.sft import DEEPSPEED_OPS_DIR
 from dice_ray.report import plot_curves, read_metrics
 from dice_ray.rl.advantages import group_advantages
 from dice_ray.tasks.loaders import load_tasks
@@ -125,7 +126,7 @@ def describe_learner(info: dict) -> str:
                if info.get("fused_kernels_off") else "")
             + f"; ready in {info.get('seconds', 0.0):.1f} s"
             + (f" (DeepSpeed's set-up {info['deepspeed_seconds']:.1f} s of it: it builds its ops on first use, then "
-               f"caches them in ~/.cache/torch_extensions)" if info.get("deepspeed_seconds", 0.0) >= SLOW_DEEPSPEED_S
+               f"caches them in {DEEPSPEED_OPS_DIR})" if info.get("deepspeed_seconds", 0.0) >= SLOW_DEEPSPEED_S
                else ""))
 
 

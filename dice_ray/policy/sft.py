@@ -355,6 +355,10 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+#: where DeepSpeed builds its JIT ops (``TORCH_EXTENSIONS_DIR``): once a machine, then cached
+DEEPSPEED_OPS_DIR = "~/.cache/dice-ray/torch_extensions"
+
+
 def deepspeed_initialize(**kwargs: Any) -> tuple[Any, ...]:
     """``deepspeed.initialize(**kwargs)`` without DeepSpeed's op-build notice on stdout.
 
@@ -403,7 +407,7 @@ def init_single_process_group() -> str:
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/dice-ray/torch_extensions"))
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser(DEEPSPEED_OPS_DIR))
     if dist.is_initialized():
         if dist.get_world_size() != 1:
             raise RuntimeError(f"dice-ray sft trains in one process, but this process is rank {dist.get_rank()} "
