@@ -153,18 +153,16 @@ def main() -> None:
     median = float(np.median(ends - starts) * 1e3)
     print(f"victim: {len(starts)} iterations, median {median:.3f} ms (kernel + synchronize)")
     for row in rows:
+        row["victim_longest_ms"] = longest = longest_iteration_ms(starts, ends, row["from"], row["to"])
+        victim = f"victim's longest iteration {longest:.2f} ms" if longest is not None else "the victim ran nothing then"
         if "set_up" in row:
             row["wait_ms"] = (row["set_up"] - row["from"]) * 1e3
             row["first_ops_ms"] = (row["to"] - row["set_up"]) * 1e3
-            row["victim_longest_ms"] = longest_iteration_ms(starts, ends, row["from"], row["to"])
-            print(f"  {row['case']:24s} set-up {row['wait_ms']:7.1f} ms, first ops {row['first_ops_ms']:6.1f} ms; "
-                  f"victim's longest iteration {row['victim_longest_ms']:.2f} ms")
+            print(f"  {row['case']:24s} set-up {row['wait_ms']:7.1f} ms, first ops {row['first_ops_ms']:6.1f} ms; {victim}")
         else:
             row["wait_ms"] = (row["to"] - row["from"]) * 1e3
-            row["victim_longest_ms"] = longest_iteration_ms(starts, ends, row["from"], row["to"])
-            print(f"  {row['case']:24s} error after {row['wait_ms']:7.1f} ms ({row['error']}); "
-                  f"victim's longest iteration {row['victim_longest_ms']:.2f} ms")
-    stalls = [r["victim_longest_ms"] for r in rows if r.get("error", "").find("illegal") >= 0 and r["victim_longest_ms"]]
+            print(f"  {row['case']:24s} error after {row['wait_ms']:7.1f} ms ({row['error']}); {victim}")
+    stalls = [r["victim_longest_ms"] for r in rows if "illegal" in r.get("error", "") and r["victim_longest_ms"]]
     if stalls:
         print(f"every illegal-address fault stalled the other process {min(stalls):.0f}-{max(stalls):.0f} ms: "
               "the GPU time one such crashing candidate costs the whole verifier")

@@ -329,7 +329,7 @@ def main() -> None:
     gate0 = verifier.stats()["gpu_gate_s"]
     rates, all_jobs, verdicts, total = [], [], [], 0.0
     for r in range(args.rounds):
-        round_jobs = build_jobs(tasks, args.crash_every, args.cheat_every, r)
+        round_jobs = build_jobs(tasks, args.crash_every, args.cheat_every, r) if r else jobs
         restarts0 = verifier.restarts
         t0 = time.perf_counter()
         verdicts += verifier.verify_many([(task, src, f"{task.task_id}:{kind}:{r}") for task, kind, src in round_jobs])
