@@ -1,21 +1,23 @@
 """What one crashing candidate costs everyone on its GPU: the floor under verifier throughput with crashes.
 
-A victim process loops a ~50 us kernel with a synchronize after each (as a timing worker's windows
-do). Other processes, one after another, launch a kernel that stores through a null pointer (one
+Victim processes (``--victims``, default 1) each loop a ~50 us kernel with a synchronize after each
+(as a timing worker's windows do). Other processes, one after another, launch a kernel that stores through a null pointer (one
 thread, or every thread of a full grid), reads a wild address, or calls ``__trap()``, and wait for
 the error; then processes that start a CUDA context and run their first ops (what a replacement
-sandbox worker does after a crash). For each it prints how long the process waited for its error
+sandbox worker does after a crash), and processes that load the verifier's kernels by a CUDA graph
+capture (``dice_ray.verify.kernel_preload``, which a worker does before it takes the GPU gate, so it
+must not disturb timing). For each it prints how long the process waited for its error
 (or its set-up) and the victim's longest iteration meanwhile, against the victim's median.
 
-Measured on one H200 (2026-12-01) with the same probe written with CuPy kernels (not shipped; this
-script, with dice-ray's own launcher instead, has not run on a GPU yet): an illegal address took
-120-270 ms to report and stalled the victim 144-177 ms, whatever the grid; ``__trap()`` took
-0.6-1.5 s to report but stalled the victim only 12-14 ms; a new context took 274-355 ms and its
-first ops 93-212 ms (lazy kernel loading), the victim's longest iteration 1.4-1.6 ms. So every
-faulting candidate costs about 150 ms of the whole GPU's time, whatever the verifier does; at 7 %
-crashing candidates that alone is 4 s of a 392-candidate batch (``verifier_throughput.py``).
+Measured on one H200 (2026-12-01): an illegal address took 147-156 ms to report and stalled the
+victims 144-153 ms, whatever the grid and with 1 or 5 victims; ``__trap()`` took 1.3-1.5 s to
+report but stalled the victims 13-57 ms; a new context took 296-320 ms and its first ops 219-251 ms
+(lazy kernel loading), the victims' longest iteration 1.5-2.4 ms; a kernel preload took 343-362 ms,
+the victims' longest iteration 0.66-1.85 ms. So every faulting candidate costs about 150 ms of the
+whole GPU's time, whatever the verifier does; at 7 % crashing candidates that alone is 4 s of a
+392-candidate batch (``verifier_throughput.py``).
 
-    python benchmarks/gpu_fault_stall.py [--device 0] [--json OUT]
+    python benchmarks/gpu_fault_stall.py [--device 0] [--victims 1] [--contexts 2] [--json OUT]
 
 Without a GPU it says so and exits 0.
 """
@@ -110,6 +112,21 @@ def _context(device: int) -> None:
     os._exit(0)
 
 
+def _preload(device: int) -> None:
+    import torch
+
+    from dice_ray.verify.kernel_preload import preload_kernels
+
+    torch.cuda.set_device(device)
+    torch.ones(1, device="cuda").add_(1)
+    torch.cuda.synchronize()
+    time.sleep(0.2)  # the context's own set-up is over: only the preload is in the window
+    t0 = time.monotonic()
+    got = preload_kernels(device)
+    print(json.dumps({"from": t0, "to": time.monotonic(), "error": got.get("error", "none"), "preload": got}), flush=True)
+    os._exit(0)
+
+
 def _child(*args: str) -> dict:
     r = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=300)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
@@ -122,9 +139,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--device", type=int, default=0, help="CUDA ordinal every process uses")
-    ap.add_argument("--contexts", type=int, default=2, help="new-context children to time")
+    ap.add_argument("--contexts", type=int, default=2, help="new-context children to time (and as many kernel preloads)")
+    ap.add_argument("--victims", type=int, default=1,
+                    help="victim processes looping at once (a verifier runs several sandbox workers on its GPU)")
     ap.add_argument("--json", help="write the figures here (without a GPU: why they are missing)")
     args = ap.parse_args()
+    if args.victims < 1 or args.contexts < 0:
+        ap.error(f"--victims must be >= 1 and --contexts >= 0, got {args.victims} and {args.contexts}")
     import torch
 
     if not torch.cuda.is_available():
@@ -133,12 +154,13 @@ def main() -> None:
             Path(args.json).write_text(json.dumps({"skipped": "no GPU"}))
         return
     with tempfile.TemporaryDirectory() as d:
-        path, stop = os.path.join(d, "victim.npy"), os.path.join(d, "stop")
-        victim = subprocess.Popen([sys.executable, __file__, "victim", path, stop, str(args.device)])
+        stop = os.path.join(d, "stop")
+        paths = [os.path.join(d, f"victim{i}.npy") for i in range(args.victims)]
+        victims = [subprocess.Popen([sys.executable, __file__, "victim", p, stop, str(args.device)]) for p in paths]
         deadline = time.monotonic() + 120
-        while not os.path.exists(path + ".ready"):
-            if victim.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the victim process did not start")
+        while not all(os.path.exists(p + ".ready") for p in paths):
+            if any(v.poll() is not None for v in victims) or time.monotonic() > deadline:
+                raise RuntimeError("a victim process did not start")
             time.sleep(0.05)
         rows = []
         for label, mode, blocks, threads in CASES:
@@ -147,18 +169,26 @@ def main() -> None:
         for i in range(args.contexts):
             rows.append({"case": f"new context {i + 1}", **_child("context", str(args.device))})
             time.sleep(0.5)
+        for i in range(args.contexts):
+            rows.append({"case": f"kernel preload {i + 1}", **_child("preload", str(args.device))})
+            time.sleep(0.5)
         Path(stop).touch()
-        victim.wait(timeout=60)
-        starts, ends = np.load(path)
-    median = float(np.median(ends - starts) * 1e3)
-    print(f"victim: {len(starts)} iterations, median {median:.3f} ms (kernel + synchronize)")
+        for v in victims:
+            v.wait(timeout=60)
+        loops = [np.load(p) for p in paths]
+    median = float(np.median(np.concatenate([e - s for s, e in loops])) * 1e3)
+    print(f"{args.victims} victim(s): {sum(len(s) for s, _ in loops)} iterations, median {median:.3f} ms (kernel + synchronize)")
     for row in rows:
-        row["victim_longest_ms"] = longest = longest_iteration_ms(starts, ends, row["from"], row["to"])
+        each = [longest_iteration_ms(s, e, row["from"], row["to"]) for s, e in loops]
+        row["victim_longest_ms"] = longest = max((x for x in each if x is not None), default=None)
         victim = f"victim's longest iteration {longest:.2f} ms" if longest is not None else "the victim ran nothing then"
         if "set_up" in row:
             row["wait_ms"] = (row["set_up"] - row["from"]) * 1e3
             row["first_ops_ms"] = (row["to"] - row["set_up"]) * 1e3
             print(f"  {row['case']:24s} set-up {row['wait_ms']:7.1f} ms, first ops {row['first_ops_ms']:6.1f} ms; {victim}")
+        elif "preload" in row:
+            row["wait_ms"] = (row["to"] - row["from"]) * 1e3
+            print(f"  {row['case']:24s} capture {row['wait_ms']:7.1f} ms ({row['preload']}); {victim}")
         else:
             row["wait_ms"] = (row["to"] - row["from"]) * 1e3
             print(f"  {row['case']:24s} error after {row['wait_ms']:7.1f} ms ({row['error']}); {victim}")
@@ -167,7 +197,7 @@ def main() -> None:
         print(f"every illegal-address fault stalled the other process {min(stalls):.0f}-{max(stalls):.0f} ms: "
               "the GPU time one such crashing candidate costs the whole verifier")
     if args.json:
-        Path(args.json).write_text(json.dumps({"victim_median_ms": median, "rows": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"victims": args.victims, "victim_median_ms": median, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
@@ -177,5 +207,7 @@ if __name__ == "__main__":
         _fault(*(int(a) for a in sys.argv[2:6]))
     elif len(sys.argv) > 1 and sys.argv[1] == "context":
         _context(int(sys.argv[2]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "preload":
+        _preload(int(sys.argv[2]))
     else:
         main()

@@ -106,7 +106,8 @@ def parse_pool_sizes(text: str) -> list[int]:
 
 
 def verify_config(args: argparse.Namespace) -> VerifyConfig:
-    """The verifier config of the flags (``--workers``, ``--spare-workers``, ``--timing-window-ms``).
+    """The verifier config of the flags (``--workers``, ``--spare-workers``, ``--timing-window-ms``,
+    ``--no-preload-kernels``).
 
     Raises:
         pydantic.ValidationError: a value out of the config's range (e.g. ``--spare-workers -1``).
@@ -114,6 +115,8 @@ def verify_config(args: argparse.Namespace) -> VerifyConfig:
     extra = {} if args.timing_window_ms is None else {"timing_window_ms": args.timing_window_ms}
     if args.spare_workers is not None:
         extra["spare_workers"] = args.spare_workers
+    if args.no_preload_kernels:
+        extra["preload_kernels"] = False
     return VerifyConfig(workers=args.workers, **extra)
 
 
@@ -282,6 +285,8 @@ def main() -> None:
                          "None: the config's)")
     ap.add_argument("--timing-window-ms", type=float, default=None,
                     help="verify.timing_window_ms (None: the config's; 0: one call a timed window)")
+    ap.add_argument("--no-preload-kernels", action="store_true",
+                    help="verify.preload_kernels=false: workers load kernels lazily, under the GPU gate (for comparison)")
     ap.add_argument("--crash-every", type=int, default=4, help="one crashing candidate every N tasks (0: none; a crash's fault stalls the whole GPU ~150 ms)")
     ap.add_argument("--cheat-every", type=int, default=3, help="one cheating candidate every N tasks (0: none)")
     ap.add_argument("--repeats", type=int, default=5,

@@ -215,6 +215,11 @@ class VerifyConfig(_Section):
         "(torch.cuda.set_per_process_memory_fraction), so one candidate cannot starve the others.",
     )
     seccomp: bool = Field(True, description="Forbid fork/exec in the worker with a seccomp filter (x86-64 Linux).")
+    preload_kernels: bool = Field(
+        True, description="A GPU worker loads the kernels every job uses (a CUDA graph captured and dropped) before "
+        "it first takes the GPU gate, so its start holds the gate for milliseconds, not for CUDA's lazy loading "
+        "(dice_ray.verify.kernel_preload)."
+    )
     # -- timing (dice_ray.verify.harness) --
     input_pool_mib: float = Field(
         1024.0, gt=0.0,

@@ -34,3 +34,8 @@ def test_without_a_gpu_it_says_so_and_exits_0(tmp_path):
     r = subprocess.run([sys.executable, str(BENCH), "--json", str(out)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "skipped (no GPU" in r.stdout, r.stderr[-500:]
     assert json.loads(out.read_text()) == {"skipped": "no GPU"}
+
+
+def test_bad_counts_fail_in_one_line_naming_them():
+    r = subprocess.run([sys.executable, str(BENCH), "--victims", "0"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--victims must be >= 1" in r.stderr and "Traceback" not in r.stderr, r.stderr[-500:]

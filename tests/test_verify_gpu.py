@@ -131,6 +131,22 @@ def test_illegal_memory_access_crashes_then_honest_ok(gpu):
     # the replacement was forked and its self-test stopped before the exclusive timing stage
     (worker,) = [w for w in list(gpu._idle.queue) if w.pid == gpu.worker_pid]
     assert worker.forked and worker.info["self_test"].startswith("ok") and "timing skipped" in worker.info["self_test"]
+    # and it loaded the jobs' kernels before it first took the gate (a capture: nothing ran)
+    assert worker.info["preload"]["ops"] > 0 and "error" not in worker.info["preload"], worker.info["preload"]
+    assert "preload" in worker.info["boot_phases_s"]
+
+
+def test_kernel_preload_runs_nothing_and_frees_its_memory():
+    from dice_ray.verify.kernel_preload import preload_kernels
+
+    torch.cuda.synchronize()
+    x = torch.full((8,), 3.0, device="cuda")
+    before = torch.cuda.memory_allocated()
+    got = preload_kernels(torch.cuda.current_device())
+    assert "error" not in got and got["ops"] == 8 and got["ms"] > 0, got
+    assert torch.cuda.memory_allocated() == before and torch.cuda.memory_reserved() >= before
+    assert torch.equal(x, torch.full((8,), 3.0, device="cuda"))  # nothing replayed; the context works
+    assert float((x + 1).sum().item()) == 32.0
 
 
 def test_endless_kernel_times_out_then_honest_ok(gpu):

@@ -181,6 +181,7 @@ def test_worker_start_up_self_test_takes_the_gate():
         # how long the start held the gate is measured (the self-test's shared parts), waiting excluded
         assert 0 < worker.boot_gate_part_s <= worker.boot_gate_s < time.monotonic() - worker.started
         assert info["gc_frozen"] > 100_000  # torch's objects frozen: the after-job collections skip them
+        assert info["preload"] is None  # compile-only: no GPU kernels to load
     finally:
         worker.kill()
 
