@@ -310,9 +310,11 @@ def main() -> None:
 
     if args.rounds < 1:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
-    if args.tasks < 0 or args.copies < 1 or args.crash_every < 0 or args.cheat_every < 0:
-        ap.error(f"--tasks, --crash-every and --cheat-every must be >= 0 and --copies >= 1, got {args.tasks}, "
-                 f"{args.crash_every}, {args.cheat_every} and {args.copies}")
+    bad = [f"{flag} must be >= {least}, got {value}" for flag, value, least in (
+        ("--tasks", args.tasks, 0), ("--crash-every", args.crash_every, 0), ("--cheat-every", args.cheat_every, 0),
+        ("--copies", args.copies, 1)) if value < least]
+    if bad:
+        ap.error("; ".join(bad))
 
     try:
         cfg = verify_config(args)

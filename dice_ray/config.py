@@ -218,7 +218,8 @@ class VerifyConfig(_Section):
     preload_kernels: bool = Field(
         True, description="A GPU worker loads the kernels every job uses (a CUDA graph captured and dropped) before "
         "it first takes the GPU gate, so its start holds the gate for milliseconds, not for CUDA's lazy loading "
-        "(dice_ray.verify.kernel_preload)."
+        "(dice_ray.verify.kernel_preload). Leave on: it changes speed, never a verdict (a failed capture is reported "
+        "in the worker's info and its kernels load on first use); off only to compare or debug; no effect without a GPU."
     )
     # -- timing (dice_ray.verify.harness) --
     input_pool_mib: float = Field(

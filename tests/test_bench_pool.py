@@ -36,7 +36,8 @@ def test_pool_sizes_parse_and_reject_bad_lists():
 
 @pytest.mark.parametrize("flags, says", [(["--spare-workers", "-1"], "verify.spare_workers"),
                                          (["--timing-window-ms", "-1"], "verify.timing_window_ms"),
-                                         (["--crash-every", "-1"], "--crash-every")])
+                                         (["--crash-every", "-1"], "--crash-every must be >= 0, got -1"),
+                                         (["--tasks", "-3"], "error: --tasks must be >= 0, got -3\n")])
 def test_bad_flags_fail_in_one_line_naming_them(flags, says):
     done = subprocess.run([sys.executable, str(BENCH), *flags], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr[-800:]

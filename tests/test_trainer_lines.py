@@ -5,7 +5,13 @@ from __future__ import annotations
 import os
 
 from dice_ray.cluster.learner import learner_env
-from dice_ray.cluster.trainer import describe_summary, describe_heldout, describe_learner, describe_warm_start
+from dice_ray.cluster.trainer import correct_rate, describe_summary, describe_heldout, describe_learner, describe_warm_start
+from dice_ray.verify.verdict import Verdict
+
+
+def _verdict(kind: str, correct: bool | None, mode: str) -> Verdict:
+    return Verdict(candidate_id="c", task_id="t", verdict=kind, compiled=kind != "compile_error", correct=correct,
+                   speedup=None, reward=0.0, reason="", mode=mode, seconds=0.1)
 
 
 def test_warm_start_line_says_steps_pairs_time_loss_and_why_it_stopped():
@@ -76,3 +82,24 @@ def test_learner_line_names_a_slow_deepspeed_set_up():
     assert os.path.expanduser(named) == learner_env(False)["TORCH_EXTENSIONS_DIR"]  # the folder the learner uses
     assert describe_learner({**info, "seconds": 0.4, "deepspeed_seconds": 0.3}).endswith("ready in 0.4 s")
     assert describe_learner({**info, "seconds": 0.4}).endswith("ready in 0.4 s")
+
+
+def test_correct_rate_counts_only_what_a_gpu_verifier_measured():
+    # compile-only: 15 ok (not measured) and one dry run's wrong shape (incorrect, correct=False) -> no rate, not 0 %
+    dry = [_verdict("ok", None, "compile_only")] * 15 + [_verdict("incorrect", False, "compile_only")]
+    assert correct_rate(dry) is None
+    gpu = [_verdict("ok", True, "gpu"), _verdict("incorrect", False, "gpu"), _verdict("crash", None, "gpu"),
+           _verdict("ok", True, "gpu")]
+    assert correct_rate(gpu) == 2 / 3  # the crash measured nothing
+    assert correct_rate([]) is None
+
+
+def test_a_resumed_run_says_how_many_steps_it_ran_and_claims_no_warm_start():
+    summary = {"steps": 12, "resumed_at_step": 10, "phases_seen": ["infill"], "verifier_mode": "compile_only",
+               "final": {"compile_rate": 0.27, "correct_rate": None}, "seconds": 35.04,
+               "reward_mean_first_last": [0.4, 0.3], "groups_dropped_total": 3}
+    first = describe_summary(summary).splitlines()[0]
+    assert first == ("12 steps (phases infill), 2 of them in this run, resumed at step 10: 35.0 s with the final "
+                     "held-out evaluation, verifier compile-only")
+    assert "warm start" not in first
+    assert "warm start" in describe_summary({**summary, "resumed_at_step": None})

@@ -149,7 +149,8 @@ def describe_heldout(out: dict) -> str:
 def describe_summary(summary: dict) -> str:
     """Two lines for the console from the run's summary (what ``summary.json`` holds; the held-out lines are
     printed before it), e.g. ``10 steps (phases infill, ramp, e2e), 332.9 s with the warm start and held-out
-    evaluations, verifier compile-only`` / ``reward 0.391 -> 0.016; last step: compile 2%, correct n/a, cheat 0%,
+    evaluations, verifier compile-only`` (a resumed run: ``12 steps (...), 2 of them in this run, resumed at step
+    10: 35.0 s with the final held-out evaluation, ...``) / ``reward 0.391 -> 0.016; last step: compile 2%, correct n/a, cheat 0%,
     speedup n/a; 47 groups dropped (...)``."""
     def pct(x: float | None) -> str:
         return "n/a" if x is None else f"{x:.0%}"
@@ -159,9 +160,16 @@ def describe_summary(summary: dict) -> str:
     order = {"infill": 0, "ramp": 1, "e2e": 2}
     phases = ", ".join(sorted(summary.get("phases_seen") or [], key=lambda p: order.get(p, 3)))
     speedup = final.get("speedup_geomean")
+    resumed = summary.get("resumed_at_step")
+    steps = summary.get("steps")
+    if resumed is None:
+        ran = f"{steps} steps (phases {phases or 'none'}), {summary.get('seconds', 0.0):.1f} s with the warm start and " \
+              "held-out evaluations"
+    else:  # the warm start and the first held-out evaluation belong to the first run
+        ran = (f"{steps} steps (phases {phases or 'none'}), {steps - resumed} of them in this run, resumed at step "
+               f"{resumed}: {summary.get('seconds', 0.0):.1f} s with the final held-out evaluation")
     lines = [
-        f"{summary.get('steps')} steps (phases {phases or 'none'}), {summary.get('seconds', 0.0):.1f} s with the warm "
-        f"start and held-out evaluations, verifier "
+        f"{ran}, verifier "
         f"{'compile-only' if summary.get('verifier_mode') == 'compile_only' else summary.get('verifier_mode')}",
         (f"reward {first_last[0]:.3f} -> {first_last[1]:.3f}; " if None not in first_last else "")
         + f"last step: compile {pct(final.get('compile_rate'))}, correct {pct(final.get('correct_rate'))}, cheat "
@@ -171,11 +179,18 @@ def describe_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def correct_rate(verdicts: list) -> float | None:
+    """Share of the verdicts whose correctness a GPU verifier measured that matched the reference; None when
+    none was measured.  A compile-only verifier measures no correctness: its dry run can still call a wrong
+    output shape ``incorrect``, but one such verdict among unmeasured ``ok`` ones is no correct rate of 0 %."""
+    measured = [v for v in verdicts if v.correct is not None and v.mode != "compile_only"]
+    return sum(bool(v.correct) for v in measured) / len(measured) if measured else None
+
+
 def step_record(step: int, phase: str, frac: float, groups: list[GroupRollout], verdicts: list, dropped: int) -> dict:
     """Per-step figures from verdicts: reward mean/std, compile / correct / cheat rates, speedup geomean."""
     rewards = [v.reward for v in verdicts]
     n = max(len(verdicts), 1)
-    measured = [v for v in verdicts if v.correct is not None]
     speedups = [v.speedup for v in verdicts if v.correct and v.speedup and v.speedup > 0]
     counts: dict[str, int] = {}
     for v in verdicts:
@@ -187,7 +202,7 @@ def step_record(step: int, phase: str, frac: float, groups: list[GroupRollout], 
         "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
         "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
         "compile_rate": sum(v.compiled for v in verdicts) / n,
-        "correct_rate": (sum(bool(v.correct) for v in measured) / len(measured)) if measured else None,
+        "correct_rate": correct_rate(verdicts),
         "cheat_rate": counts.get("cheat", 0) / n,
         "speedup_geomean": math.exp(statistics.fmean(math.log(s) for s in speedups)) if speedups else None,
         "verdicts": counts,
@@ -478,12 +493,11 @@ class Trainer:
                     for i, w in enumerate(self.rollout_workers) if reqs[i::n]]
             groups = [g for part in ray.get(refs) for g in part]
             verdicts = self.verify(groups)
-            measured = [v for v in verdicts if v.correct is not None]
             out[phase] = {
                 "candidates": len(verdicts),
                 "tasks": len(eligible),
                 "compile_rate": sum(v.compiled for v in verdicts) / max(len(verdicts), 1),
-                "correct_rate": (sum(bool(v.correct) for v in measured) / len(measured)) if measured else None,
+                "correct_rate": correct_rate(verdicts),
                 "compile_only": bool(verdicts) and all(v.mode == "compile_only" for v in verdicts),
             }
         self.console.print(f"[bold]held-out ({when})[/] {describe_heldout(out)}")
@@ -549,6 +563,7 @@ class Trainer:
         summary = {
             "run_dir": str(self.run_dir),
             "steps": len(records),
+            "resumed_at_step": self.start_step if self.resume else None,
             "phases_seen": phases,
             "verifier_mode": records[-1]["verifier_mode"] if records else None,
             "final": {k: records[-1].get(k) for k in ("reward_mean", "compile_rate", "correct_rate", "cheat_rate", "speedup_geomean")} if records else {},
