@@ -1,8 +1,8 @@
 """What one crashing candidate costs everyone on its GPU: the floor under verifier throughput with crashes.
 
 Victim processes (``--victims``, default 1) each loop a ~50 us kernel with a synchronize after each
-(as a timing worker's windows do). Other processes, one after another, launch a kernel that stores through a null pointer (one
-thread, or every thread of a full grid), reads a wild address, or calls ``__trap()``, and wait for
+(as a timing worker's windows do). Other processes, one after another, launch a kernel that stores
+through a null pointer (one thread, or every thread of a full grid), reads a wild address, or calls ``__trap()``, and wait for
 the error; then processes that start a CUDA context and run their first ops (what a replacement
 sandbox worker does after a crash), and processes that load the verifier's kernels by a CUDA graph
 capture (``dice_ray.verify.kernel_preload``, which a worker does before it takes the GPU gate, so it
@@ -182,19 +182,17 @@ def main() -> None:
         each = [longest_iteration_ms(s, e, row["from"], row["to"]) for s, e in loops]
         row["victim_longest_ms"] = longest = max((x for x in each if x is not None), default=None)
         victim = f"victim's longest iteration {longest:.2f} ms" if longest is not None else "the victim ran nothing then"
+        row["wait_ms"] = (row.get("set_up", row["to"]) - row["from"]) * 1e3
         if "set_up" in row:
-            row["wait_ms"] = (row["set_up"] - row["from"]) * 1e3
             row["first_ops_ms"] = (row["to"] - row["set_up"]) * 1e3
             print(f"  {row['case']:24s} set-up {row['wait_ms']:7.1f} ms, first ops {row['first_ops_ms']:6.1f} ms; {victim}")
         elif "preload" in row:
-            row["wait_ms"] = (row["to"] - row["from"]) * 1e3
             print(f"  {row['case']:24s} capture {row['wait_ms']:7.1f} ms ({row['preload']}); {victim}")
         else:
-            row["wait_ms"] = (row["to"] - row["from"]) * 1e3
             print(f"  {row['case']:24s} error after {row['wait_ms']:7.1f} ms ({row['error']}); {victim}")
     stalls = [r["victim_longest_ms"] for r in rows if "illegal" in r.get("error", "") and r["victim_longest_ms"]]
     if stalls:
-        print(f"every illegal-address fault stalled the other process {min(stalls):.0f}-{max(stalls):.0f} ms: "
+        print(f"every illegal-address fault stalled the other processes {min(stalls):.0f}-{max(stalls):.0f} ms: "
               "the GPU time one such crashing candidate costs the whole verifier")
     if args.json:
         Path(args.json).write_text(json.dumps({"victims": args.victims, "victim_median_ms": median, "rows": rows}, indent=1))

@@ -160,14 +160,13 @@ def describe_summary(summary: dict) -> str:
     order = {"infill": 0, "ramp": 1, "e2e": 2}
     phases = ", ".join(sorted(summary.get("phases_seen") or [], key=lambda p: order.get(p, 3)))
     speedup = final.get("speedup_geomean")
-    resumed = summary.get("resumed_at_step")
-    steps = summary.get("steps")
+    resumed, steps, seconds = summary.get("resumed_at_step"), summary.get("steps"), summary.get("seconds", 0.0)
+    ran = f"{steps} steps (phases {phases or 'none'}), "
     if resumed is None:
-        ran = f"{steps} steps (phases {phases or 'none'}), {summary.get('seconds', 0.0):.1f} s with the warm start and " \
-              "held-out evaluations"
+        ran += f"{seconds:.1f} s with the warm start and held-out evaluations"
     else:  # the warm start and the first held-out evaluation belong to the first run
-        ran = (f"{steps} steps (phases {phases or 'none'}), {steps - resumed} of them in this run, resumed at step "
-               f"{resumed}: {summary.get('seconds', 0.0):.1f} s with the final held-out evaluation")
+        ran += f"{steps - resumed} of them in this run, resumed at step {resumed}: {seconds:.1f} s with the final " \
+               "held-out evaluation"
     lines = [
         f"{ran}, verifier "
         f"{'compile-only' if summary.get('verifier_mode') == 'compile_only' else summary.get('verifier_mode')}",
