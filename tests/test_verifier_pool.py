@@ -4,15 +4,17 @@ the ``dice-ray verifiers`` command while batches run (draining actors finish the
 autoscaling by queue depth; compile-only verdicts on CPU."""
 
 import json
+import math
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import ray
 
 from dice_ray import cli
-from dice_ray.cluster.verifier_pool import NAMESPACE, POOL_NAME, VerifierPool
+from dice_ray.cluster.verifier_pool import NAMESPACE, POOL_NAME, TICK_S, VerifierPool
 from dice_ray.config import ClusterConfig, RewardConfig, VerifyConfig
 from dice_ray.tasks.loaders import load_tasks
 from _helpers import wait_for_pool
@@ -154,13 +156,20 @@ def test_autoscale_grows_with_the_queue_and_drains_back(cluster, relu):
         status = ray.get(pool.status.remote())
         assert status["autoscale"] == {"min": 1, "max": 2, "target_queue": 1.0, "cooldown_s": 1.0}
         assert status["size"] == 2  # the starting size 5 is clamped into [1, 2]
+        # the batch must outlast the pool's rules, not this machine's speed: growth waits out the cool-down
+        # since the last resize and is decided once a tick (TICK_S), so the batch is sized to last 3 ticks
         wait_for_pool(pool, lambda s: s["size"] == 1 and s["draining"] == 0, what="idle pool shrunk to the minimum")
-        items = _batch(relu, 12, "q")
+        for probe in ("warm", "probe"):  # one candidate at a time changes no size; the second is timed
+            t0 = time.monotonic()
+            _check(one := _batch(relu, 1, probe), ray.get(pool.verify_batch.remote(one), timeout=300))
+        n = max(12, math.ceil(3 * TICK_S / (time.monotonic() - t0)))
+        time.sleep(cc.verifier_scale_cooldown_s)
+        items = _batch(relu, n, "q")
         ref = pool.verify_batch.remote(items)
         wait_for_pool(pool, lambda s: s["size"] == 2, what="pool grown by queue depth")
         _check(items, ray.get(ref, timeout=300))
         status = wait_for_pool(pool, lambda s: s["size"] == 1 and s["draining"] == 0, what="pool shrunk after the batch")
-        assert status["completed"] == status["submitted"] == 12
+        assert status["completed"] == status["submitted"] == n + 2
     finally:
         ray.kill(pool)
 
