@@ -15,9 +15,14 @@ report but stalled the victims 13-57 ms; a new context took 296-320 ms and its f
 (lazy kernel loading), the victims' longest iteration 1.5-2.4 ms; a kernel preload took 343-362 ms,
 the victims' longest iteration 0.66-1.85 ms. So every faulting candidate costs about 150 ms of the
 whole GPU's time, whatever the verifier does; at 7 % crashing candidates that alone is 4 s of a
-392-candidate batch (``verifier_throughput.py``).
+392-candidate batch (``verifier_throughput.py``). Nor does the stall grow with the victims' kernels
+or the faulting process's memory (2026-12-01, 3 victims): 146-185 ms with victims multiplying 2 GiB
+(``--victim-mib 2048``, 3.5 ms iterations), 108-146 ms with 8 GiB held by the faulting process
+(``--fault-mib 8192``). Three victims sharing the GPU took 0.52 ms an iteration for a ~50 us kernel
+and its synchronize: processes take turns on the GPU in time slices.
 
-    python benchmarks/gpu_fault_stall.py [--device 0] [--victims 1] [--contexts 2] [--json OUT]
+    python benchmarks/gpu_fault_stall.py [--device 0] [--victims 1] [--victim-mib 64] [--fault-mib 1]
+        [--contexts 2] [--json OUT]
 
 Without a GPU it says so and exits 0.
 """
@@ -59,11 +64,11 @@ def longest_iteration_ms(starts: np.ndarray, ends: np.ndarray, a: float, b: floa
     return float(((ends - starts)[hit]).max() * 1e3) if hit.any() else None
 
 
-def _victim(path: str, stop: str, device: int) -> None:
+def _victim(path: str, stop: str, device: int, mib: int) -> None:
     import torch
 
     torch.cuda.set_device(device)
-    x = torch.ones(16 << 20, device="cuda")  # 64 MB: ~50 us a multiply on an H100/H200
+    x = torch.ones(mib << 18, device="cuda")  # 64 MiB: ~50 us a multiply on an H100/H200
     for _ in range(20):
         x.mul_(1.0)
     torch.cuda.synchronize()
@@ -78,13 +83,14 @@ def _victim(path: str, stop: str, device: int) -> None:
     np.save(path, np.array([starts, ends]))
 
 
-def _fault(mode: int, blocks: int, threads: int, device: int) -> None:
+def _fault(mode: int, blocks: int, threads: int, device: int, mib: int) -> None:
     import torch
 
     from dice_ray.launch import load_cuda
 
     torch.cuda.set_device(device)
-    torch.ones(1, device="cuda").add_(1)
+    held = torch.ones(max(mib, 1) << 18, device="cuda")  # memory the faulting context holds
+    held.add_(1)
     torch.cuda.synchronize()
     kernels = load_cuda(FAULT_SOURCE)
     blocks = blocks or torch.cuda.get_device_properties(device).multi_processor_count * 8
@@ -142,10 +148,17 @@ def main() -> None:
     ap.add_argument("--contexts", type=int, default=2, help="new-context children to time (and as many kernel preloads)")
     ap.add_argument("--victims", type=int, default=1,
                     help="victim processes looping at once (a verifier runs several sandbox workers on its GPU)")
+    ap.add_argument("--victim-mib", type=int, default=64,
+                    help="tensor each victim multiplies in place (MiB): 64 is ~50 us a kernel, 2048 ~1.5 ms")
+    ap.add_argument("--fault-mib", type=int, default=1,
+                    help="GPU memory the faulting process holds when it faults (MiB; a sandbox worker holds GBs)")
     ap.add_argument("--json", help="write the figures here (without a GPU: why they are missing)")
     args = ap.parse_args()
-    if args.victims < 1 or args.contexts < 0:
-        ap.error(f"--victims must be >= 1 and --contexts >= 0, got {args.victims} and {args.contexts}")
+    bad = [f"{flag} must be >= {least}, got {value}" for flag, value, least in
+           (("--victims", args.victims, 1), ("--victim-mib", args.victim_mib, 1), ("--fault-mib", args.fault_mib, 1),
+            ("--contexts", args.contexts, 0)) if value < least]
+    if bad:
+        ap.error("; ".join(bad))
     import torch
 
     if not torch.cuda.is_available():
@@ -156,7 +169,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         stop = os.path.join(d, "stop")
         paths = [os.path.join(d, f"victim{i}.npy") for i in range(args.victims)]
-        victims = [subprocess.Popen([sys.executable, __file__, "victim", p, stop, str(args.device)]) for p in paths]
+        victims = [subprocess.Popen([sys.executable, __file__, "victim", p, stop, str(args.device),
+                                     str(args.victim_mib)]) for p in paths]
         deadline = time.monotonic() + 120
         while not all(os.path.exists(p + ".ready") for p in paths):
             if any(v.poll() is not None for v in victims) or time.monotonic() > deadline:
@@ -164,7 +178,8 @@ def main() -> None:
             time.sleep(0.05)
         rows = []
         for label, mode, blocks, threads in CASES:
-            rows.append({"case": label, **_child("fault", str(mode), str(blocks), str(threads), str(args.device))})
+            rows.append({"case": label, **_child("fault", str(mode), str(blocks), str(threads), str(args.device),
+                                                      str(args.fault_mib))})
             time.sleep(0.5)
         for i in range(args.contexts):
             rows.append({"case": f"new context {i + 1}", **_child("context", str(args.device))})
@@ -200,9 +215,9 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "victim":
-        _victim(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        _victim(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     elif len(sys.argv) > 1 and sys.argv[1] == "fault":
-        _fault(*(int(a) for a in sys.argv[2:6]))
+        _fault(*(int(a) for a in sys.argv[2:7]))
     elif len(sys.argv) > 1 and sys.argv[1] == "context":
         _context(int(sys.argv[2]))
     elif len(sys.argv) > 1 and sys.argv[1] == "preload":

@@ -363,7 +363,7 @@ def main() -> None:
         kind_stages: dict[str, list[float]] = {}
         for (_, k, _), verdict in zip(jobs, verdicts):
             for name, sec in verdict.stage_seconds.items():
-                if k == kind and not name.startswith("timing."):
+                if k == kind and (kind != "correct" or not name.startswith("timing.")):  # correct: the line below
                     kind_stages.setdefault(name, []).append(sec)
         parts = ", ".join(f"{n} {statistics.median(v) * 1000:.0f}/{sum(v):.1f}" for n, v in kind_stages.items())
         print(f"  {kind:14s} n={len(secs):3d}{' (all rounds)' if args.rounds > 1 else ''} median latency {statistics.median(secs)*1000:8.1f} ms; stages (median ms, "

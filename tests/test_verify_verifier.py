@@ -184,3 +184,17 @@ def test_private_folders_of_dead_verifiers_are_swept():
         assert not dead.exists() and live.is_dir()
     finally:
         live.rmdir()
+
+
+def test_a_results_stage_parts_join_its_stage_seconds(verifier):
+    from dice_ray.verify.runner import JobOutcome
+
+    parts = {"run.until_raise": 0.171, "run.after_raise": 0.0004}
+    outcome = JobOutcome("result", "run", result={"verdict": "crash", "compiled": True, "reason": "illegal address",
+                                                  "parts_s": parts, "fatal": True},
+                         stage_s={"load": 0.05, "reference": 0.01, "run": 0.3})
+    fields = verifier._from_outcome(outcome)
+    assert "parts_s" not in fields
+    assert fields["stage_seconds"] == {"load": 0.05, "reference": 0.01, "run": 0.3, **parts}
+    v = verifier._verdict(TASK, "c", fields, 0.4)
+    assert v.verdict == "crash" and v.stage_seconds["run.until_raise"] == 0.171

@@ -91,23 +91,25 @@ class FillSpin:
         self._ok = driver.CUresult.CUDA_SUCCESS
         self._reached = _Event()
 
-    def __call__(self, cycles: int) -> None:
-        """Queue the spin on the device's current stream; return once the work queued before it finished.
+    def __call__(self, cycles: int, stream: torch.cuda.Stream | None = None) -> None:
+        """Queue the spin on ``stream``; return once the work queued before it finished.
 
         The host polls an event recorded on that stream just before the spin: it waits for the work
         queued before it, usually the L2 flush, tens of microseconds.
 
         Args:
             cycles: SM clock cycles each block waits (~0.5 ns each at 2 GHz); <= 0 still launches.
+            stream: a stream of this device; None: its current stream (a lookup costs ~8 us, so a
+                caller spinning before many windows passes the stream it looked up once).
 
         Raises:
             RuntimeError: the driver refused the launch (a broken context).
         """
         self._arg.value = int(cycles)
-        current = self._stream(self.device)
-        stream = self._stream_type(current.cuda_stream)
+        current = self._stream(self.device) if stream is None else stream
+        raw = self._stream_type(current.cuda_stream)
         _record(self._reached, current)
-        (err,) = self._launch(self._fn, self.grid, 1, 1, BLOCK, 1, 1, 0, stream, ctypes.addressof(self._ptrs), 0)
+        (err,) = self._launch(self._fn, self.grid, 1, 1, BLOCK, 1, 1, 0, raw, ctypes.addressof(self._ptrs), 0)
         if err != self._ok:
             raise RuntimeError(f"launch of fill_spin (grid={self.grid}, block={BLOCK}) failed: {err}")
         while not _query(self._reached):

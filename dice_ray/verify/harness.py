@@ -151,7 +151,10 @@ class JobResult:
     candidate_spread: float | None = None
     compiled_ref_ms: float | None = None
     speedup_compiled: float | None = None
-    timing_s: dict[str, float] | None = None  # host seconds of the timing stage's parts (Harness._measure)
+    # host seconds of a stage's parts, named ``stage.part``: the timing stage's (Harness._measure), or, when a
+    # forward raised, ``run.until_raise`` (its call to the error: ~150 ms for an illegal address on an H200,
+    # the GPU-wide fault) and ``run.after_raise`` (the error to this result)
+    parts_s: dict[str, float] | None = None
     fatal: bool = False  # the worker must be replaced (sticky CUDA error)
 
     def to_dict(self) -> dict[str, Any]:
@@ -415,6 +418,7 @@ class Harness:
         "reference", "run") so the parent can apply that stage's time limit.  Never raises for a
         bad candidate or reference."""
         result = JobResult("crash")
+        self._error_at: float | None = None  # when the candidate's forward raised (_trial)
         try:
             result = self._run(job, stage)
         except RuleBroken as e:
@@ -436,6 +440,8 @@ class Harness:
             else:
                 result.reason = f"{result.reason}\n(sticky CUDA error: worker replaced)".strip()
         self.jobs += 1
+        if self._error_at is not None and result.parts_s is not None:
+            result.parts_s["run.after_raise"] = round(_perf() - self._error_at, 5)
         if result.fatal:
             return result  # the worker exits: nothing to collect
         gc.collect(1 if self.jobs % 50 else 2)  # a full collection costs ~0.15 s with torch loaded
@@ -706,16 +712,19 @@ class Harness:
         cand_in = [_clone(x) for x in inputs]
         del inputs
         self._poison_free_memory()
+        t_call = _perf()
         try:
             out = self._call_candidate(model, cand_in, record=True)
             _synchronize(self.device)
         except RuleBroken:
             raise
         except Exception as e:  # noqa: BLE001
-            if seeded:
-                return JobResult("crash", compiled=True, reason=f"{label}: forward raised {_error_text(e)}")
-            return JobResult("incorrect", compiled=True, correct=False,
-                             reason=f"{label}: forward raised {_error_text(e)}")
+            self._error_at = _perf()
+            failed = JobResult("crash", compiled=True, reason=f"{label}: forward raised {_error_text(e)}",
+                               parts_s={"run.until_raise": round(self._error_at - t_call, 5)})
+            if not seeded:
+                failed.verdict, failed.correct = "incorrect", False
+            return failed
         if not ref_mutates and not all(_same(a, b) for a, b in zip(cand_in, pristine)):
             raise RuleBroken("input-mutation", f"{label}: the candidate modified its inputs")
         cmp = self._compare(out, expected)
@@ -896,7 +905,7 @@ class Harness:
                              f"reference's; {len(wrong)} of {n_checked} checked timed calls wrong")
         fields = {"speedup": speedup, "ref_ms": ref_ms, "candidate_ms": cand_ms, "ref_spread": ref_spread,
                   "candidate_spread": cand_spread, "note": note,
-                  "timing_s": {k: round(v, 5) for k, v in parts.items()}}
+                  "parts_s": {f"timing.{k}": round(v, 5) for k, v in parts.items()}}
         if "baseline" in net:
             compiled_ms = net["baseline"][0]
             fields.update(compiled_ref_ms=compiled_ms, speedup_compiled=compiled_ms / max(cand_ms, 1e-6))

@@ -10,8 +10,10 @@ loads all of torch instead (3.5 s a worker, measured) and is not used.
 
 The op list follows what :mod:`dice_ray.verify.harness` and :mod:`dice_ray.verify.correctness` run
 on every job (input generation, clones and casts, poison fills, finiteness and tolerance masks,
-reductions) in the dtypes tasks use.  A kernel missed here is still loaded on first use: the list
-changes speed, never a verdict.
+reductions) in the dtypes tasks use; then, in a capture of their own, cuBLAS and cuDNN (a reference's
+first ``nn.Linear`` or convolution otherwise creates the library's handle and loads its code under
+the gate: 65-287 ms measured on an H200, 0.3-2.6 ms after this).  A kernel missed here is still
+loaded on first use: the list changes speed, never a verdict.
 """
 
 from __future__ import annotations
@@ -59,6 +61,18 @@ def _float_ops(dtype: torch.dtype, n: int, dev: torch.device) -> None:
     nan.any()
 
 
+def _library_ops(dtype: torch.dtype, dev: torch.device) -> None:
+    """cuBLAS (linear, matmul, batched matmul) and cuDNN (convolutions) in one dtype: their first use
+    creates the library's handle and workspace and loads its code, tens of milliseconds."""
+    a = torch.randn(64, 64, device=dev, dtype=dtype)
+    torch.nn.functional.linear(a, a, a[0])
+    a @ a
+    torch.bmm(a.reshape(4, 16, 64), a.reshape(4, 64, 16))
+    img = torch.randn(2, 4, 8, 8, device=dev, dtype=dtype)
+    torch.nn.functional.conv2d(img, torch.randn(4, 4, 3, 3, device=dev, dtype=dtype), padding=1)
+    torch.nn.functional.conv1d(img[:, :, 0], torch.randn(4, 4, 3, device=dev, dtype=dtype))
+
+
 def preload_kernels(device: int, n: int = 1 << 12) -> dict[str, float | int | str]:
     """Capture (never replay) the verifier's common ops on ``device``; returns ``{"ms", "ops"}`` or
     ``{"ms", "error"}`` (a failure is reported, not raised: the kernels then load on first use).
@@ -71,8 +85,9 @@ def preload_kernels(device: int, n: int = 1 << 12) -> dict[str, float | int | st
         n: elements of each captured tensor (1-D, the dtypes above; the graph's memory is freed on return).
 
     Returns:
-        ``ms``: host wall time of the capture (milliseconds); ``ops``: dtypes whose op set was captured
-        (4 floating, 4 integer); or ``error``: the exception that stopped the capture.
+        ``ms``: host wall time of both captures (milliseconds); ``ops``: dtypes whose op set was captured
+        (4 floating, 4 integer), or ``error``: the exception that stopped that capture; ``libraries``
+        (``"cublas, cudnn"``), or ``libraries_error``: the exception that stopped the libraries' capture.
     """
     dev = torch.device("cuda", device)
     started = time.perf_counter()
@@ -97,6 +112,19 @@ def preload_kernels(device: int, n: int = 1 << 12) -> dict[str, float | int | st
         result = {"error": f"{type(e).__name__}: {e}"[:300]}
     finally:
         del graph
+    libraries = torch.cuda.CUDAGraph()  # a capture of their own: a library that fails keeps the ops above
+    try:
+        with torch.cuda.graph(libraries, capture_error_mode="relaxed"):
+            for dtype in _FLOATS[:3]:
+                _library_ops(dtype, dev)
+        result["libraries"] = "cublas, cudnn"
+    except Exception as e:  # noqa: BLE001 - likewise
+        result["libraries_error"] = f"{type(e).__name__}: {e}"[:300]
+    finally:
+        del libraries
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()  # the capture stream's cuBLAS workspace (a job's first matmul makes its own)
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
     return {"ms": round((time.perf_counter() - started) * 1e3, 2), **result}

@@ -44,7 +44,10 @@ class Verdict(BaseModel):
             (call-time probe), ``timing.fill`` (making timed inputs), ``timing.windows`` (the timed
             windows, spins and synchronizes), ``timing.check`` (timed outputs compared),
             ``timing.audit``, and ``timing.gpu`` (the timed windows' GPU time) and ``timing.spin``
-            (nominal GPU spin before windows).
+            (nominal GPU spin before windows).  When the candidate's forward raised in a trial (a
+            ``crash``, or ``incorrect`` in a scaled or shape trial): ``run.until_raise`` (the call to
+            the error; an illegal address takes ~150 ms on an H200, the fault stalling the whole GPU)
+            and ``run.after_raise`` (the error to the verdict).
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -330,7 +330,7 @@ class Verifier:
 
     def _from_outcome(self, outcome: JobOutcome) -> dict[str, Any]:
         fields = self._outcome_fields(outcome)
-        parts = {f"timing.{k}": v for k, v in (fields.pop("timing_s", None) or {}).items()}
+        parts = fields.pop("parts_s", None) or {}  # "stage.part" keys (JobResult.parts_s)
         return {**fields, "stage_seconds": {**outcome.stage_s, **parts}}
 
     @staticmethod
