@@ -720,11 +720,9 @@ class Harness:
             raise
         except Exception as e:  # noqa: BLE001
             self._error_at = _perf()
-            failed = JobResult("crash", compiled=True, reason=f"{label}: forward raised {_error_text(e)}",
-                               parts_s={"run.until_raise": round(self._error_at - t_call, 5)})
-            if not seeded:
-                failed.verdict, failed.correct = "incorrect", False
-            return failed
+            return JobResult("crash" if seeded else "incorrect", compiled=True, correct=None if seeded else False,
+                             reason=f"{label}: forward raised {_error_text(e)}",
+                             parts_s={"run.until_raise": round(self._error_at - t_call, 5)})
         if not ref_mutates and not all(_same(a, b) for a, b in zip(cand_in, pristine)):
             raise RuleBroken("input-mutation", f"{label}: the candidate modified its inputs")
         cmp = self._compare(out, expected)
