@@ -17,7 +17,7 @@ candidates/s for each size and its ratio to one actor (targets: >= 1.9x at 2 GPU
 
     python benchmarks/verifier_throughput.py [--workers 0] [--spare-workers N] [--timing-window-ms MS]
         [--crash-every 4] [--cheat-every 3] [--repeats 5] [--inline 3] [--torch-inline 1] [--dice-data DIR]
-        [--tasks N] [--rounds R] [--json OUT]
+        [--tasks N] [--rounds R] [--crash-cost] [--json OUT]
     python benchmarks/verifier_throughput.py --pool 1,2[,4,8] [--copies K] [--tasks N] [--workers 0] [--json OUT]
 """
 
@@ -277,6 +277,45 @@ def _torch_load_inline_seconds(candidate_src: str) -> float:
         return time.perf_counter() - t0
 
 
+def crash_cost(verifier: Verifier, tasks: list, args: argparse.Namespace, jobs: list[tuple], verdicts: list,
+               mix_s: float) -> dict:
+    """Time the batch once more without its crashing candidates (sources new to the caches) and print
+    what a crash cost: ``(mix_s - that round's seconds) / crashes a round``; and the rate the faults
+    alone allow: a round's candidates over (the crash-free seconds + crashes x the median
+    ``run.until_raise``, the wait for a fault's error).
+
+    Args:
+        jobs, verdicts: every timed round's ``(task, kind, source)`` and verdicts, in order.
+        mix_s: median seconds of a timed round (with its crashes).
+
+    Returns:
+        The figures printed (seconds, ms, candidates/s), ``{}`` when no crash was timed.
+    """
+    crashes = sum(1 for _, kind, _ in jobs if kind == "crash") // args.rounds
+    if not crashes:
+        return {}
+    free = build_jobs(tasks, 0, args.cheat_every, args.rounds)
+    t0 = time.perf_counter()
+    got = verifier.verify_many([(task, src, f"{task.task_id}:{kind}:free") for task, kind, src in free])
+    free_s = time.perf_counter() - t0
+    unexpected = sum(v.verdict != expected_verdict(kind, verifier.mode) for (_, kind, _), v in zip(free, got))
+    faults = [v.stage_seconds["run.until_raise"] for (_, kind, _), v in zip(jobs, verdicts)
+              if kind == "crash" and "run.until_raise" in v.stage_seconds]
+    fault_s = statistics.median(faults) if faults else None
+    figures = {"crashes_a_round": crashes, "mix_s": round(mix_s, 3), "crash_free_s": round(free_s, 3),
+               "crash_free_per_s": round(len(free) / free_s, 2), "per_crash_ms": round(1e3 * (mix_s - free_s) / crashes, 1),
+               "fault_ms": round(1e3 * fault_s, 1) if fault_s else None,
+               "fault_bound_per_s": round((len(free) + crashes) / (free_s + crashes * fault_s), 2) if fault_s else None,
+               "unexpected": unexpected}
+    print(f"crash cost: the batch without its {crashes} crashing candidates took {free_s:.1f} s "
+          f"({figures['crash_free_per_s']:.2f} candidates/s, {unexpected} unexpected verdicts) against {mix_s:.1f} s with "
+          f"them: {figures['per_crash_ms']:.0f} ms a crash" + (
+              f"; a fault's error came {figures['fault_ms']:.0f} ms after the call (median), so the faults alone "
+              f"allow at most {figures['fault_bound_per_s']:.2f} candidates/s at this crash share" if fault_s else
+              " (no fault timed: compile-only runs no kernel)"))
+    return figures
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--workers", type=int, default=0, help="sandbox workers of the Verifier (verify.workers; 0: auto)")
@@ -305,14 +344,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1,
                     help="time the batch this many times (sources new to the compile caches each round) and quote "
                          "the median candidates/s: the figure moves 10-20 %% from run to run on a shared machine")
+    ap.add_argument("--crash-cost", action="store_true",
+                    help="then time one round without the crashing candidates, in the same Verifier, and print what "
+                         "each crash cost (the rounds' median seconds less that round's, over the crashes) and the "
+                         "throughput the crashes' faults alone allow")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
 
-    if args.rounds < 1:
-        ap.error(f"--rounds must be >= 1, got {args.rounds}")
     bad = [f"{flag} must be >= {least}, got {value}" for flag, value, least in (
+        ("--rounds", args.rounds, 1), ("--workers", args.workers, 0), ("--spare-workers", args.spare_workers, 0),
         ("--tasks", args.tasks, 0), ("--crash-every", args.crash_every, 0), ("--cheat-every", args.cheat_every, 0),
-        ("--copies", args.copies, 1)) if value < least]
+        ("--repeats", args.repeats, 0), ("--inline", args.inline, 0), ("--torch-inline", args.torch_inline, 0),
+        ("--copies", args.copies, 1)) if value is not None and value < least]
+    if args.crash_cost and not args.crash_every:
+        bad.append("--crash-cost needs crashing candidates (--crash-every N >= 1)")
     if bad:
         ap.error("; ".join(bad))
 
@@ -334,13 +379,14 @@ def main() -> None:
           + (f" a round, {args.rounds} rounds" if args.rounds > 1 else ""))
     verifier.verify_many([(tasks[0], tasks[0].solution_src, "warm")] * verifier.workers)  # workers booted
     gate0 = verifier.stats()["gpu_gate_s"]
-    rates, all_jobs, verdicts, total = [], [], [], 0.0
+    rates, round_s, all_jobs, verdicts, total = [], [], [], [], 0.0
     for r in range(args.rounds):
         round_jobs = build_jobs(tasks, args.crash_every, args.cheat_every, r) if r else jobs
         restarts0 = verifier.restarts
         t0 = time.perf_counter()
         verdicts += verifier.verify_many([(task, src, f"{task.task_id}:{kind}:{r}") for task, kind, src in round_jobs])
         seconds = time.perf_counter() - t0
+        round_s.append(seconds)
         total += seconds
         all_jobs += round_jobs
         rates.append(len(round_jobs) / seconds)
@@ -397,6 +443,8 @@ def main() -> None:
     print("honest candidates, median a stage (timing.* are the timing stage's parts): "
           + ", ".join(f"{k} {statistics.median(v) * 1000:.1f} ms" for k, v in stages.items()))
 
+    cost = crash_cost(verifier, tasks, args, jobs, verdicts, statistics.median(round_s)) if args.crash_cost else {}
+
     repeat: dict[str, list[float]] = {}
     if verifier.mode != "gpu":
         print("repeatability: skipped (compile-only: nothing is timed)")
@@ -422,7 +470,7 @@ def main() -> None:
                        "rounds": rates,
                        "verdicts": {f"{k}->{v}": n for (k, v), n in got.items()}, "unexpected": wrong,
                        "repeat_speedups": repeat, "inline": inline_costs, "stage_medians_s": {k: statistics.median(v) for k, v in stages.items()},
-                       "gpu_gate_s": gate},
+                       "gpu_gate_s": gate, "crash_cost": cost},
                       f, indent=1)
 
 

@@ -34,10 +34,15 @@ def test_pool_sizes_parse_and_reject_bad_lists():
             bench.parse_pool_sizes(bad)
 
 
-@pytest.mark.parametrize("flags, says", [(["--spare-workers", "-1"], "verify.spare_workers"),
+@pytest.mark.parametrize("flags, says", [(["--spare-workers", "-1"], "--spare-workers must be >= 0, got -1\n"),
                                          (["--timing-window-ms", "-1"], "verify.timing_window_ms"),
+                                         (["--workers", "65"], "verify.workers"),  # the config's upper bound
                                          (["--crash-every", "-1"], "--crash-every must be >= 0, got -1"),
-                                         (["--tasks", "-3"], "error: --tasks must be >= 0, got -3\n")])
+                                         (["--tasks", "-3"], "error: --tasks must be >= 0, got -3\n"),
+                                         (["--workers", "-3", "--copies", "0", "--rounds", "0"],
+                                          "--rounds must be >= 1, got 0; --workers must be >= 0, got -3; "
+                                          "--copies must be >= 1, got 0\n"),
+                                         (["--crash-every", "0", "--crash-cost"], "--crash-cost needs crashing")])
 def test_bad_flags_fail_in_one_line_naming_them(flags, says):
     done = subprocess.run([sys.executable, str(BENCH), *flags], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr[-800:]
@@ -109,7 +114,7 @@ def test_single_verifier_rounds_quote_the_median_on_cpu(tmp_path):
     out = tmp_path / "bench.json"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(
-        [sys.executable, str(BENCH), "--tasks", "2", "--rounds", "3", "--inline", "0", "--json", str(out)],
+        [sys.executable, str(BENCH), "--tasks", "2", "--rounds", "3", "--inline", "0", "--crash-cost", "--json", str(out)],
         capture_output=True, text=True, timeout=300, env=env, check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -118,3 +123,7 @@ def test_single_verifier_rounds_quote_the_median_on_cpu(tmp_path):
     assert figures["mode"] == "compile_only" and figures["candidates"] == 3 * 8 and len(figures["rounds"]) == 3
     assert figures["candidates_per_s"] == sorted(figures["rounds"])[1] and not figures["unexpected"]
     assert "median of 3 rounds" in proc.stdout
+    # --crash-cost: one more round without the crashing candidate; compile-only times no fault
+    cost = figures["crash_cost"]
+    assert cost["crashes_a_round"] == 1 and cost["crash_free_s"] > 0 and cost["unexpected"] == 0, cost
+    assert cost["fault_ms"] is None and cost["fault_bound_per_s"] is None and "crash cost:" in proc.stdout

@@ -181,28 +181,60 @@ def _cli(args: list[str], env: dict, timeout: float = 120) -> subprocess.Complet
     return subprocess.run(args, check=False, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
+def _head_env(**extra: str) -> dict:
+    """This environment less every RAY_* variable, with this venv's `python` and `ray` first on PATH."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | {
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONUNBUFFERED": "1",
+        "RAY_USAGE_STATS_ENABLED": "0", **extra}
+
+
+def _start_head(temp_dir: str, env: dict) -> tuple[str, str]:
+    """``ray start --head`` on 127.0.0.1 with ports of its own and ``temp_dir``; returns (GCS address, dashboard URL)."""
+    gcs, dash, client, agent, agent_grpc, metrics, env_agent, node_mgr, obj_mgr = _free_ports(9)
+    start = _cli([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
+                  f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1", f"--ray-client-server-port={client}",
+                  f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
+                  f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={env_agent}",
+                  f"--node-manager-port={node_mgr}", f"--object-manager-port={obj_mgr}",
+                  "--num-cpus=2", "--num-gpus=0", f"--temp-dir={temp_dir}", "--disable-usage-stats"], env)
+    assert start.returncode == 0, start.stdout + start.stderr
+    return f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}"
+
+
+@pytest.mark.slow
+def test_status_commands_reach_a_token_auth_head_on_this_machine(tmp_path):
+    """A head started once a token exists uses token authentication (Ray >= 2.60); Ray sends the token
+    for address 'auto' only. `dice-ray verifiers status --address 127.0.0.1:PORT` must still connect at
+    once (RAY_AUTH_MODE unset), not retry for 20 s and fail."""
+    temp_dir = tempfile.mkdtemp(prefix="dca", dir="/tmp")
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text(uuid.uuid4().hex + uuid.uuid4().hex)
+    try:
+        address, _ = _start_head(temp_dir, _head_env(HOME=str(home), RAY_AUTH_MODE="token"))
+        t0 = time.monotonic()
+        got = _cli([sys.executable, "-m", "dice_ray.cli", "verifiers", "status", "--address", address],
+                   _head_env(HOME=str(home)), timeout=60)
+        assert got.returncode == 2 and "no running dice-ray job on this cluster" in got.stderr, got.stderr[-2000:]
+        assert time.monotonic() - t0 < 15 and "Unauthenticated" not in got.stderr
+        # told to stay without authentication, it fails in one line that says what to set
+        got = _cli([sys.executable, "-m", "dice_ray.cli", "status", "--address", address],
+                   _head_env(HOME=str(home), RAY_AUTH_MODE="disabled"), timeout=90)
+        assert got.returncode == 2 and "export RAY_AUTH_MODE=token" in got.stderr.splitlines()[-1], got.stderr[-2000:]
+    finally:
+        _stop_head(temp_dir)
+
+
 @pytest.mark.slow
 def test_job_submit_then_scale_verifiers_while_it_runs(tmp_path):
     temp_dir = tempfile.mkdtemp(prefix="dcp", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    gcs, dash, client, agent, agent_grpc, metrics, env_agent, node_mgr, obj_mgr = _free_ports(9)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | {
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",  # `python` and `ray` of this environment
-        "PYTHONUNBUFFERED": "1",
-        "RAY_AUTH_MODE": "disabled",  # leave ~/.ray/auth_token (shared with any other Ray here) untouched
-        "RAY_USAGE_STATS_ENABLED": "0",
-    }
-    address, dashboard = f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}"
-    job_id = f"dice-cluster-path-{uuid.uuid4().hex[:8]}"
+    env = _head_env(RAY_AUTH_MODE="disabled")  # leave ~/.ray/auth_token (shared with any other Ray here) untouched
+    job_id = None
     run_dir = tmp_path / "runs"
     steps = 6
     try:
-        start = _cli([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
-                      f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1", f"--ray-client-server-port={client}",
-                      f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
-                      f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={env_agent}",
-                      f"--node-manager-port={node_mgr}", f"--object-manager-port={obj_mgr}",
-                      "--num-cpus=2", "--num-gpus=0", f"--temp-dir={temp_dir}", "--disable-usage-stats"], env)
-        assert start.returncode == 0, start.stdout + start.stderr
+        address, dashboard = _start_head(temp_dir, env)
+        job_id = f"dice-cluster-path-{uuid.uuid4().hex[:8]}"
 
         runtime_env = {"excludes": ["runs/", ".venv/", ".devbundle/", ".git/", ".whl/", ".vbench/", ".hypothesis/",
                                     ".pytest_cache/", ".ruff_cache/", "*.egg-info/"]}

@@ -211,7 +211,8 @@ def test_concurrent_workers_give_the_serial_verdicts():
 
 def test_gpu_gate_yield_lets_a_waiting_timer_go_and_accounts_held_time():
     """A shared holder yielding between the parts of its stage lets a waiting exclusive holder go
-    first, then gets shared access back; held_seconds splits the time into exclusive/shared/idle."""
+    first, then gets shared access back; held_seconds splits the time into exclusive/draining/shared/idle."""
+    made = time.monotonic()
     gate = GpuGate()
     time.sleep(0.02)
     gate.acquire("shared")
@@ -227,13 +228,15 @@ def test_gpu_gate_yield_lets_a_waiting_timer_go_and_accounts_held_time():
     t.start()
     while not gate._writers_waiting:
         time.sleep(0.001)
+    time.sleep(0.03)  # the timer waits: the shared holder is draining
     gate.yield_shared()  # returns once the timer is done and shared access is back
     order.append("shared again")
     gate.release("shared")
     t.join(5)
     assert order == ["exclusive", "shared again"]
     held = gate.held_seconds()
-    assert held["idle"] >= 0.02 and held["exclusive"] >= 0.05 and held["shared"] > 0
+    assert held["idle"] >= 0.02 and held["exclusive"] >= 0.05 and held["draining"] >= 0.03 and held["shared"] > 0
+    assert abs(sum(held.values()) - (time.monotonic() - made)) < 0.01  # the four parts add up to the gate's age
     gate.acquire("shared")
     gate.yield_shared()  # nobody waiting: a no-op
     gate.release("shared")

@@ -42,7 +42,8 @@ class GpuGate:
     alone (``exclusive``): no other worker's kernels run while its CUDA events are open, so the
     speedup does not depend on how busy the verifier is.
 
-    :meth:`held_seconds` tells how the wall time went: exclusive, shared (>= 1 holder) or idle.
+    :meth:`held_seconds` tells how the wall time went: exclusive, draining (shared holders finishing
+    their parts while a timing stage waits: nobody new may start), shared (>= 1 holder) or idle.
     """
 
     def __init__(self) -> None:
@@ -51,10 +52,14 @@ class GpuGate:
         self._writer = False
         self._writers_waiting = 0
         self._since = time.monotonic()  # start of the current state's interval
-        self._held = {"exclusive": 0.0, "shared": 0.0, "idle": 0.0}
+        self._held = {"exclusive": 0.0, "draining": 0.0, "shared": 0.0, "idle": 0.0}
 
     def _state(self) -> str:
-        return "exclusive" if self._writer else "shared" if self._readers else "idle"
+        if self._writer:
+            return "exclusive"
+        if self._readers:
+            return "draining" if self._writers_waiting else "shared"
+        return "idle"
 
     def _account(self) -> None:
         """Add the time since the last change to the current state (call under the lock, before a change)."""
@@ -64,7 +69,8 @@ class GpuGate:
 
     def held_seconds(self) -> dict[str, float]:
         """Wall seconds since the gate was made with exclusive access held, with shared access held
-        (by >= 1 worker) and with neither (``idle``)."""
+        while a worker waits for exclusive access (``draining``), with shared access held (by >= 1
+        worker) and none waiting, and with neither (``idle``); they add up to the gate's age."""
         with self._cond:
             self._account()
             return dict(self._held)
@@ -73,6 +79,7 @@ class GpuGate:
         """Block until ``mode`` (``"shared"`` or ``"exclusive"``) access is granted."""
         with self._cond:
             if mode == "exclusive":
+                self._account()  # shared holders now drain
                 self._writers_waiting += 1
                 self._cond.wait_for(lambda: not self._writer and self._readers == 0)
                 self._writers_waiting -= 1

@@ -154,7 +154,9 @@ class Verifier:
         so far, s; forked and cold separately), ``boot_gate_s_forked`` (of each forked worker's start,
         the seconds it held the GPU gate in all and in its longest part), ``ready_wait_s`` (job time spent waiting for a
         worker to become ready, s) and, on a GPU, ``gpu_gate_s``: wall seconds the GPU gate was held
-        exclusive (timing), shared (loads and checks) or idle since the Verifier started."""
+        exclusive (timing), draining (shared holders finishing while a timing stage waits), shared
+        (references, trials, checks) or idle since the Verifier started
+        (:meth:`~dice_ray.verify.runner.GpuGate.held_seconds`)."""
         with self._lock:
             current = list(self._idle.queue) + list(self._busy)
             rows = self._retired + [(w.boot_s, w.ready_wait_s, w.forked, w.boot_gate_s, w.boot_gate_part_s) for w in current]
