@@ -156,7 +156,7 @@ def main() -> None:
     args = ap.parse_args()
     bad = [f"{flag} must be >= {least}, got {value}" for flag, value, least in
            (("--victims", args.victims, 1), ("--victim-mib", args.victim_mib, 1), ("--fault-mib", args.fault_mib, 1),
-            ("--contexts", args.contexts, 0)) if value < least]
+            ("--contexts", args.contexts, 0), ("--device", args.device, 0)) if value < least]
     if bad:
         ap.error("; ".join(bad))
     import torch

@@ -40,6 +40,7 @@ def test_bad_counts_fail_in_one_line_naming_them():
     r = subprocess.run([sys.executable, str(BENCH), "--victims", "0"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--victims must be >= 1, got 0" in r.stderr and "Traceback" not in r.stderr, r.stderr[-500:]
     assert "--contexts" not in r.stderr.splitlines()[-1]  # only the bad flag is named
-    r = subprocess.run([sys.executable, str(BENCH), "--victim-mib", "0", "--fault-mib", "-3"], capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode == 2 and "--victim-mib must be >= 1, got 0; --fault-mib must be >= 1, got -3" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, str(BENCH), "--victim-mib", "0", "--fault-mib", "-3", "--device", "-2"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and ("--victim-mib must be >= 1, got 0; --fault-mib must be >= 1, got -3; "
+                                  "--device must be >= 0, got -2") in r.stderr, r.stderr
