@@ -379,7 +379,7 @@ def main() -> None:
           + (f" a round, {args.rounds} rounds" if args.rounds > 1 else ""))
     verifier.verify_many([(tasks[0], tasks[0].solution_src, "warm")] * verifier.workers)  # workers booted
     gate0 = verifier.stats()["gpu_gate_s"]
-    rates, round_s, all_jobs, verdicts, total = [], [], [], [], 0.0
+    rates, round_s, all_jobs, verdicts = [], [], [], []
     for r in range(args.rounds):
         round_jobs = build_jobs(tasks, args.crash_every, args.cheat_every, r) if r else jobs
         restarts0 = verifier.restarts
@@ -387,7 +387,6 @@ def main() -> None:
         verdicts += verifier.verify_many([(task, src, f"{task.task_id}:{kind}:{r}") for task, kind, src in round_jobs])
         seconds = time.perf_counter() - t0
         round_s.append(seconds)
-        total += seconds
         all_jobs += round_jobs
         rates.append(len(round_jobs) / seconds)
         print(f"end to end{f' (round {r + 1})' if args.rounds > 1 else ''}: {len(round_jobs)} candidates in {seconds:.1f} s "
@@ -415,7 +414,7 @@ def main() -> None:
         print(f"  {kind:14s} n={len(secs):3d}{' (all rounds)' if args.rounds > 1 else ''} median latency {statistics.median(secs)*1000:8.1f} ms; stages (median ms, "
               f"sum s): {parts or 'none (refused by the static rules before any worker stage)'}")
     if gate:
-        print("GPU gate over the batch: " + ", ".join(f"{k} {v:.1f} s ({v / total:.0%})" for k, v in gate.items()))
+        print("GPU gate over the batch: " + ", ".join(f"{k} {v:.1f} s ({v / sum(round_s):.0%})" for k, v in gate.items()))
     print("verdicts:", dict(got))
     print(f"unexpected verdicts: {len(wrong)}" + ("" if verifier.mode == "gpu" else
           " (compile-only: kernels are compiled, not run, so incorrect and crashing candidates are expected to pass)"))
@@ -466,7 +465,7 @@ def main() -> None:
         print("load_inline path: skipped (compile-only: its per-candidate cost is measured on a GPU)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"mode": verifier.mode, "candidates": len(jobs), "seconds": total, "candidates_per_s": rate,
+            json.dump({"mode": verifier.mode, "candidates": len(jobs), "seconds": sum(round_s), "candidates_per_s": rate,
                        "rounds": rates,
                        "verdicts": {f"{k}->{v}": n for (k, v), n in got.items()}, "unexpected": wrong,
                        "repeat_speedups": repeat, "inline": inline_costs, "stage_medians_s": {k: statistics.median(v) for k, v in stages.items()},

@@ -120,7 +120,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def _connect(address: str | None):
     import ray
 
-    from dice_ray.cluster.auth import AUTH_HINT, token_auth_for
+    from dice_ray.cluster.auth import connect
     from dice_ray.cluster.scheduler import NAMESPACE
 
     if ray.is_initialized():  # called in-process by a driver that is already connected (tests)
@@ -133,11 +133,7 @@ def _connect(address: str | None):
         except OSError as e:
             raise ConnectionError(f"no Ray cluster answers at {address} ({e.strerror or e}); "
                                   "start one (ray start --head) or pass the head's --address HOST:6379") from None
-    token_auth_for(address)
-    try:
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
-    except ConnectionError as e:
-        raise ConnectionError(f"{e}; {AUTH_HINT}") from None
+    connect(address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
     return ray
 
 

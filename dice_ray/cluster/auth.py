@@ -15,8 +15,10 @@ import ipaddress
 import os
 import socket
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
-__all__ = ["AUTH_HINT", "is_this_machine", "token_auth_for"]
+__all__ = ["AUTH_HINT", "connect", "is_this_machine", "token_auth_for"]
 
 #: appended to a failed connection's message
 AUTH_HINT = ("if the cluster uses token authentication (Ray >= 2.60's default), export RAY_AUTH_MODE=token "
@@ -25,11 +27,7 @@ AUTH_HINT = ("if the cluster uses token authentication (Ray >= 2.60's default), 
 
 def _host(address: str) -> str:
     """The host of ``HOST:PORT``, ``[V6]:PORT`` or ``scheme://HOST:PORT`` (lower case, no brackets)."""
-    rest = address.split("://", 1)[-1].split("/", 1)[0]
-    if rest.startswith("["):
-        return rest[1:].split("]", 1)[0].lower()
-    host, sep, _ = rest.rpartition(":")
-    return (host if sep else rest).lower()
+    return urlsplit(address if "://" in address else f"//{address}").hostname or ""
 
 
 def is_this_machine(address: str) -> bool:
@@ -79,3 +77,18 @@ def token_auth_for(address: str | None) -> bool:
     except (ImportError, AttributeError):  # another Ray: the variable still reaches a later import and child processes
         pass
     return True
+
+
+def connect(address: str, **init_kwargs: Any) -> Any:
+    """``ray.init(address=address, **init_kwargs)`` after :func:`token_auth_for`; returns Ray's context.
+
+    Raises:
+        ConnectionError: Ray could not connect; the message ends with :data:`AUTH_HINT`.
+    """
+    import ray
+
+    token_auth_for(address)
+    try:
+        return ray.init(address=address, **init_kwargs)
+    except ConnectionError as e:
+        raise ConnectionError(f"{e}; {AUTH_HINT}") from None

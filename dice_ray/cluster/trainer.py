@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.rule import Rule
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from dice_ray.cluster.auth import token_auth_for
+from dice_ray.cluster.auth import connect
 from dice_ray.cluster.learner import LearnerGroup, TrainGroup, learner_env, make_train_group
 from dice_ray.cluster.metrics import GpuBusySampler, RunMetrics, StageTimeline
 from dice_ray.cluster.pipeline import Flight, StepPipeline, staleness_stats, verify_items
@@ -67,8 +67,7 @@ def start_ray(address: str | None) -> dict:
     # Ray's own INFO lines ("Started a local Ray instance. View the dashboard at ..." with colour codes in a
     # log file) are left out: the trainer prints the address and the dashboard itself
     if address:
-        token_auth_for(address)  # a head on this machine started with token authentication (Ray >= 2.60)
-        ctx = ray.init(address=address, namespace=NAMESPACE, log_to_driver=True, logging_level="WARNING")
+        ctx = connect(address, namespace=NAMESPACE, log_to_driver=True, logging_level="WARNING")  # Ray >= 2.60's token
         started = False
     else:
         ctx = ray.init(namespace=NAMESPACE, include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=True,
