@@ -302,18 +302,43 @@ def crash_cost(verifier: Verifier, tasks: list, args: argparse.Namespace, jobs: 
     faults = [v.stage_seconds["run.until_raise"] for (_, kind, _), v in zip(jobs, verdicts)
               if kind == "crash" and "run.until_raise" in v.stage_seconds]
     fault_s = statistics.median(faults) if faults else None
+    free_speedup = {task.task_id: v.speedup for (task, kind, _), v in zip(free, got) if kind == "correct" and v.speedup}
+    drift = speedup_drift([(v.speedup, free_speedup[task.task_id]) for (task, kind, _), v in zip(jobs, verdicts)
+                           if kind == "correct" and v.speedup and task.task_id in free_speedup])
     figures = {"crashes_a_round": crashes, "mix_s": round(mix_s, 3), "crash_free_s": round(free_s, 3),
                "crash_free_per_s": round(len(free) / free_s, 2), "per_crash_ms": round(1e3 * (mix_s - free_s) / crashes, 1),
                "fault_ms": round(1e3 * fault_s, 1) if fault_s else None,
                "fault_bound_per_s": round((len(free) + crashes) / (free_s + crashes * fault_s), 2) if fault_s else None,
-               "unexpected": unexpected}
+               "unexpected": unexpected, "speedup_drift": drift}
     print(f"crash cost: the batch without its {crashes} crashing candidates took {free_s:.1f} s "
           f"({figures['crash_free_per_s']:.2f} candidates/s, {unexpected} unexpected verdicts) against {mix_s:.1f} s with "
           f"them: {figures['per_crash_ms']:.0f} ms a crash" + (
               f"; a fault's error came {figures['fault_ms']:.0f} ms after the call (median), so the faults alone "
               f"allow at most {figures['fault_bound_per_s']:.2f} candidates/s at this crash share" if fault_s else
               " (no fault timed: compile-only runs no kernel)"))
+    if drift:
+        print(f"speedups timed beside crashes against the same task's in the crash-free round ({drift['pairs']} pairs): "
+              f"median |change| {drift['median_pct']:.1f} %, 90th percentile {drift['p90_pct']:.1f} %, "
+              f"{drift['over_10pct']} changed by more than 10 %")
     return figures
+
+
+def speedup_drift(pairs: list[tuple[float, float]]) -> dict:
+    """How far speedups measured under one load moved from the same candidates' under another.
+
+    Args:
+        pairs: ``(speedup, the same task's speedup in the other round)``, both > 0.
+
+    Returns:
+        ``{"pairs", "median_pct", "p90_pct", "over_10pct"}``: the median and 90th percentile of
+        ``|a / b - 1|`` in percent and how many pairs moved by more than 10 %; ``{}`` without pairs.
+    """
+    if not pairs:
+        return {}
+    changes = sorted(abs(a / b - 1) * 100 for a, b in pairs)
+    return {"pairs": len(changes), "median_pct": round(statistics.median(changes), 2),
+            "p90_pct": round(changes[min(len(changes) - 1, int(0.9 * len(changes)))], 2),
+            "over_10pct": sum(c > 10 for c in changes)}
 
 
 def main() -> None:

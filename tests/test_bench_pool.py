@@ -127,3 +127,9 @@ def test_single_verifier_rounds_quote_the_median_on_cpu(tmp_path):
     cost = figures["crash_cost"]
     assert cost["crashes_a_round"] == 1 and cost["crash_free_s"] > 0 and cost["unexpected"] == 0, cost
     assert cost["fault_ms"] is None and cost["fault_bound_per_s"] is None and "crash cost:" in proc.stdout
+
+
+def test_speedup_drift_counts_how_far_speedups_moved():
+    drift = bench.speedup_drift([(1.0, 1.0), (1.2, 1.0), (0.5, 1.0), (1.05, 1.0)])
+    assert drift == {"pairs": 4, "median_pct": 12.5, "p90_pct": 50.0, "over_10pct": 2}
+    assert bench.speedup_drift([]) == {}

@@ -19,6 +19,7 @@ loaded on first use: the list changes speed, never a verdict.
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 
@@ -73,7 +74,7 @@ def _library_ops(dtype: torch.dtype, dev: torch.device) -> None:
     torch.nn.functional.conv1d(img[:, :, 0], torch.randn(4, 4, 3, device=dev, dtype=dtype))
 
 
-def preload_kernels(device: int, n: int = 1 << 12) -> dict[str, float | int | str]:
+def preload_kernels(device: int, n: int = 1 << 12, between: Callable[[], None] | None = None) -> dict[str, float | int | str]:
     """Capture (never replay) the verifier's common ops on ``device``; returns ``{"ms", "ops"}`` or
     ``{"ms", "error"}`` (a failure is reported, not raised: the kernels then load on first use).
 
@@ -83,6 +84,8 @@ def preload_kernels(device: int, n: int = 1 << 12) -> dict[str, float | int | st
     Args:
         device: CUDA device index whose current context gets the kernels.
         n: elements of each captured tensor (1-D, the dtypes above; the graph's memory is freed on return).
+        between: called between the two captures (the worker announces its next ``setup`` part there,
+            so a timing stage waiting for the GPU gate goes first).
 
     Returns:
         ``ms``: host wall time of both captures (milliseconds); ``ops``: dtypes whose op set was captured
@@ -112,6 +115,8 @@ def preload_kernels(device: int, n: int = 1 << 12) -> dict[str, float | int | st
         result = {"error": f"{type(e).__name__}: {e}"[:300]}
     finally:
         del graph
+    if between is not None:
+        between()
     libraries = torch.cuda.CUDAGraph()  # a capture of their own: a library that fails keeps the ops above
     try:
         with torch.cuda.graph(libraries, capture_error_mode="relaxed"):

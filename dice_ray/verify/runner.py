@@ -30,9 +30,10 @@ __all__ = ["STAGE_ACCESS", "GpuGate", "JobOutcome", "WorkerError", "WorkerProces
 
 
 #: GPU access each stage needs: loading compiles on the CPU, checks share the GPU, timing owns it; a
-#: starting worker's last stage (``limits``: collecting, sandbox limits) needs none
-STAGE_ACCESS: dict[str, str | None] = {"load": None, "reference": "shared", "run": "shared", "timing": "exclusive",
-                                       "check": "shared", "limits": None}
+#: starting worker's CUDA set-up (``setup``: context, kernel preload) shares it, so no timing stage runs
+#: beside it, and its last stage (``limits``: collecting, sandbox limits) needs none
+STAGE_ACCESS: dict[str, str | None] = {"setup": "shared", "load": None, "reference": "shared", "run": "shared",
+                                       "timing": "exclusive", "check": "shared", "limits": None}
 
 
 class GpuGate:
@@ -252,9 +253,10 @@ class WorkerProcess:
         """Wait for ``ready`` in a thread (so :attr:`boot_s` is the real start time, spawn to
         ready); a failure or a start past ``start_timeout_s`` is kept for :meth:`wait_ready`.
 
-        Imports and CUDA set-up are not gated; the self-test announces its stages like a job, and
-        each takes the gate access of :data:`STAGE_ACCESS` (its timing stage runs alone; a stage
-        announced again is its next part: a waiting timing stage goes first, as in :meth:`run`).
+        Imports are not gated; the CUDA set-up (``setup``: context, kernel preload, in parts) and the
+        self-test announce their stages like a job, and each takes the gate access of :data:`STAGE_ACCESS`
+        (no timing stage runs beside a context being made; the self-test's timing stage runs alone; a
+        stage announced again is its next part: a waiting timing stage goes first, as in :meth:`run`).
         :attr:`boot_gate_s` and :attr:`boot_gate_part_s` say how long it held the gate.
         """
         deadline = time.monotonic() + self.settings.get("start_timeout_s", 180.0)
