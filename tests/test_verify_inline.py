@@ -356,6 +356,27 @@ def test_honest_inline_candidate_passes_the_rules():
     ("    auto f = at::relu; y = f(x);", "", "cpp-torch-op"),
     ("    y = mine::relu(x);", "namespace mine = at;", "cpp-torch-op"),
     ("    at::Generator gen; auto o = at::TensorOptions().dtype(at::kFloat);", "", None),
+    # ATen's dispatcher (an op by schema name, below the Python key) and operator registration
+    ('    auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::relu", "")'
+     '.typed<at::Tensor(const at::Tensor&)>();\n    y = op.call(x);', "", "cpp-torch-op"),
+    ("    c10::impl::ExcludeDispatchKeyGuard g(c10::DispatchKey::Python);", "", "cpp-torch-op"),
+    ("", 'at::Tensor slow(const at::Tensor& a) { return a; }\nTORCH_LIBRARY_IMPL(aten, CUDA, m) { m.impl("relu", slow); }',
+     "patching"),
+    # tensor methods and operators the parse tree hid: pointers to members, explicit operator calls,
+    # `.template`, reference/lambda/container Tensors
+    ("    auto f = &at::Tensor::add_; (y.*f)(x, 1);", "", "cpp-torch-op"),
+    ("    y = std::invoke(&at::Tensor::relu, x);", "", "cpp-torch-op"),
+    ("    y = x.operator*(x);", "", "cpp-torch-op"),
+    ("    y = operator*(x, x);", "", "cpp-torch-op"),
+    ("    y = x.template relu();", "", "cpp-torch-op"),
+    ("    const auto& xr = x; y = xr * 2;", "", "cpp-torch-op"),
+    ("    auto g = [](const torch::Tensor& a) { return a * a; }; y = g(x);", "", "cpp-torch-op"),
+    ("    std::vector<torch::Tensor> v{x}; y = v[0] * 2;", "", "cpp-torch-op"),
+    # honest host code around them
+    ("    std::vector<torch::Tensor> outs; outs.push_back(y); auto z = outs[0].view({-1}); int64_t m = outs.size() * 2;"
+     "\n    const auto& xc = x.contiguous(); int64_t n2 = xc.numel() * 2; int Library = 3; (void)Library;"
+     "\n    auto ptr = [](const torch::Tensor& t) { return t.data_ptr<float>(); }; float* p = ptr(x);",
+     "struct P { int a; bool operator<(const P& o) const { return a < o.a; } };", None),
 ])
 def test_cpp_rules(body, includes, rule):
     assert rule_of(body, includes) == rule

@@ -96,6 +96,37 @@ CORPUS = [
         "torch::Tensor f(torch::Tensor x) { auto y = at::matmul(x, x); k<<<1, 1>>>(y.data_ptr<float>()); return y; }'\n"
         "ext = load_inline(name='e', cpp_sources='torch::Tensor f(torch::Tensor x);', cuda_sources=src, functions=['f'])\n"
         "class ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return ext.f(x)\n"), "cpp-torch-op"),
+    # torch ops and submodules reached through values (names, class attributes, subscripts, map/key=)
+    ("torch op bound at top level", mutate(FWD, "        return R(y)\n", at_top("R = torch.relu")), "forward-torch-op"),
+    ("torch op bound in forward", in_forward("f = torch.relu\ny = f(y)"), "forward-torch-op"),
+    ("from-import op as a value", mutate("import torch\n", "import torch\nfrom torch.nn.functional import gelu\n",
+                                        in_forward("y = list(map(gelu, [y]))[0]")), "forward-torch-op"),
+    ("torch op as class attribute", mutate("class ModelNew(nn.Module):\n", "class ModelNew(nn.Module):\n    act = torch.relu\n",
+                                           mutate(FWD, "        return ModelNew.act(y)\n")), "forward-torch-op"),
+    ("forward rebound to nn.ReLU.forward", mutate(FWD, FWD + "\n    forward = nn.ReLU.forward\n"), "forward-torch-op"),
+    ("bound tensor method", in_forward("f = y.relu\ny = f()"), "forward-torch-op"),
+    ("class attribute call", mutate("class ModelNew(nn.Module):\n", "class ModelNew(nn.Module):\n    act = 1\n",
+                                    in_forward("y = ModelNew.act(y)")), "forward-module-call"),
+    ("init op through a local", mutate("        super().__init__()\n", "        super().__init__()\n        self.f = torch.relu\n",
+                                       in_forward("f = self.f\ny = f(y)")), "forward-module-call"),
+    ("submodule through a subscript", in_forward("y = (self.act,)[0](y)"), "forward-module-call"),
+    ("submodule through _modules", in_forward("y = self._modules['act'](y)"), "forward-module-call"),
+    ("submodule _call_impl", in_forward("y = self.act._call_impl(y)"), "forward-module-call"),
+    ("submodule handed to map", in_forward("y = next(map(self.act, [y]))"), "forward-module-call"),
+    ("submodule as sort key", in_forward("y = sorted([y], key=self.act)[0]"), "forward-module-call"),
+    ("submodule through a parameter", mutate("def forward(self, x):", "def forward(self, x, act=None):",
+                                             in_forward("y = act(y)")), "forward-module-call"),
+    ("helper calls its parameter", mutate("class ModelNew", "def run(f, t):\n    return f(t)\n\n\nclass ModelNew",
+                                          in_forward("y = run(self.act, y)")), "forward-module-call"),
+    # modules reached through attribute expressions, str.format field walks
+    ("module bound by attribute", at_top("F = torch.nn.functional"), "dynamic-code"),
+    ("module attribute as value", in_forward("m = torch.nn\nm.functional.torch.os.system('id')"), "dynamic-code"),
+    ("format field walk", in_forward("s = '{0.__repr__.__globals__[torch].os.environ}'.format(y)"), "dynamic-code"),
+    ("format field walk at top level", at_top("LEAK = '{0.__globals__}'.format(torch.zeros)"), "dynamic-code"),
+    ("format_map field walk", in_forward("s = '{a.__class__}'.format_map({'a': y})"), "dynamic-code"),
+    ("format field in a spec", in_forward("s = '{0:{1.__class__}}'.format(1, y)"), "dynamic-code"),
+    ("str.format with a built template", in_forward("t = '{0.__cl' + 'ass__}'\ns = t.format(y)"), "dynamic-code"),
+    ("str.format unbound", in_forward("s = str.format('{0.__class__}', y)"), "dynamic-code"),
     ("no ModelNew", mutate("class ModelNew(", "class Solution("), "no-modelnew"),
     ("python syntax", mutate("def forward(self, x):", "def forward(self, x)"), "syntax"),
 ]
@@ -126,6 +157,43 @@ def test_honest_candidates_pass():
     helper = mutate("class ModelNew", "def cdiv(a, b):\n    return (a + b - 1) // b\n\n\nclass ModelNew")
     helper = mutate("grid=(n + 255) // 256", "grid=cdiv(n, 256)", helper)
     assert check_candidate(helper).ok
+
+
+LAUNCH = "        kernels.relu_kernel(grid=(n + 255) // 256, block=256, args=(x, y, n))\n"
+HONEST_VARIANTS = [
+    ("kernel alias", mutate(LAUNCH, "        k = kernels.relu_kernel\n" + LAUNCH.replace("kernels.relu_kernel", "k"))),
+    ("kernel choice", mutate(LAUNCH, "        k = kernels.relu_kernel if n else kernels.relu_kernel\n"
+                                     + LAUNCH.replace("kernels.relu_kernel", "k"))),
+    ("kernel loop", mutate(LAUNCH, "        for k in (kernels.relu_kernel, kernels.relu_kernel):\n    "
+                                   + LAUNCH.replace("kernels.relu_kernel", "k"))),
+    ("helper takes the kernel", mutate(
+        "class ModelNew", "def launch(kernel, n, *args):\n    kernel(grid=(n + 255) // 256, block=256, args=args)\n\n\n"
+        "class ModelNew", mutate(LAUNCH, "        launch(kernels.relu_kernel, n, x, y, n)\n"))),
+    ("method takes the kernel", mutate(
+        "    def forward(self, x):", "    def _go(self, kernel, n, *args):\n"
+        "        kernel(grid=(n + 255) // 256, block=256, args=args)\n\n    def forward(self, x):",
+        mutate(LAUNCH, "        self._go(kernels.relu_kernel, n, x, y, n)\n"))),
+    ("template .format", mutate("kernels = load_cuda(cuda_source)", 'T = r"""__global__ void f() {{ int b = {BLOCK}; }}"""\n'
+                                'SRC = T.format(BLOCK=256)\nkernels = load_cuda(cuda_source)')),
+    ("messages", in_forward("if y.dim() > 4:\n    raise ValueError('bad shape {}'.format(tuple(y.shape)) + f'{y.dtype}')")),
+    ("builtins and lambdas", in_forward("m = max(1, min(n, 1024))\nd = sorted(range(y.dim()), key=lambda i: -i)\n"
+                                        "w = list(map(int, y.shape))\nq = isinstance(y, torch.Tensor)")),
+    ("torch in __init__", mutate("        super().__init__()\n", "        super().__init__()\n        self.w = nn.Parameter("
+                                 "torch.empty(4, 4))\n        nn.init.kaiming_uniform_(self.w)\n        self.f = torch.relu\n")),
+    ("decorators and annotations", mutate("    def forward(self, x):", "    @torch.no_grad()\n"
+                                          "    def forward(self, x: torch.Tensor) -> torch.Tensor:")),
+    ("static method through the class", mutate(
+        "    def forward(self, x):", "    @staticmethod\n    def grid(n):\n        return (n + 255) // 256\n\n"
+        "    def forward(self, x):", mutate("grid=(n + 255) // 256", "grid=ModelNew.grid(n)"))),
+    ("local def", in_forward("def g(a):\n    return a + 1\nm = g(3)\ns = ','.join(str(d) for d in y.shape)")),
+]
+
+
+@pytest.mark.parametrize("name,src", HONEST_VARIANTS, ids=[c[0] for c in HONEST_VARIANTS])
+def test_honest_variants_pass(name, src):
+    """Kernels through names, helpers and loops; templates; builtins; torch in __init__: no rule."""
+    report = check_candidate(src)
+    assert report.ok, f"{name}: {[str(v) for v in report.violations]}"
 
 
 def test_init_may_use_torch_and_kernel_holder_attribute():

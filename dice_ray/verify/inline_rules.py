@@ -14,6 +14,10 @@ regular expressions over the text:
   op taken as a value (``&at::relu``, called through a pointer), namespace aliases of torch, and
   ``#define`` bodies (unparsed by tree-sitter: each is checked as host code, and a macro standing for a
   torch namespace or op, ``#define NS at``, is flagged).
+  ATen's dispatcher and dispatch-key state (``c10::Dispatcher::singleton().findSchemaOrThrow(...)``,
+  ``ExcludeDispatchKeyGuard``: ops by schema name or hidden from the run-time dispatch mode), pointers
+  to Tensor methods (``&at::Tensor::add_``), explicit operator calls (``x.operator*(y)``), and
+  operators on Tensors held by reference, in containers (``v[0] * 2``) or lambda parameters.
 * ``cuda-library``: cuBLAS(Lt) / cuDNN / cuSPARSE / cuFFT / cuSOLVER / CUTLASS / CuTe / thrust
   names and handles (``at::cuda::getCurrentCUDABlasHandle``), headers, ``-lcublas``; none of it
   with ``VerifyConfig.allow_vendor_libraries`` (``allow_vendor_libraries=True`` here), except
@@ -27,7 +31,9 @@ regular expressions over the text:
   ``socket``... and file/network headers.
 * ``dynamic-code``: calls into Python from C++ (``py::``, ``pybind11::``, ``Py*`` C API).
 * ``no-kernel-launch``: no ``__global__`` kernel, or no launch of one anywhere.
-* ``patching``: names containing ``dice_ray`` (the launch counters' names).
+* ``patching``: names containing ``dice_ray`` (the launch counters' names); operator registration
+  (``TORCH_LIBRARY_IMPL(aten, CUDA, m)``, ``torch::Library``, ``RegisterOperators``): it would
+  replace the kernels torch's own ops (the reference's) run.
 
 Host code is everything outside ``__global__`` / ``__device__`` functions; method-call and
 operator checks apply there only (device code cannot call ATen).
@@ -107,6 +113,21 @@ _FILE_HEADERS = re.compile(r"^(fstream|filesystem|netdb\.h|arpa/.*|netinet/.*|fc
 _TORCH_OP_HEADERS = re.compile(r"^(ATen/native/.*|torch/nn\.h|torch/nn/.*|torch/linalg\.h|torch/fft\.h|"
                                r"torch/special\.h|ATen/cuda/CUDABlas\.h|ATen/cudnn/.*|ATen/cuda/tunable/.*)$")
 
+#: ATen's dispatcher and dispatch-key state: an op called by its schema name
+#: (``Dispatcher::singleton().findSchemaOrThrow("aten::relu", "")``), redispatched below the Python key, or
+#: run with the Python key excluded (``ExcludeDispatchKeyGuard``) is torch compute that neither the
+#: name rules nor the run-time dispatch mode see.
+_DISPATCH_NAMES = re.compile(
+    r"^(Dispatcher|findSchema\w*|findOp|OperatorHandle|TypedOperatorHandle|OperatorName|callBoxed|redispatch\w*|"
+    r"DispatchKey|DispatchKeySet|\w*DispatchKeyGuard|tls_set_dispatch_key_\w+|tls_local_dispatch_key_set|"
+    r"AutoDispatch\w+|KernelFunction|BoxedKernel|PythonDispatcherTLS|ForceDispatchKeyGuard)$")
+#: operator registration: ``TORCH_LIBRARY_IMPL(aten, CUDA, m) { m.impl("relu", slow) }`` replaces the
+#: kernels the reference runs (a slow reference, or one that returns the candidate's answer).
+_REGISTRATION_NAMES = re.compile(r"^(TORCH_LIBRARY\w*|Library|RegisterOperators|registerOperator|"
+                                 r"TORCH_REGISTER\w*|C10_REGISTER\w*|REGISTER_DISPATCH)$")
+#: explicit operator calls that stay as calls (``x.operator*(y)``): the others are operators on values
+_PLAIN_OPERATORS = frozenset({"operator()", "operator[]", "operator=", "operator->", "operator bool"})
+
 _PARSERS = threading.local()  # a tree-sitter Parser is not thread-safe: one per thread
 
 
@@ -151,6 +172,14 @@ def _torch_names() -> tuple[frozenset[str], frozenset[str]]:
     names |= {n for n, v in vars(F).items() if not n.startswith("_") and callable(v)}
     compute = frozenset(n for n in dir(torch.Tensor) if not n.startswith("_")) - ALLOWED_CPP_TENSOR_METHODS
     return frozenset(names - ALLOWED_CPP_TORCH_CALLS), compute
+
+
+def _is_tensor_type(text: str) -> bool:
+    """A Tensor type, or a container of Tensors (``std::vector<at::Tensor>``, ``c10::optional<Tensor>``,
+    ``TensorList``): its elements are Tensors, and ``v[0] * 2`` is an ATen op."""
+    t = re.sub(r"\s|\bconst\b", "", text)
+    return t in _TENSOR_TYPES or bool(re.search(r"(^|[<,:])Tensor([>,]|$)|^(at::|torch::|c10::)?(TensorList|ITensorListRef)$",
+                                                t))
 
 
 def _qualified_parts(node: Any) -> list[str]:
@@ -258,6 +287,19 @@ class _SourceChecker:
                 fn = node.child_by_field_name("function")
                 if fn is not None:
                     self.call(node, fn, where, tensors)
+            elif t == "operator_name" and where == "host" and node.parent is not None and (
+                    node.parent.type == "field_expression" or (node.parent.type == "call_expression"
+                                                               and node.parent.child_by_field_name("function") == node)
+            ) and re.sub(r"\s", "", node_text(node)) not in {
+                    re.sub(r"\s", "", o) for o in _PLAIN_OPERATORS}:
+                self.add("cpp-torch-op", f"host code calls {node_text(node)} explicitly (an operator on Tensors)", node)
+            elif t == "ERROR" and where == "host":
+                for m in re.finditer(r"(?:\.|->)\s*(?:template\s+)?(\w+)", node_text(node)):
+                    if m.group(1) in _torch_names()[1]:
+                        self.add("cpp-torch-op", f"host code calls the tensor method .{m.group(1)}() (in text the "
+                                 "parser could not read)", node)
+            elif t == "lambda_expression" and where == "host":
+                tensors = set(tensors) | self.tensor_params(node)
             elif t == "declaration" and where == "host":
                 self.declaration(node, tensors)
             elif where == "host" and t in ("binary_expression", "assignment_expression", "unary_expression"):
@@ -282,6 +324,15 @@ class _SourceChecker:
         text = node_text(node)
         if "dice_ray" in text:
             self.add("patching", f"uses the name {text} (the verifier's launch counters)", node)
+        elif _REGISTRATION_NAMES.match(text) and (text != "Library" or node.type == "type_identifier"):
+            self.add("patching", f"uses {text} (registers operator kernels: torch's own ops, the reference's "
+                     "included, would run the candidate's code)", node)
+        elif _DISPATCH_NAMES.match(text):
+            self.add("cpp-torch-op", f"uses {text} (ATen's dispatcher: a torch op by schema name or below the "
+                     "dispatch keys)", node)
+        elif node.type == "identifier" and text == "operator" and node.parent is not None \
+                and node.parent.type in ("binary_expression", "call_expression"):
+            self.add("cpp-torch-op", "host code calls an operator function explicitly (operator*(a, b))", node)
         elif _LIBRARY_NAME.match(text) or (node.type == "namespace_identifier" and text in _LIBRARY_NAMESPACES) \
                 or text in _LIBRARY_CALLS:
             self.add("cuda-library", f"uses {text} (a vendor math library)", node)
@@ -295,11 +346,16 @@ class _SourceChecker:
     def reference(self, node: Any, parts: list[str]) -> None:
         """A torch op named in an expression without being called there (``&at::relu``, ``auto f = at::relu``):
         it is called through a pointer or alias later, where the call rule cannot see whose it is."""
+        if node.parent is not None and node.parent.type == "qualified_identifier":
+            return  # the outermost name decides (at::Tensor::add_: ['at', 'Tensor', 'add_'])
         last = node.named_children[-1] if node.named_children else None
+        while last is not None and last.type == "qualified_identifier" and last.named_children:
+            last = last.named_children[-1]
         parent = node.parent
         called = parent is not None and parent.type == "call_expression" and parent.child_by_field_name("function") == node
-        if (not called and last is not None and last.type == "identifier" and len(parts) > 1
-                and parts[0] in self.torch_aliases and parts[-1] in _torch_names()[0]):
+        if (not called and last is not None and last.type in ("identifier", "field_identifier") and len(parts) > 1
+                and parts[0] in self.torch_aliases and (parts[-1] in _torch_names()[0] or (
+                    "Tensor" in parts[:-1] and parts[-1] in _torch_names()[1]))):
             self.add("cpp-torch-op", f"host code takes {'::'.join(parts)} as a value (a torch op called through a "
                      "pointer or alias)", node)
 
@@ -370,9 +426,9 @@ class _SourceChecker:
 
     @staticmethod
     def tensor_decl_name(type_node: Any, declarator: Any) -> str | None:
-        if type_node is None or declarator is None or re.sub(r"\s", "", node_text(type_node)) not in _TENSOR_TYPES:
+        if type_node is None or declarator is None or not _is_tensor_type(node_text(type_node)):
             return None
-        while declarator is not None and declarator.type == "reference_declarator":
+        while declarator is not None and declarator.type in ("reference_declarator", "pointer_declarator"):
             declarator = next((c for c in declarator.children if c.type == "identifier"), None)
         return node_text(declarator) if declarator is not None and declarator.type == "identifier" else None
 
@@ -384,9 +440,19 @@ class _SourceChecker:
             if name:
                 tensors.add(name)
             elif (d.type == "init_declarator" and type_node is not None and node_text(type_node) == "auto"
-                  and target is not None and target.type == "identifier"
+                  and target is not None and self.unwrap(target).type == "identifier"
                   and self.is_tensor(d.child_by_field_name("value"), tensors)):
-                tensors.add(node_text(target))
+                tensors.add(node_text(self.unwrap(target)))
+
+    @staticmethod
+    def unwrap(declarator: Any) -> Any:
+        """The name inside ``&name`` / ``&&name`` declarators (``const auto& xr = x``)."""
+        while declarator.type == "reference_declarator":
+            inner = next((c for c in declarator.named_children), None)
+            if inner is None:
+                break
+            declarator = inner
+        return declarator
 
     def is_tensor(self, node: Any, tensors: set[str]) -> bool:
         if node is None:

@@ -23,7 +23,17 @@ Decisions (documented so prompts can state them):
 * No way out through attributes, ``__init__`` included: an import-rooted path that reaches a module
   outside the allow-list (``torch.os``, ``typing.sys``: ``forbidden-import``) or a torch internal,
   torch's file I/O (``torch.load``/``save``/``from_file``: ``file-access``), a module used as a value
-  (``t = torch``) or frame attributes (``gen.gi_frame.f_back``: ``dynamic-code``).
+  (``t = torch``, ``F = torch.nn.functional``) or frame attributes (``gen.gi_frame.f_back``:
+  ``dynamic-code``); ``str.format`` templates must be strings the rules can read, and their fields
+  may not walk private or frame attributes (``'{0.__globals__}'``: ``dynamic-code``).
+* No torch op or submodule under another name: outside ``__init__`` a torch function may not be taken
+  as a value (``R = torch.relu`` at top level or in a class body, ``map(F.gelu, xs)``,
+  ``forward = nn.ReLU.forward``) nor, in run-time code, a tensor's compute method (``f = y.relu``):
+  ``forward-torch-op``; run-time code may call only builtins, imports (checked by name), the
+  candidate's functions, classes and lambdas, and kernels (also through a name bound only to kernels,
+  or a parameter given a kernel at every call): a variable, parameter, subscript or call result
+  (``act = self.act; act(x)``, ``self._modules['act'](x)``), ``nn.Module`` or private methods
+  (``._call_impl``) and callables handed to ``map``/``filter``/``key=`` are ``forward-module-call``.
 
 The load_inline format (KernelBench / DICE: ``ext = load_inline(...)`` at top level, ``ModelNew``
 calling ``ext.<function>``) is detected (:attr:`StaticReport.format`) and gets the same Python
@@ -43,7 +53,9 @@ Each rule has an id (``RULES``); a :class:`Violation` names the rule, the line a
 from __future__ import annotations
 
 import ast
+import functools
 import re
+import types
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -250,6 +262,92 @@ def _tensor_compute_methods() -> frozenset[str]:
     return _TENSOR_ATTRS
 
 
+@functools.cache
+def _tensor_method_names() -> frozenset[str]:
+    """Compute methods of ``torch.Tensor`` (callables, not properties such as ``shape``/``dtype``): a
+    reference to one (``f = y.relu``) is a torch op taken as a value."""
+    import inspect
+
+    import torch
+
+    return frozenset(n for n in _tensor_compute_methods()
+                     if not isinstance(inspect.getattr_static(torch.Tensor, n, None), (property, types.GetSetDescriptorType,
+                                                                                         types.MemberDescriptorType)))
+
+
+@functools.cache
+def _module_method_names() -> frozenset[str]:
+    """Names that call into a ``torch.nn.Module`` (``forward``, ``_call_impl``, ``_conv_forward``,
+    ``apply``...): ``nn.Module``'s public methods and the private methods of every ``torch.nn``
+    module class, less tensor method names (``to`` is allowed, ``half`` is reported as a torch op)."""
+    import inspect
+
+    import torch.nn as nn
+
+    out = {n for n in dir(nn.Module) if not n.startswith("__")}
+    for v in vars(nn).values():
+        if inspect.isclass(v) and issubclass(v, nn.Module):
+            for k in inspect.getmro(v):
+                out.update(n for n in vars(k) if n.startswith("_") and not n.startswith("__"))
+    return frozenset(out - ALLOWED_TENSOR_METHODS - _tensor_compute_methods())
+
+
+_UNKNOWN = object()
+
+
+def _lookup(dotted: str) -> object:
+    """The object an import-rooted path (``torch.nn.functional.gelu``, ``torch.Tensor.add``) names,
+    read from the loaded modules' ``__dict__`` and classes' static attributes (nothing is imported
+    lazily, no descriptor runs); :data:`_UNKNOWN` when it cannot be known."""
+    import importlib
+    import inspect
+    import sys
+
+    parts = dotted.split(".")
+    obj: object = _UNKNOWN
+    rest: list[str] = []
+    for k in range(len(parts), 0, -1):
+        name = ".".join(parts[:k])
+        obj = sys.modules.get(name, _UNKNOWN)
+        if obj is _UNKNOWN and name in ALLOWED_IMPORTS:
+            obj = importlib.import_module(name)
+        if obj is not _UNKNOWN:
+            rest = parts[k:]
+            break
+    for part in rest:
+        if isinstance(obj, types.ModuleType):
+            obj = vars(obj).get(part, sys.modules.get(f"{obj.__name__}.{part}", _UNKNOWN))
+        elif isinstance(obj, type):
+            obj = inspect.getattr_static(obj, part, _UNKNOWN)
+        else:
+            return _UNKNOWN
+        if obj is _UNKNOWN:
+            return _UNKNOWN
+    return obj
+
+
+def _is_torch_function(obj: object) -> bool:
+    """Whether ``obj`` (from :func:`_lookup`) is a function or method of torch (an op when called),
+    not a class (``torch.Tensor``, ``nn.ReLU``), a dtype or a module."""
+    if obj is _UNKNOWN or isinstance(obj, (type, types.ModuleType)):
+        return False
+    return callable(obj) or isinstance(obj, (staticmethod, classmethod))
+
+
+def _format_fields(template: str) -> list[str]:
+    """Every replacement field name of a ``str.format`` template, nested ones (in format specs)
+    included; raises ValueError on a malformed template."""
+    import string
+
+    out: list[str] = []
+    for _, name, spec, _ in string.Formatter().parse(template):
+        if name is not None:
+            out.append(name)
+        if spec:
+            out.extend(_format_fields(spec))
+    return out
+
+
 # -- ways out through attributes (corpus: tests/corpus/cheats/forge_verdict.py, frame_escape.py, ...) --
 #: attributes that lead from a generator, coroutine, traceback or frame to frames and their globals
 #: (``gen.gi_frame.f_back.f_globals`` reaches the verifier's harness), refused like dunders
@@ -271,40 +369,23 @@ def _module_escape(dotted: str) -> tuple[str, str] | None:
     ``__dict__`` and classes' static attributes, so nothing is imported lazily; None when clean or
     unknown.
     """
-    import importlib
-    import inspect
     import sys
-    import types
 
     parts = dotted.split(".")
-    obj: object = None
-    rest: list[str] = []
-    for k in range(len(parts), 0, -1):
-        name = ".".join(parts[:k])
-        obj = sys.modules.get(name)
-        if obj is None and name in ALLOWED_IMPORTS:
-            obj = importlib.import_module(name)
-        if obj is not None:
-            rest = parts[k:]
-            break
-    for part in rest:
+    k = next((k for k in range(len(parts), 0, -1)
+              if ".".join(parts[:k]) in sys.modules or ".".join(parts[:k]) in ALLOWED_IMPORTS), 0)
+    for j in range(k + 1, len(parts) + 1):
+        obj = _lookup(".".join(parts[:j]))
+        if obj is _UNKNOWN:
+            return None
         if isinstance(obj, types.ModuleType):
-            nxt = vars(obj).get(part, sys.modules.get(f"{obj.__name__}.{part}"))
-        elif isinstance(obj, type):
-            nxt = inspect.getattr_static(obj, part, None)
-        else:
-            return None
-        if nxt is None:
-            return None
-        if isinstance(nxt, types.ModuleType):
-            name = getattr(nxt, "__name__", "?")
+            name = getattr(obj, "__name__", "?")
             if name.startswith("torch.") and (
                 any(p.startswith("_") for p in name.split(".")) or any(name == r or name.startswith(r + ".")
                                                                       for r in _INTERNAL_ROOTS)):
                 return "torch-internals", name
             if name not in ALLOWED_IMPORTS and not name.startswith("torch."):
                 return "forbidden-import", name
-        obj = nxt
     return None
 
 
@@ -326,6 +407,12 @@ class _Checker(ast.NodeVisitor):
         self.class_methods: dict[str, set[str]] = {}
         self.local_classes: set[str] = set()
         self.runtime_depth = 0
+        self.init_depth = 0  # inside an __init__ method (torch may be used freely there)
+        # name -> values bound to it anywhere (None: unknown; a tuple (function, its parameters): a parameter)
+        self.bindings: dict[str, list[ast.AST | tuple[ast.AST, list[str]] | None]] = {}
+        self.calls_by_name: dict[str, list[ast.Call]] = {}  # function name -> calls f(...) / x.f(...)
+        self.value_refs: set[str] = set()  # names used other than as the function of a call
+        self.top_values: dict[str, ast.AST] = {}  # module-level NAME = value (one assignment)
         self.direct_class: str | None = None  # set while visiting a class body (its defs are methods)
         self.scopes: list[set[str]] = [_bound_names(tree)]
         self.kernel_calls_in_runtime = 0
@@ -410,6 +497,18 @@ class _Checker(ast.NodeVisitor):
                 }
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self.module_names.add(node.name)
+        top_count: dict[str, int] = {}
+        for node in self.tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                self.top_values[node.targets[0].id] = node.value
+            for t in (node.targets if isinstance(node, ast.Assign) else
+                      [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []):
+                if isinstance(t, ast.Name):
+                    top_count[t.id] = top_count.get(t.id, 0) + 1
+        for name, n in top_count.items():
+            if n > 1:
+                self.top_values.pop(name, None)
+        self.collect_bindings()
         for node in ast.walk(self.tree):  # self.k = kernels / load_cuda(...) inside methods
             if isinstance(node, ast.Assign) and (
                 self.is_load_cuda(node.value) or (isinstance(node.value, ast.Name) and node.value.id in self.kernel_vars)
@@ -417,6 +516,130 @@ class _Checker(ast.NodeVisitor):
                 for t in node.targets:
                     if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
                         self.kernel_attrs.add(t.attr)
+
+    def collect_bindings(self) -> None:
+        """Every binding of every name (values of simple assignments, defs, lambdas, parameters; None
+        where the value is not known), the calls of each function name, and the names used as values:
+        what decides whether run-time code calling a name calls something the rules have seen."""
+        def bind(name: str, value: ast.AST | tuple[ast.AST, list[str]] | None) -> None:
+            self.bindings.setdefault(name, []).append(value)
+
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Assign):
+                for t in node.targets:
+                    if isinstance(t, ast.Name):
+                        bind(t.id, node.value)
+                    else:
+                        for n in ast.walk(t):
+                            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                                bind(n.id, None)
+            elif isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)):
+                if isinstance(node.target, ast.Name):
+                    bind(node.target.id, node.value if isinstance(node, ast.AnnAssign) else None)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bind(node.name, node)
+                if not isinstance(node, ast.ClassDef):
+                    a = node.args
+                    params = [x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs]]
+                    for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]:
+                        if x is not None:
+                            bind(x.arg, (node, params))
+            elif isinstance(node, ast.Lambda):
+                a = node.args
+                for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]:
+                    if x is not None:
+                        bind(x.arg, None)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+                parent = getattr(node, "parent", None)
+                if isinstance(parent, (ast.For, ast.comprehension)) and parent.target is node and isinstance(
+                        parent.iter, (ast.Tuple, ast.List)) and parent.iter.elts and not any(
+                        isinstance(e, ast.Starred) for e in parent.iter.elts):
+                    for e in parent.iter.elts:  # for k in (kernels.a, kernels.b)
+                        bind(node.id, e)
+                elif not isinstance(parent, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr)):
+                    bind(node.id, None)  # loop, with, comprehension, except targets, unpacking
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for a in node.names:
+                    bind((a.asname or a.name).split(".")[0], None)
+            elif isinstance(node, ast.ExceptHandler) and node.name:
+                bind(node.name, None)
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+                if name is not None:
+                    self.calls_by_name.setdefault(name, []).append(node)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                parent = getattr(node, "parent", None)
+                if not (isinstance(parent, ast.Call) and parent.func is node):
+                    self.value_refs.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                parent = getattr(node, "parent", None)
+                if not (isinstance(parent, ast.Call) and parent.func is node):
+                    self.value_refs.add(node.attr)
+
+    def is_kernel_ref(self, node: ast.AST | None) -> bool:
+        """``kernels.<name>`` / ``self.k.<name>``, a name bound only to those, or a choice of them."""
+        if isinstance(node, ast.Attribute):
+            return self.kernel_holder(node.value) is not None
+        if isinstance(node, ast.IfExp):
+            return self.is_kernel_ref(node.body) and self.is_kernel_ref(node.orelse)
+        if isinstance(node, ast.Name):
+            values = self.bindings.get(node.id, [])
+            return bool(values) and node.id not in self.aliases and all(
+                isinstance(v, (ast.Attribute, ast.IfExp)) and self.is_kernel_ref(v) for v in values)
+        return False
+
+    def param_gets_kernels(self, name: str, fn: ast.AST, params: list[str]) -> bool:
+        """Whether the parameter ``name`` of ``fn`` receives a kernel at every call of ``fn`` (which
+        is called at least once and never used as a value: ``map(fn, ...)`` would hide its arguments)."""
+        fname = getattr(fn, "name", None)
+        calls = self.calls_by_name.get(fname or "", [])
+        if fname is None or not calls or fname in self.value_refs or name not in params:
+            return False
+        index = params.index(name)
+        for call in calls:
+            bound = isinstance(call.func, ast.Attribute) and params[:1] == ["self"]
+            i = index - 1 if bound else index
+            arg = next((k.value for k in call.keywords if k.arg == name), None)
+            if arg is None and 0 <= i < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[:i + 1]):
+                arg = call.args[i]
+            if arg is None or not self.is_kernel_ref(arg):
+                return False
+        return True
+
+    def is_method_ref(self, node: ast.Attribute) -> bool:
+        """``self.<m>`` / ``<Class>.<m>`` naming a method the candidate defines."""
+        own = set().union(*self.class_methods.values()) if self.class_methods else set()
+        return isinstance(node.value, ast.Name) and (node.value.id == "self" or node.value.id in self.local_classes) \
+            and node.attr in own
+
+    def callee_known(self, f: ast.AST) -> bool:
+        """Whether run-time code calling (or handing to ``map``) the expression ``f`` calls something
+        the rules see: a builtin, an import (checked by name), a def/class/lambda of the candidate or
+        a kernel.  A variable, parameter, subscript or call result may hold a torch op or a
+        submodule (``f = self.f; f(x)``, ``self._modules['act'](x)``)."""
+        if isinstance(f, ast.Lambda) or self.is_kernel_ref(f):
+            return True
+        if isinstance(f, ast.Attribute):
+            return True  # attribute calls are checked by name (check_runtime_call)
+        if not isinstance(f, ast.Name):
+            return False
+        if f.id in self.aliases:
+            return True
+        values = self.bindings.get(f.id)
+        if not values:
+            import builtins
+
+            return hasattr(builtins, f.id)
+        for v in values:
+            if isinstance(v, tuple):
+                if not self.param_gets_kernels(f.id, *v):
+                    return False
+            elif isinstance(v, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                continue
+            elif v is None or not self.is_kernel_ref(v):
+                return False
+        return True
 
     # -- top level -------------------------------------------------------------------------------
     def check_module(self) -> None:
@@ -542,9 +765,11 @@ class _Checker(ast.NodeVisitor):
         is_init = not isinstance(node, ast.Lambda) and node.name == "__init__" and direct_class is not None
         runtime = 0 if is_init else 1
         self.runtime_depth += runtime
+        self.init_depth += 1 - runtime
         self.scopes.append(_bound_names(node))
         self.generic_visit(node)
         self.scopes.pop()
+        self.init_depth -= 1 - runtime
         self.runtime_depth -= runtime
         self.direct_class = direct_class
 
@@ -561,6 +786,88 @@ class _Checker(ast.NodeVisitor):
         elif node.id in self.aliases and self.is_module_alias(node.id) and not (
                 isinstance(getattr(node, "parent", None), ast.Attribute) and node.parent.value is node):
             self.add("dynamic-code", f"uses the module {node.id} as a value (its attributes escape the rules)", node)
+        elif node.id in self.aliases and isinstance(node.ctx, ast.Load) and not isinstance(
+                getattr(node, "parent", None), (ast.Attribute, ast.alias)):
+            self.check_torch_value(self.aliases[node.id], node)
+
+    def is_called(self, node: ast.AST) -> bool:
+        parent = getattr(node, "parent", None)
+        return isinstance(parent, ast.Call) and parent.func is node
+
+    def check_torch_value(self, d: str, node: ast.AST) -> None:
+        """A torch function taken as a value outside ``__init__`` (``R = torch.relu`` at top level or
+        in a class body, ``f = F.gelu``, ``map(torch.relu, xs)``, ``nn.ReLU.forward``): it is called
+        later under another name, where the call rules cannot see whose it is."""
+        if self.is_called(node) or (self.init_depth and not self.runtime_depth) or d in ALLOWED_TORCH_CALLS:
+            return
+        if (d == "torch" or d.startswith("torch.")) and _is_torch_function(_lookup(d)):
+            self.add("forward-torch-op", f"takes {d} as a value outside __init__ (a torch op called under "
+                     "another name)", node)
+
+    def check_format(self, node: ast.Attribute) -> None:
+        """``template.format(obj)`` walks attributes and items named in the template
+        (``'{0.__globals__[os]}'``) where no rule sees them: the template must be a string the rules
+        can read, and its fields may not name private, dunder or frame attributes."""
+        template = self.static_str(node.value)
+        if template is None:
+            self.add("dynamic-code", f"calls .{node.attr}() on a template that is not a constant string "
+                     "(format fields can walk attributes)", node)
+            return
+        try:
+            fields = _format_fields(template)
+        except ValueError:
+            return  # fails when run
+        for field_name in fields:
+            for part in re.split(r"[.\[\]]", field_name)[1:]:
+                if part.startswith("_") or part in _INTROSPECTION_ATTRS:
+                    self.add("dynamic-code", f"the format field {{{field_name}}} walks to .{part} (reflection)", node)
+                    return
+
+    def static_str(self, node: ast.AST | None, depth: int = 0) -> str | None:
+        """The value of a string expression built only from constants and module-level constant
+        names (concatenation, f-strings, str methods), or None."""
+        if node is None or depth > 20:
+            return None
+        if isinstance(node, ast.Constant):
+            return node.value if isinstance(node.value, str) else None
+        if isinstance(node, ast.Name):
+            return self.static_str(self.top_values.get(node.id), depth + 1)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            a, b = self.static_str(node.left, depth + 1), self.static_str(node.right, depth + 1)
+            return None if a is None or b is None else a + b
+        if isinstance(node, ast.JoinedStr):
+            out = []
+            for v in node.values:
+                if isinstance(v, ast.FormattedValue):
+                    inner = v.value
+                    if isinstance(inner, ast.Constant) or (isinstance(inner, ast.Name)
+                                                           and isinstance(self.top_values.get(inner.id), ast.Constant)):
+                        val = inner.value if isinstance(inner, ast.Constant) else self.top_values[inner.id].value
+                        out.append(str(val))  # numbers too (f"{N}")
+                        continue
+                    text = self.static_str(inner, depth + 1)
+                    if text is None:
+                        return None
+                    out.append(text)
+                else:
+                    text = self.static_str(v, depth + 1)
+                    if text is None:
+                        return None
+                    out.append(text)
+            return "".join(out)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _STR_METHODS \
+                and node.func.attr != "format" and not node.keywords:
+            base = self.static_str(node.func.value, depth + 1)
+            args = [a.value if isinstance(a, ast.Constant) else self.static_str(a, depth + 1) for a in node.args]
+            if base is None or any(a is None for a in args):
+                return None
+            try:
+                return getattr(base, node.func.attr)(*args)
+            except (TypeError, ValueError):
+                return None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format":
+            return self.static_str(node.func.value, depth + 1)  # its own fields are checked where it is called
+        return None
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if node.attr.startswith("__") and node.attr not in _ALLOWED_DUNDERS:
@@ -569,7 +876,10 @@ class _Checker(ast.NodeVisitor):
             self.add("dynamic-code", f"accesses .{node.attr} (frames and globals)", node)
         elif node.attr in _FILE_IO_ATTRS:
             self.add("file-access", f"uses .{node.attr} (file I/O)", node)
+        elif node.attr in ("format", "format_map") and isinstance(node.ctx, ast.Load):
+            self.check_format(node)
         self.check_escape(node)
+        self.check_value(node)
         holder = self.kernel_holder(node.value)
         if holder is not None:
             self.report.kernel_refs.setdefault(holder, set()).add(node.attr)
@@ -585,6 +895,26 @@ class _Checker(ast.NodeVisitor):
             elif d.startswith("torch._") or any(d == r or d.startswith(r + ".") for r in _INTERNAL_ROOTS):
                 self.add("torch-internals", f"uses {d}", node)
         self.generic_visit(node)
+
+    def check_value(self, node: ast.Attribute) -> None:
+        """An attribute used as a value (not a call's function, not the base of a longer path):
+        a module (``F = torch.nn.functional``, then ``F.torch.os``), a torch function outside
+        ``__init__`` (``R = torch.relu``) or, in run-time code, a tensor's compute method
+        (``f = y.relu``) is a way around the rules on names."""
+        parent = getattr(node, "parent", None)
+        if isinstance(parent, ast.Attribute) or not isinstance(node.ctx, ast.Load):
+            return
+        d = self.dotted(node)
+        if d is not None:
+            obj = _lookup(d)
+            if isinstance(obj, types.ModuleType):
+                self.add("dynamic-code", f"uses the module {d} as a value (its attributes escape the rules)", node)
+            else:
+                self.check_torch_value(d, node)
+        elif (self.runtime_depth and not self.is_called(node) and node.attr in _tensor_method_names()
+              and self.kernel_holder(node.value) is None
+              and not (isinstance(node.value, ast.Name) and node.value.id == "self")):
+            self.add("forward-torch-op", f"takes the tensor method .{node.attr} as a value in run-time code", node)
 
     def visit_BinOp(self, node: ast.BinOp) -> None:
         if self.runtime_depth and isinstance(node.op, ast.MatMult):
@@ -639,6 +969,19 @@ class _Checker(ast.NodeVisitor):
 
     def check_runtime_call(self, node: ast.Call, d: str | None) -> None:
         f = node.func
+        fname = f.id if isinstance(f, ast.Name) and f.id not in self.bindings else None
+        handed = [k.value for k in node.keywords if k.arg == "key"]
+        if (fname in ("map", "filter") and node.args) or (fname == "iter" and len(node.args) == 2):
+            handed.append(node.args[0])  # builtins that call their first argument
+        for h in handed:
+            if not self.callee_known(h) or (isinstance(h, ast.Attribute) and not self.is_kernel_ref(h)
+                                            and self.dotted(h) is None and not self.is_method_ref(h)):
+                self.add("forward-module-call", f"hands {ast.unparse(h)} to {ast.unparse(f)} to call (a torch op or "
+                         "submodule called where the rules cannot see it)", node)
+        if not self.callee_known(f):
+            self.add("forward-module-call", f"calls {ast.unparse(f)}, a value that may hold a torch op or a submodule "
+                     "(only builtins, the candidate's functions and classes, imports and kernels may be called)", node)
+            return
         if d is not None:
             if (d == "torch" or d.startswith("torch.")) and d not in ALLOWED_TORCH_CALLS and not _GLOBAL_SETTERS.match(d):
                 self.add("forward-torch-op", f"calls {d} in run-time code (only {sorted(ALLOWED_TORCH_CALLS)})", node)
@@ -649,6 +992,15 @@ class _Checker(ast.NodeVisitor):
             return  # a kernel launch
         if f.attr in ("forward", "__call__"):
             self.add("forward-module-call", f"calls .{f.attr}() in run-time code", node)
+            return
+        own = set().union(*self.class_methods.values()) if self.class_methods else set()
+        if isinstance(f.value, ast.Name) and f.value.id in self.local_classes and f.attr not in \
+                self.class_methods.get(f.value.id, set()):
+            self.add("forward-module-call", f"calls {ast.unparse(f)}, a class attribute (a torch op or submodule)", node)
+            return
+        if f.attr not in own and (f.attr in _module_method_names() or f.attr.startswith("_")):
+            self.add("forward-module-call", f"calls .{f.attr}() in run-time code (a torch.nn.Module method or a "
+                     "private torch method)", node)
             return
         if isinstance(f.value, ast.Name) and f.value.id == "self":
             methods = set().union(*[self.class_methods.get(c, set()) for c in self.local_classes]) if self.local_classes else set()
