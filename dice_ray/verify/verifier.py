@@ -255,6 +255,13 @@ class Verifier:
         bad_task = _task_problem(task)
         if bad_task is not None:
             return {"verdict": "invalid_input", "rule": "reference-invalid", "reason": bad_task}
+        if isinstance(candidate_src, (bytes, bytearray)):
+            try:
+                candidate_src.decode("utf-8")
+                why = f"candidate is {type(candidate_src).__name__}, not source text (decode it first)"
+            except UnicodeDecodeError as e:
+                why = f"candidate is not UTF-8 text ({e.reason} at byte {e.start})"
+            return {"verdict": "compile_error", "reason": why}
         if not isinstance(candidate_src, str):
             return {"verdict": "compile_error", "reason": f"candidate is a {type(candidate_src).__name__}, not source text"}
         vendor = self.verify_cfg.allow_vendor_libraries
