@@ -126,3 +126,15 @@ def test_config_errors_name_every_bad_key_in_one_line(capsys, tmp_path):
     assert main(["config", "--config", str(bad)]) == 2  # was a yaml traceback, exit 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"config {bad}: line 3, column 1: not valid YAML" in err
+
+
+@pytest.mark.parametrize("spec, says", [("dice:{tmp}/absent.json", "does not exist"),
+                                        ("jsonl:{tmp}/empty.jsonl", "no task accepted (jsonl:"),
+                                        ("dice:{tmp}/bad.json", "bad-json: 1")])
+def test_train_bad_tasks_fail_before_ray_or_a_run_folder(tmp_path, spec, says):
+    (tmp_path / "empty.jsonl").write_text("\n")
+    (tmp_path / "bad.json").write_text("[{")
+    proc = _cli("train", "--tasks", spec.format(tmp=tmp_path), f"run_dir={tmp_path / 'runs'}")
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "ray" not in proc.stdout.lower() and not (tmp_path / "runs").exists()  # was: Ray started, run folder left
