@@ -22,11 +22,13 @@ def _fail(msg: str) -> int:
 
 
 def _config_error(exc) -> str:
-    """One line naming the first bad key of a pydantic ValidationError and the rule it breaks."""
-    first = exc.errors()[0]
-    loc = ".".join(str(x) for x in first["loc"])
-    msg = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
-    return f"config: {loc}: {msg}"
+    """One line naming every bad key of a pydantic ValidationError and the rule each breaks."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}")
+    return "config: " + "; ".join(parts)
 
 
 def cmd_train(args: argparse.Namespace) -> int:

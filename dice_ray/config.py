@@ -12,14 +12,26 @@ Load with :func:`load_config` (YAML file + ``key=value`` overrides in dotted for
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: an inf tolerance or a NaN reward would pass every candidate or poison every step
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """Refuse ``true`` / ``false`` for a number (pydantic's lax mode would read them as 1 / 0)."""
+        if isinstance(value, bool) and info.field_name is not None:
+            kinds = set(get_args(cls.model_fields[info.field_name].annotation)) or {
+                cls.model_fields[info.field_name].annotation}
+            if kinds & {int, float} and bool not in kinds:
+                raise ValueError(f"expected a number, got {str(value).lower()}")
+        return value
 
 
 class TasksConfig(_Section):
@@ -502,14 +514,41 @@ class DiceConfig(_Section):
         return self
 
 
-def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+def _set_dotted(tree: dict[str, Any], key: str, value: Any, item: str) -> None:
     parts = key.split(".")
+    if not all(p.strip() for p in parts):
+        raise ValueError(f"override {item!r}: the key {key!r} has an empty part; expected dotted.key=value")
     node = tree
     for p in parts[:-1]:
         node = node.setdefault(p, {})
         if not isinstance(node, dict):
-            raise ValueError(f"override {key!r}: {p!r} is not a section")
+            raise ValueError(f"override {item!r}: {p!r} is not a section")
     node[parts[-1]] = value
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) or key is None:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}",
+                        key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _yaml_error(where: str, e: yaml.YAMLError) -> ValueError:
+    """One line naming ``where`` and the line / column of a YAML error."""
+    mark = getattr(e, "problem_mark", None)
+    at = f" line {mark.line + 1}, column {mark.column + 1}:" if mark is not None else ""
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    context = getattr(e, "context", None)
+    return ValueError(f"{where}:{at} not valid YAML: {problem}" + (f" ({context})" if context else ""))
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> DiceConfig:
@@ -519,15 +558,28 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: an override is not of the form ``dotted.key=value``.
+        ValueError: ``path`` is not a regular file, is not UTF-8, is not valid YAML (the message
+            names the file, line and column), repeats a key or is not a mapping; an override is
+            not of the form ``dotted.key=value`` or its value is not valid YAML.
         pydantic.ValidationError: an unknown key or a bad value (the message names it).
     """
     tree: dict[str, Any] = {}
     if path is not None:
-        if not Path(path).is_file():
+        p = Path(path)
+        if not p.exists():
             raise FileNotFoundError(f"config {path}: no such file")
-        text = Path(path).read_text()
-        loaded = yaml.safe_load(text) or {}
+        if not p.is_file():
+            raise ValueError(f"config {path}: not a regular file")
+        try:
+            text = p.read_bytes().decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"config {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        try:
+            loaded = yaml.load(text, Loader=_UniqueKeyLoader)
+        except yaml.YAMLError as e:
+            raise _yaml_error(f"config {path}", e) from None
+        if loaded is None:
+            loaded = {}
         if not isinstance(loaded, dict):
             raise ValueError(f"config {path}: top level must be a mapping, got {type(loaded).__name__}")
         tree = loaded
@@ -535,5 +587,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if "=" not in item:
             raise ValueError(f"override {item!r}: expected dotted.key=value")
         key, raw = item.split("=", 1)
-        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise _yaml_error(f"override {item!r}", e) from None
+        _set_dotted(tree, key.strip(), value, item)
     return DiceConfig.model_validate(tree)

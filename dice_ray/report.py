@@ -89,7 +89,7 @@ def _read_records(path: Path) -> tuple[list[dict], int]:
             continue
         try:
             rec = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             skipped += 1
             continue
         if isinstance(rec, dict) and isinstance(rec.get("step"), int):
@@ -124,9 +124,12 @@ def load_run(run_dir: str | Path) -> Run:
     if not cfg_file.is_file() and not metrics_file.is_file():
         raise NotARunDir(f"{run_dir}: not a dice-ray run directory (no config.yaml nor metrics.jsonl)")
     try:
-        config = yaml.safe_load(cfg_file.read_text()) if cfg_file.is_file() else {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise NotARunDir(f"{cfg_file}: unreadable ({str(exc).splitlines()[0]})") from None
+        config = yaml.safe_load(cfg_file.read_text(encoding="utf-8")) if cfg_file.is_file() else {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise NotARunDir(f"{cfg_file}: unreadable ({at}{what})") from None
     if not isinstance(config, dict):
         raise NotARunDir(f"{cfg_file}: not a YAML mapping")
     try:
@@ -136,8 +139,8 @@ def load_run(run_dir: str | Path) -> Run:
     summary = None
     if summary_file.is_file():
         try:
-            summary = json.loads(summary_file.read_text())
-        except json.JSONDecodeError:
+            summary = json.loads(summary_file.read_text(encoding="utf-8", errors="replace"))
+        except (json.JSONDecodeError, RecursionError):
             summary = None  # being written right now: report the run as still going
     return Run(path, config, records, skipped, summary if isinstance(summary, dict) else None)
 

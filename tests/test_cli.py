@@ -110,3 +110,31 @@ def test_config_prints_the_resolved_config_and_describes_every_key(capsys):
     assert any(line.startswith("verify.timing_window_ms = 0.25  # Least GPU time (ms)") for line in lines)
     assert main(["config", "verify.nope=1"]) == 2
     assert capsys.readouterr().err.strip() == "dice-ray: error: config: verify.nope: unknown key"
+
+
+def test_config_errors_name_every_bad_key_in_one_line(capsys, tmp_path):
+    from dice_ray.cli import main
+
+    assert main(["config", "rl.steps=true", "rl.bogus=1", "rl.num_generations=1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dice-ray: error: config: ") and len(err.splitlines()) == 1
+    for part in ("rl.steps: expected a number, got true", "rl.bogus: unknown key",
+                 "rl.num_generations: Input should be greater than or equal to 2"):
+        assert part in err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rl:\n  steps: [1\n")
+    assert main(["config", "--config", str(bad)]) == 2  # was a yaml traceback, exit 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"config {bad}: line 3, column 1: not valid YAML" in err
+
+
+@pytest.mark.parametrize("spec, says", [("dice:{tmp}/absent.json", "does not exist"),
+                                        ("jsonl:{tmp}/empty.jsonl", "no task accepted (jsonl:"),
+                                        ("dice:{tmp}/bad.json", "bad-json: 1")])
+def test_train_bad_tasks_fail_before_ray_or_a_run_folder(tmp_path, spec, says):
+    (tmp_path / "empty.jsonl").write_text("\n")
+    (tmp_path / "bad.json").write_text("[{")
+    proc = _cli("train", "--tasks", spec.format(tmp=tmp_path), f"run_dir={tmp_path / 'runs'}")
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "ray" not in proc.stdout.lower() and not (tmp_path / "runs").exists()  # was: Ray started, run folder left

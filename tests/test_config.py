@@ -42,3 +42,62 @@ def test_compile_baseline_needs_seccomp_off():
     with pytest.raises(ValueError, match="seccomp=false"):
         VerifyConfig(compile_baseline=True)
     assert VerifyConfig(compile_baseline=True, seccomp=False).compile_baseline
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        (b"rl:\n  steps: [1\n", "line 3, column 1: not valid YAML"),
+        (b"!!python/object:os.system x\n", "line 1, column 1: not valid YAML"),
+        (b"rl:\n  steps: 3\n  steps: 4\n", "line 3, column 3: not valid YAML: found duplicate key 'steps'"),
+        (b"rl:\n  steps: 3\nrl:\n  epsilon: 0.1\n", "found duplicate key 'rl'"),
+        (b"\xff\xferl: 1\n", "not UTF-8 text"),
+        (b"- a\n- b\n", "top level must be a mapping, got list"),
+    ],
+)
+def test_malformed_config_file_names_the_file_and_the_rule(tmp_path, text, says):
+    f = tmp_path / "bad.yaml"
+    f.write_bytes(text)
+    with pytest.raises(ValueError) as err:
+        load_config(f)
+    assert not isinstance(err.value, ValidationError)
+    assert str(f) in str(err.value) and says in str(err.value)
+
+
+def test_config_path_that_is_a_folder_or_has_a_bom(tmp_path):
+    with pytest.raises(ValueError, match="not a regular file"):
+        load_config(tmp_path)
+    f = tmp_path / "bom.yaml"
+    f.write_bytes(b"\xef\xbb\xbfrl:\n  steps: 3\n")
+    assert load_config(f).rl.steps == 3
+    f.write_text("")
+    assert load_config(f).rl.steps == 10  # an empty file: the defaults
+
+
+@pytest.mark.parametrize(
+    "override, says",
+    [("=3", "has an empty part"), (".rl=3", "has an empty part"), ("rl..steps=3", "has an empty part"),
+     ("rl.steps=[1", "override 'rl.steps=[1': line 1, column 3: not valid YAML")],
+)
+def test_malformed_override_key_or_value(override, says):
+    with pytest.raises(ValueError, match=None) as err:
+        load_config(None, [override])
+    assert not isinstance(err.value, ValidationError) and says in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "override, loc, says",
+    [("rl.steps=true", ("rl", "steps"), "expected a number, got true"),
+     ("verify.seed=false", ("verify", "seed"), "expected a number, got false"),
+     ("rl.learning_rate=true", ("rl", "learning_rate"), "expected a number"),
+     ("verify.rtol=.inf", ("verify", "rtol"), "finite"),
+     ("verify.atol=.inf", ("verify", "atol"), "finite"),
+     ("reward.correct_reward=.nan", ("reward", "correct_reward"), "finite"),
+     ("tasks.max_tasks=true", ("tasks", "max_tasks"), "expected a number")],
+)
+def test_bools_and_non_finite_numbers_are_refused(override, loc, says):
+    with pytest.raises(ValidationError) as err:
+        load_config(None, [override])
+    first = err.value.errors()[0]
+    assert first["loc"] == loc and says in first["msg"]
+    assert load_config(None, ["sft.enabled=false", "verify.dry_run=true"]).sft.enabled is False  # bools stay bools

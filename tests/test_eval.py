@@ -227,3 +227,42 @@ def test_curate_writes_why_each_left_out_solution_was_left_out(tmp_path, no_ray)
     (left,) = [json.loads(line) for line in (tmp_path / "kept.jsonl.rejected.jsonl").read_text().splitlines()]
     assert left["task_id"] == "jsonl-two/threads" and left["verdict"] == "cheat" and left["why"] == "cheat"
     assert left["rule"] and left["reason"]
+
+
+def test_eval_a_solution_file_that_is_not_utf8_gets_its_verdict_and_the_others_theirs(tmp_path, no_ray):
+    sol = tmp_path / "sol"
+    sol.mkdir()
+    shutil.copy(BUILTIN_DIR / "L1_01_relu" / "solution.py", sol / "relu.py")
+    (sol / "builtin__L1__gelu_tanh.py").write_bytes(b"import torch\n\xff\xfe garbage\n")  # was: the whole eval stopped
+    out = tmp_path / "out"
+    rc = main(["eval", "--tasks", "builtin", "--solutions", str(sol), "--out", str(out),
+               "tasks.max_tasks=2", "verify.mode=compile_only"])
+    assert rc == 0
+    data = json.loads((out / "results.json").read_text())
+    got = {c["task_id"]: (c["verdict"]["verdict"], c["verdict"]["reason"]) for c in data["candidates"]}
+    assert got["builtin/L1/relu"][0] == "ok"
+    assert got["builtin/L1/gelu_tanh"] == ("compile_error", "candidate is not UTF-8 text (invalid start byte at byte 13)")
+
+
+@pytest.mark.parametrize("cmd", ["eval", "curate"])
+def test_an_unusable_out_fails_before_any_verification(tmp_path, capsys, no_ray, monkeypatch, cmd):
+    import dice_ray.eval.run as run
+
+    def no_verifier(cfg):
+        raise AssertionError("verification started before --out was checked")
+
+    monkeypatch.setattr(run, "open_verifier", no_verifier)
+    (tmp_path / "file").write_text("")
+    for out, says in [(tmp_path / "file" / "x", "Not a directory" if cmd == "eval" else "is not a folder"),
+                      *([(tmp_path, "is a folder, want a file")] if cmd == "curate" else [])]:
+        args = (["eval", "--solutions", str(tmp_path)] if cmd == "eval" else ["curate", "--allow-compile-only"])
+        assert main([*args, "--tasks", "builtin", "--out", str(out), "verify.mode=compile_only"]) == 2  # was a traceback
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"--out {out}: cannot" in err[0] and says in err[0], err
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "-1"])
+def test_curate_min_speedup_must_be_finite_and_positive(tmp_path, capsys, no_ray, value):
+    assert main(["curate", "--tasks", "builtin", "--min-speedup", value, "--out", str(tmp_path / "o.jsonl"),
+                 "--allow-compile-only"]) == 2
+    assert "--min-speedup must be a finite number > 0" in capsys.readouterr().err

@@ -227,3 +227,24 @@ def test_report_to_an_unwritable_out_exits_2(tmp_path, capsys):
     blocker.write_text("")
     rc, stdout, err = _report(capsys, run, "--out", blocker)
     assert rc == 2 and stdout == "" and err.startswith(f"dice-ray: error: report: cannot write to {blocker}")
+
+
+@pytest.mark.parametrize("config, says", [(b"\xff\xfe", "invalid start byte"),  # was a traceback
+                                          (b"rl: [\n", "config.yaml: unreadable (line 2, column 1: expected the node")])
+def test_report_of_a_damaged_config_names_file_and_line(tmp_path, capsys, config, says):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_bytes(config)
+    (run / "metrics.jsonl").write_text('{"step": 0, "reward_mean": 0.1}\n')
+    rc, _, err = _report(capsys, run)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and says in err, err
+
+
+def test_report_skips_damaged_metrics_lines_and_summary(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("rl:\n  steps: 3\n")
+    (run / "metrics.jsonl").write_bytes(b'{"step": 0, "reward_mean": 0.1}\n\xff{\n' + b"[" * 100_000 + b"\n")
+    (run / "summary.json").write_bytes(b"\xff{")  # was a UnicodeDecodeError traceback
+    rc, stdout, _ = _report(capsys, run)
+    assert rc == 0 and "(still running)" in stdout

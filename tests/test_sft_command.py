@@ -110,6 +110,8 @@ def _write(path: Path, text: str) -> Path:
         ("resume-nothing", "not a dice-ray sft run folder"),
         ("bad-key", "config: sft.stepz: unknown key"),
         ("zero-3", "sft.zero_stage"),
+        ("out-under-a-file", "cannot create the folder (Not a directory)"),  # was a traceback after loading data
+        ("damaged-run", "sft_run.json is damaged"),  # was the bare JSON error, no file named
     ],
 )
 def test_bad_input_exits_2_with_one_error_line(tmp_path, capsys, case, message):
@@ -125,7 +127,16 @@ def test_bad_input_exits_2_with_one_error_line(tmp_path, capsys, case, message):
         "resume-nothing": ["--resume"],
         "bad-key": ["--data", "builtin", "sft.stepz=3"],
         "zero-3": ["--data", "builtin", "sft.zero_stage=3"],
+        "out-under-a-file": ["--data", "builtin"],
+        "damaged-run": ["--resume"],
     }[case]
+    if case == "out-under-a-file":
+        _write(tmp_path / "file", "")
+        out = tmp_path / "file" / "out"
+    if case == "damaged-run":
+        out.mkdir()
+        (out / "sft_config.yaml").write_text("{}\n")
+        (out / "sft_run.json").write_text('{"data": "builtin", "ke')
     if case == "existing-run":
         out.mkdir()
         (out / "sft_config.yaml").write_text("{}\n")

@@ -431,3 +431,61 @@ def test_scale_down_halves_just_enough(value, dim, cap):
         while (value >> k) * dim > cap:
             k += 1
         assert new == value >> k and new * dim <= cap < 2 * new * dim + dim
+
+
+def test_malformed_variants_of_dice_files(dice_data, tmp_path):
+    """DICE's two real files, damaged: each damage is a rejection naming the file (and record) and the
+    rule; a BOM is harmless; nothing raises but a path that gives no data file at all."""
+    e2e = (dice_data / "end_to_end_kernel_generation_4000.json").read_bytes()
+    infill = json.loads((dice_data / "kernel_infilling_evaluation.json").read_text())
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "truncated.json").write_bytes(e2e[:5000])
+    (folder / "bom.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(json.loads(e2e)[:3]).encode())
+    (folder / "latin1.json").write_bytes(e2e[:200] + b"\xff" + e2e[200:300])
+    (folder / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    dup = [dict(infill[0], id="x"), dict(infill[1], id="x")]
+    (folder / "infill_dup.json").write_text(json.dumps(dup))
+    report = load_tasks(f"dice:{folder}")
+    reasons = {(r.source.rsplit("/", 1)[-1], r.index): r.reason for r in report.rejected}
+    assert sorted(t.task_id for t in report.tasks) == ["dice-e2e/0", "dice-e2e/1", "dice-e2e/2", "dice-infill/x"]
+    assert reasons[("truncated.json", "file")].startswith("bad-json: Unterminated string")
+    assert reasons[("latin1.json", "file")] == "bad-json: not UTF-8 text (invalid start byte at byte 200)"
+    assert reasons[("deep.json", "file")] == "bad-json: nested too deeply for the JSON parser"  # was a RecursionError
+    assert reasons[("infill_dup.json", 1)] == "duplicate-id: task id 'dice-infill/x' was already loaded from infill_dup.json[0]"
+    assert len(reasons) == 4
+    line = json.dumps({"reference": infill[0]["pytorch_code"]})
+    (tmp_path / "j.jsonl").write_text("\ufeff" + line + "\n" + "[" * 100_000 + "\n")
+    report = load_tasks(f"jsonl:{tmp_path / 'j.jsonl'}")
+    assert [t.task_id for t in report.tasks] == ["jsonl-j/1"]
+    assert [(r.index, r.reason) for r in report.rejected] == [(2, "bad-json: line 2: nested too deeply for the JSON parser")]
+
+
+def test_paths_that_give_no_data_file_say_why(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x.jsonl").write_text("{}\n")
+    (tmp_path / "f.json").write_text("[]")
+    for spec, says in [
+        (f"dice:{tmp_path / 'empty'}", "DICE data folder .* holds no .json file"),  # was: 0 tasks, no word why
+        (f"dice:{tmp_path / 'other'}", "holds no .json file"),
+        (f"kernelbench-json:{tmp_path / 'empty'}", "holds no .json or .jsonl file"),
+        ("dice:/dev/null", "is neither a regular file nor a folder"),  # was: "does not exist"
+        (f"kernelbench:{tmp_path / 'f.json'}", "is not a folder"),
+        (f"jsonl:{tmp_path / 'missing'}", "does not exist"),
+    ]:
+        with pytest.raises(FileNotFoundError, match=says):
+            load_tasks(spec)
+    with pytest.raises(FileNotFoundError, match="is not a regular file"):
+        load_reference_file(tmp_path / "empty")
+    (tmp_path / "nul.py").write_bytes(b"\x00class Model: pass\n")
+    with pytest.raises(TaskError, match=r"does not parse: source code string cannot contain null bytes$"):
+        load_reference_file(tmp_path / "nul.py")
+
+
+def test_a_split_that_is_not_a_list_is_named(tmp_path):
+    f = tmp_path / "kb.json"
+    f.write_text(json.dumps({"level_1": [{"code": REF_SMALL, "name": "relu"}], "level_2": 5}))
+    report = load_tasks(f"kernelbench-json:{f}")
+    assert [r.reason for r in report.rejected] == [
+        "not-a-list: an object of splits must hold a list under every key: 'level_2' is a int"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import types
 
 import pytest
 
@@ -198,3 +199,55 @@ def test_a_results_stage_parts_join_its_stage_seconds(verifier):
     assert fields["stage_seconds"] == {"load": 0.05, "reference": 0.01, "run": 0.3, **parts}
     v = verifier._verdict(TASK, "c", fields, 0.4)
     assert v.verdict == "crash" and v.stage_seconds["run.until_raise"] == 0.171
+
+
+def _ref(old: str, new: str) -> Task:
+    assert old in RELU_REF, old
+    return Task("test/bad-ref", "bad", 1, RELU_REF.replace(old, new))
+
+
+@pytest.mark.parametrize(
+    "task, rule, says",
+    [
+        # compile-only used to give these an unchecked `ok` (full reward) or blame the candidate (`crash`)
+        (_ref("return [torch.randn(1024, 1024)]", "raise RuntimeError('boom')"), "reference-inputs", "boom"),
+        (_ref("return torch.relu(x)", "raise ValueError('reference is broken')"), "reference-run", "reference is broken"),
+        (_ref("return [torch.randn(1024, 1024)]", "return ['a', 3]"), "reference-run", "TypeError"),
+        (_ref("return torch.relu(x)", "return 'text'"), "reference-output", "str, not Tensor"),
+        (_ref("super().__init__()", "super().__init__()\n        raise KeyError('w')"), "reference-build", "KeyError"),
+        (_ref("import torch\n", "import torch\nimport sys\nsys.exit(3)\n"), "reference-exec", "SystemExit: 3"),
+    ],
+)
+def test_a_broken_reference_is_invalid_input_in_compile_only_mode(verifier, task, rule, says):
+    v = check(verifier, HONEST, "invalid_input", task=task)
+    assert v.rule == rule and says in v.reason, v.reason
+
+
+def test_a_reference_meta_cannot_run_is_no_verdict_on_the_task(verifier):
+    # data-dependent: no meta kernel; the task is fine, the shape check is skipped
+    v = check(verifier, HONEST, "ok", task=_ref("return torch.relu(x)", "return torch.relu(x) + x.sum().item() * 0"))
+    assert "output shapes unchecked" in v.reason
+
+
+@pytest.mark.parametrize(
+    "task, says",
+    [
+        (None, "the task has no str task_id (task is a NoneType"),
+        (types.SimpleNamespace(task_id="t/x", reference_src=None), "no str reference_src"),
+        (types.SimpleNamespace(task_id="t/x", reference_src=RELU_REF.replace("def forward", "def fwd")), "no-forward"),
+        (types.SimpleNamespace(task_id="t/x", reference_src=RELU_REF.replace("def get_inputs", "def gi")),
+         "no-get-inputs"),
+        (types.SimpleNamespace(task_id="t/x", reference_src="class Model(:\n"), "syntax-error"),
+    ],
+)
+def test_a_malformed_task_object_is_invalid_input_not_a_candidate_crash(verifier, task, says):
+    v = verifier.verify(task, HONEST, "c")
+    assert v.verdict == "invalid_input" and v.rule == "reference-invalid" and says in v.reason, v
+    assert v.reward == 0.0 and v.candidate_id == "c"
+
+
+def test_verify_many_refuses_a_malformed_item_before_verifying_any(verifier):
+    with pytest.raises(ValueError, match=r"items\[1\] must be \(task, candidate_src, candidate_id\), got tuple of 2"):
+        verifier.verify_many([(TASK, HONEST, "a"), (TASK, HONEST)])
+    out = verifier.verify_many([(TASK, HONEST, "a"), (None, HONEST, "b"), (TASK, b"bytes", "c")])
+    assert [(v.candidate_id, v.verdict) for v in out] == [("a", "ok"), ("b", "invalid_input"), ("c", "compile_error")]

@@ -237,15 +237,16 @@ class Trainer:
     # ---- set-up -------------------------------------------------------------------------------------
     def setup(self) -> None:
         cfg, con = self.cfg, self.console
+        # the tasks first: a bad tasks.spec fails before a run folder or a Ray cluster exists
+        report = load_tasks(cfg.tasks.spec, max_input_elements=cfg.tasks.max_input_elements)
+        tasks = report.tasks[: cfg.tasks.max_tasks] if cfg.tasks.max_tasks else report.tasks
+        if not tasks:
+            raise ValueError(f"tasks.spec={cfg.tasks.spec!r}: no task accepted ({report.summary()})")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         self.ray_info = start_ray(cfg.cluster.address)
         con.print(f"[bold]ray[/] {self.ray_info['address']}  dashboard: {self.ray_info['dashboard']}")
-        report = load_tasks(cfg.tasks.spec, max_input_elements=cfg.tasks.max_input_elements)
         con.print(f"[bold]tasks[/] {report.summary()}")
-        tasks = report.tasks[: cfg.tasks.max_tasks] if cfg.tasks.max_tasks else report.tasks
-        if not tasks:
-            raise ValueError(f"tasks.spec={cfg.tasks.spec!r}: no task accepted")
         self.train_tasks, self.heldout = split_tasks(tasks, cfg)
         self.tasks = {t.task_id: t for t in tasks}
         con.print(f"[bold]split[/] {len(self.train_tasks)} training tasks, {len(self.heldout)} held out")
@@ -637,7 +638,10 @@ def train(config_path: str | None, overrides: list[str], resume: str | None, con
     Raises:
         pydantic.ValidationError / ValueError: a bad config key or value (before any actor starts).
         FileNotFoundError: ``--resume`` names a folder with no config or checkpoint, or ``model.path`` is neither
-            a folder nor a hub id that can be had (before any actor starts).
+            a folder nor a hub id that can be had (before any actor starts), or ``tasks.spec``'s path gives
+            no data file (before the run folder or Ray is started).
+        ValueError: ``tasks.spec`` is malformed or no task of it is accepted (before the run folder or Ray
+            is started; the message counts the rejections by rule).
     """
     if resume:
         run_dir = Path(resume).expanduser().resolve()

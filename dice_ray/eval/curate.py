@@ -69,14 +69,24 @@ def curate(
         the correct solutions (x eager; None without any), ``hardware``, ``verifier``, ``mode``,
         ``out`` and ``rejected_out`` (the sidecar of left-out solutions).
     Raises:
-        ValueError: ``min_speedup <= 0``.
+        ValueError: ``min_speedup`` is not a finite number > 0.
         NoGpuVerifier: no GPU verifier and not ``allow_compile_only``.
-        EvalInputError: no task accepted, or no task has a solution.
+        EvalInputError: ``out`` is a folder or its folder cannot be created, no task accepted, or no
+            task has a solution.
     """
     from dice_ray.eval.run import EvalInputError
 
-    if not min_speedup > 0:
-        raise ValueError(f"--min-speedup must be > 0, got {min_speedup}")
+    if not (min_speedup > 0 and math.isfinite(min_speedup)):
+        raise ValueError(f"--min-speedup must be a finite number > 0, got {min_speedup}")
+    path = Path(out)
+    try:  # before any work: the verdicts must not be lost for want of a place to write them
+        if path.is_dir():
+            raise IsADirectoryError(21, "is a folder, want a file")
+        if any(d.exists() and not d.is_dir() for d in path.parents):
+            raise NotADirectoryError(20, f"{next(d for d in path.parents if d.exists() and not d.is_dir())} is not a folder")
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise EvalInputError(f"--out {out}: cannot write there ({e.strerror or e})") from None
     gpu = gpu_verifier_available(cfg)
     if not gpu and not allow_compile_only:
         raise NoGpuVerifier("curate: speedups need a GPU verifier (none found: no CUDA device, no Ray GPUs, or "
@@ -110,8 +120,6 @@ def curate(
             "candidate_ms": v.candidate_ms, "hardware": hardware, "mode": v.mode, "min_speedup": min_speedup,
             "verifier_config": cfg.verify.model_dump(mode="json"),
         })
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     rejected_path = path.with_name(path.name + ".rejected.jsonl")
     rejected_path.write_text("".join(json.dumps(r) + "\n" for r in rejected))

@@ -46,11 +46,14 @@ class EvalInputError(ValueError):
 
 @dataclass
 class Candidate:
-    """One candidate to verify: its task, sample index, source and where it came from."""
+    """One candidate to verify: its task, sample index, source and where it came from.
+
+    ``source`` is the file's raw bytes when they are not UTF-8: the verifier gives that candidate
+    its ``compile_error`` verdict (naming the byte) and the others are verified as usual."""
 
     task: Task
     sample: int
-    source: str
+    source: str | bytes
     origin: str  # a file path, or "model"
 
     @property
@@ -92,10 +95,11 @@ def solution_candidates(tasks: list[Task], folder: str | Path) -> tuple[list[Can
     """Candidates read from a solutions folder (layout in the module docstring).
 
     Returns:
-        (candidates in task order, unmatched file or folder names).
+        (candidates in task order, unmatched file or folder names).  A file that is not UTF-8 is a
+        candidate all the same (its bytes as ``source``: one verdict, ``compile_error``).
     Raises:
         FileNotFoundError: ``folder`` is not a directory.
-        EvalInputError: a solution file is not UTF-8 text.
+        EvalInputError: a solution file cannot be read (the OS refused, naming the file).
     """
     root = Path(folder)
     if not root.is_dir():
@@ -120,9 +124,13 @@ def solution_candidates(tasks: list[Task], folder: str | Path) -> tuple[list[Can
     for task in tasks:
         for j, path in enumerate(files.get(task.task_id, [])):
             try:
-                src = path.read_text(encoding="utf-8")
-            except UnicodeDecodeError as e:
-                raise EvalInputError(f"solution file {path} is not UTF-8: {e}") from None
+                raw = path.read_bytes()
+            except OSError as e:
+                raise EvalInputError(f"solution file {path} cannot be read ({e.strerror or e})") from None
+            try:
+                src: str | bytes = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                src = raw  # not text: its own verdict, not the end of the run
             out.append(Candidate(task, j, src, str(path)))
     return out, unmatched
 
@@ -255,12 +263,17 @@ def evaluate(
         The result dict written to ``results.json`` (``metrics``, ``candidates`` with one verdict
         each, ``hardware``, ``verifier``, ``missing``, ``skipped``, ``unmatched``, ...).
     Raises:
-        EvalInputError: neither or both sources, no task, bad phase / samples, unreadable solution.
+        EvalInputError: neither or both sources, ``out_dir`` cannot be created, no task, bad phase /
+            samples, unreadable solution.
         FileNotFoundError: the tasks path, the model or the solutions folder does not exist.
         RuntimeError: ``verify.mode == "gpu"`` without a GPU.
     """
     if (model is None) == (solutions is None):
         raise EvalInputError("give exactly one of --model PATH and --solutions DIR")
+    try:  # before any work: a run that verified everything must not fail at the end for want of a folder
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise EvalInputError(f"--out {out_dir}: cannot create the folder ({e.strerror or e})") from None
     tasks = load_eval_tasks(tasks_spec, cfg, log)
     skipped: dict[str, str] = {}
     failed: dict[str, str] = {}
@@ -296,7 +309,8 @@ def evaluate(
         "tasks": [{"task_id": t.task_id, "name": t.name, "level": t.level} for t in evaluated],
         "candidates": [
             {"task_id": c.task.task_id, "sample": c.sample, "candidate_id": c.candidate_id, "origin": c.origin,
-             "source": c.source, "verdict": v.model_dump(mode="json")}
+             "source": c.source if isinstance(c.source, str) else c.source.decode("utf-8", "replace"),
+             "verdict": v.model_dump(mode="json")}
             for c, v in zip(cands, verdicts)
         ],
         "metrics": metrics,

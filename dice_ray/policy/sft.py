@@ -834,7 +834,8 @@ def run_sft(
     Raises:
         SFTInputError: bad spec, no pair, ``out`` already holds a run (without ``resume``) or none (with it),
             a run started on other pairs / model / SFT config (``sft.zero_stage`` included) / seed (with
-            ``resume``), ``sft.steps`` 0, a pair longer than ``model.max_position_embeddings``.
+            ``resume``), ``sft.steps`` 0, a pair longer than ``model.max_position_embeddings``, ``out``
+            cannot be created, a damaged ``sft_run.json`` (with ``resume``).
         FileNotFoundError: ``config_path`` does not exist.
         pydantic.ValidationError: a bad config key or value.
     """
@@ -855,7 +856,12 @@ def _run_sft(data, out, config_path, overrides, resume, log) -> dict:
             raise SFTInputError(f"--resume reads {out / SFT_CONFIG_FILE}; pass overrides, not --config")
         if not (out / SFT_CONFIG_FILE).is_file() or not run_file.is_file():
             raise SFTInputError(f"--resume {out}: no {SFT_CONFIG_FILE} (not a dice-ray sft run folder)")
-        saved = json.loads(run_file.read_text())
+        try:
+            saved = json.loads(run_file.read_text(encoding="utf-8"))
+            if not isinstance(saved, dict) or not isinstance(saved.get("data"), str):
+                raise ValueError("not an object with a str 'data'")
+        except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
+            raise SFTInputError(f"--resume {out}: {run_file.name} is damaged ({e}); start a new --out") from None
         data = data or saved["data"]
         cfg = load_config(out / SFT_CONFIG_FILE, overrides)
     else:
@@ -866,6 +872,10 @@ def _run_sft(data, out, config_path, overrides, resume, log) -> dict:
         data = data or cfg.tasks.spec  # the train job's tasks (the built-in suite by default)
     if cfg.sft.steps < 1:
         raise SFTInputError(f"sft.steps={cfg.sft.steps}: nothing to train (need >= 1)")
+    try:  # before any work: a run must not fail after loading its data for want of a folder
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SFTInputError(f"--out {out}: cannot create the folder ({e.strerror or e})") from None
 
     pairs = sft_data_pairs(data, cfg, log)
     policy = DiffusionPolicy.from_config(cfg.model)

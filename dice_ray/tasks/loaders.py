@@ -44,7 +44,8 @@ Specs accepted by :func:`load_tasks`:
   line number).  Ids ``jsonl-<file stem>/<id>``.  A line that is not a JSON object is rejected with its
   line number (the :attr:`Rejection.index`) and loading goes on; blank lines are skipped.
 
-Records are untrusted: each is validated by parsing only (:mod:`ast`), never executed (references
+Data files are UTF-8 JSON (a leading byte-order mark is dropped); a folder must hold at least one
+file of its spec's kind.  Records are untrusted: each is validated by parsing only (:mod:`ast`), never executed (references
 run only inside the verifier's sandbox).  References whose ``get_inputs`` allocates more than
 ``max_input_elements`` elements by a static lower bound (:func:`static_input_elements`; DICE's data
 holds some of up to 17 GB) are **scaled down** when their definition allows it (KernelBench#146):
@@ -177,7 +178,8 @@ def load_tasks(spec: str, max_input_elements: int | None = DEFAULT_MAX_INPUT_ELE
 
     Raises:
         ValueError: ``spec`` is none of the above.
-        FileNotFoundError: PATH / DIR does not exist.
+        FileNotFoundError: PATH / DIR does not exist, is not a regular file or folder, or is a
+            folder without a data file of the spec's kind (``.json``, ``.jsonl``).
     Bad records never raise: they are listed in :attr:`LoadReport.rejected`.
     """
     if not isinstance(spec, str):
@@ -224,12 +226,12 @@ def load_reference_file(path: str | Path) -> Task:
     layout) when there is one, else estimated from ``Model.forward`` (:func:`estimate_level`).
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
+        FileNotFoundError: ``path`` does not exist or is not a regular file.
         TaskError: the file is not valid UTF-8 or breaks a reference rule (names the rule).
     """
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"reference file {p} does not exist")
+        raise FileNotFoundError(f"reference file {p} " + ("is not a regular file" if p.exists() else "does not exist"))
     try:
         src = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
@@ -286,10 +288,16 @@ def _reason(e: Exception) -> str:
 
 
 def _data_files(path: Path, suffixes: tuple[str, ...], what: str) -> list[Path]:
+    """``[path]`` for a file, the ``suffixes`` files of a folder; FileNotFoundError when there is none."""
     if path.is_file():
         return [path]
     if path.is_dir():
-        return sorted(p for p in path.iterdir() if p.is_file() and p.suffix in suffixes)
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in suffixes)
+        if not files:
+            raise FileNotFoundError(f"{what} folder {path} holds no {' or '.join(suffixes)} file")
+        return files
+    if path.exists():
+        raise FileNotFoundError(f"{what} path {path} is neither a regular file nor a folder")
     raise FileNotFoundError(f"{what} path {path} does not exist")
 
 
@@ -298,19 +306,28 @@ def _read_text(file: Path) -> str:
     try:
         if file.stat().st_size > _MAX_JSON_BYTES:
             raise ValueError(f"file is larger than {_MAX_JSON_BYTES} bytes")
-        text = file.read_text(encoding="utf-8")
-    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        text = file.read_bytes().decode("utf-8-sig")  # a leading byte-order mark is dropped (RFC 8259 allows it)
+    except UnicodeDecodeError as e:
+        raise TaskError("bad-json", f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except (OSError, ValueError) as e:
         raise TaskError("bad-json", str(e)) from None
     if not text.strip():
         raise TaskError("empty-file", "the file holds no JSON")
     return text
 
 
-def _read_json(file: Path) -> object:
+def _json_loads(text: str, where: str = "") -> object:
+    """``json.loads``; TaskError ``bad-json`` (with ``where``, e.g. ``"line 3: "``) when it fails."""
     try:
-        return json.loads(_read_text(file))
+        return json.loads(text)
     except json.JSONDecodeError as e:
-        raise TaskError("bad-json", str(e)) from None
+        raise TaskError("bad-json", f"{where}{e}") from None
+    except RecursionError:
+        raise TaskError("bad-json", f"{where}nested too deeply for the JSON parser") from None
+
+
+def _read_json(file: Path) -> object:
+    return _json_loads(_read_text(file))
 
 
 def _read_json_list(file: Path, report: LoadReport) -> _Entries:
@@ -327,9 +344,9 @@ def _read_json_lines(file: Path, report: LoadReport) -> _Entries:
         if not line.strip():
             continue
         try:
-            entries.append((n, json.loads(line)))
-        except json.JSONDecodeError as e:
-            report.rejected.append(Rejection(str(file), n, f"bad-json: line {n}: {e}"))
+            entries.append((n, _json_loads(line, f"line {n}: ")))
+        except TaskError as e:
+            report.rejected.append(Rejection(str(file), n, str(e)))
     return entries
 
 
@@ -344,7 +361,7 @@ def _load_record_files(
 ) -> LoadReport:
     """Read each file of ``path`` (``read``), parse each record (``parser_for(file, entries)``), cap."""
     report = LoadReport(spec)
-    seen: set[str] = set()
+    seen: dict[str, str] = {}  # task id -> where it was loaded from
     for file in _data_files(path, suffixes, what):
         report.files.append(str(file))
         try:
@@ -357,12 +374,12 @@ def _load_record_files(
             try:
                 task = parse(rec, index)
                 if task.task_id in seen:
-                    raise TaskError("duplicate-id", f"task id {task.task_id!r} was already loaded")
+                    raise TaskError("duplicate-id", f"task id {task.task_id!r} was already loaded from {seen[task.task_id]}")
                 task = _capped(task, cap, report)
             except (TaskError, ScaffoldError) as e:
                 report.rejected.append(Rejection(str(file), index, _reason(e)))
                 continue
-            seen.add(task.task_id)
+            seen[task.task_id] = f"{file.name}[{index}]"
             report.tasks.append(task)
     return report
 
@@ -495,7 +512,8 @@ def _level_from_path(path: Path) -> int | None:
 
 def _load_kernelbench(root: Path, spec: str, cap: int | None) -> LoadReport:
     if not root.is_dir():
-        raise FileNotFoundError(f"KernelBench folder {root} does not exist")
+        what = "is not a folder" if root.exists() else "does not exist"
+        raise FileNotFoundError(f"KernelBench folder {root} {what} (kernelbench:DIR takes a folder of .py references)")
     report = LoadReport(spec)
     for file in sorted(root.rglob("*.py")):
         if file.name.startswith("_"):
@@ -535,6 +553,9 @@ def _load_kernelbench_json(path: Path, spec: str, cap: int | None) -> LoadReport
             return list(enumerate(data["problems"]))
         if isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
             return [(f"{split}/{i}", rec) for split, recs in data.items() for i, rec in enumerate(recs)]
+        if isinstance(data, dict) and data and any(isinstance(v, list) for v in data.values()):
+            bad = ", ".join(f"{k!r} is a {type(v).__name__}" for k, v in data.items() if not isinstance(v, list))
+            raise TaskError("not-a-list", f"an object of splits must hold a list under every key: {bad}")
         raise TaskError(
             "not-a-list",
             f"top level is a {type(data).__name__}, expected a list, {{\"problems\": [...]}} or lists keyed by split",

@@ -53,7 +53,8 @@ def _parse(src: object, field: str) -> ast.Module:
     try:
         return ast.parse(src)
     except SyntaxError as e:
-        raise TaskError("syntax-error", f"{field} does not parse: line {e.lineno}: {e.msg}") from None
+        at = f"line {e.lineno}: " if e.lineno else ""
+        raise TaskError("syntax-error", f"{field} does not parse: {at}{e.msg}") from None
     except ValueError as e:  # e.g. NUL bytes
         raise TaskError("syntax-error", f"{field} does not parse: {e}") from None
 

@@ -186,6 +186,17 @@ def _error_text(exc: BaseException, limit: int = 1500) -> str:
     return text if len(text) <= limit else text[: limit - 20] + "\n...[truncated]"
 
 
+#: words of an error on meta tensors that may come from meta itself (no data, no CUDA), not from the code
+_META_ARTEFACTS = ("meta", "data pointer", "storage", "CUDA", "NotImplementedError")
+
+
+def _meta_inconclusive(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by code run on meta tensors on a machine without a GPU, may be meta's
+    doing (an op without a meta kernel, a data access, a ``.cuda()`` call) rather than the code's."""
+    text = exc.message if isinstance(exc, ReferenceError_) else f"{type(exc).__name__}: {exc}"
+    return isinstance(exc, NotImplementedError) or any(w in text for w in _META_ARTEFACTS)
+
+
 _IMPORT_NAME = dis.opmap["IMPORT_NAME"]
 
 
@@ -385,7 +396,7 @@ class Harness:
                 raw = ns["get_inputs"]()
             raw = list(raw) if isinstance(raw, (list, tuple)) else [raw]
             return [x.to(device) if isinstance(x, torch.Tensor) else x for x in raw]
-        except Exception as e:  # noqa: BLE001
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - sys.exit() in a reference is its failure
             raise ReferenceError_("reference-inputs", f"get_inputs() failed: {_error_text(e)}") from None
 
     def _call_candidate(self, model: Any, args: list[Any], record: bool) -> Any:
@@ -469,7 +480,7 @@ class Harness:
             return JobResult("compile_error", reason=_error_text(e, 6000))
         except SyntaxError as e:
             return JobResult("compile_error", reason=f"Python syntax error: {e}")
-        except Exception as e:  # noqa: BLE001
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - sys.exit() at import: the candidate's crash
             return JobResult("crash", reason=f"executing the candidate module raised {_error_text(e)}")
         if not isinstance(cand.get("ModelNew"), type):
             return JobResult("compile_error", compiled=True, reason="the candidate defines no class ModelNew",
@@ -485,7 +496,7 @@ class Harness:
             ref = exec_source(job["reference_src"], "<reference>", guarded=False)
             _seed(s["seed"])
             init_inputs = list(ref["get_init_inputs"]())
-        except Exception as e:  # noqa: BLE001
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - sys.exit() in a reference is its failure
             raise ReferenceError_("reference-exec", f"reference module or get_init_inputs() failed: {_error_text(e)}")
         if self.mode == "compile_only":
             stage("run")
@@ -532,13 +543,45 @@ class Harness:
         return JobResult("ok", compiled=True, reason=f"{note} (compile-only: correctness and speed not measured)")
 
     def _dry_run(self, model: Any, cand: dict, ref: dict, init_inputs: list) -> JobResult | str:
-        """forward on meta tensors with launches checked, not run; returns a note or a verdict."""
+        """forward on meta tensors with launches checked, not run; returns a note or a verdict.
+
+        The reference goes first: its ``get_inputs`` and ``forward`` on meta tensors.  An error that
+        may come from meta itself (:func:`_meta_inconclusive`: no data, no CUDA) skips what needs it;
+        any other error is the reference's own (raises ``ReferenceError_`` ``reference-inputs`` /
+        ``reference-run`` / ``reference-output``: the verdict is ``invalid_input``, not the candidate's
+        crash or an unchecked ``ok``)."""
         meta = torch.device("meta")
         try:
             inputs = self._inputs(ref, self.settings["seed"] + 1, meta)
+        except ReferenceError_ as e:
+            if not _meta_inconclusive(e):
+                raise
+            return "dry run skipped (the reference's get_inputs() does not run on meta tensors)"
+        expected: Any = None
+        try:
+            _seed(self.settings["seed"])
+            with meta:
+                ref_model = ref["Model"](*init_inputs)
+        except Exception as e:  # noqa: BLE001
+            if not _meta_inconclusive(e):
+                raise ReferenceError_("reference-build", f"Model(*get_init_inputs()) failed: {_error_text(e)}") from None
+            ref_model = None
+        try:
+            if ref_model is not None:
+                with meta, torch.no_grad():
+                    expected = ref_model(*[_clone(x) for x in inputs])
+        except Exception as e:  # noqa: BLE001
+            if not _meta_inconclusive(e):
+                raise ReferenceError_("reference-run", f"Model.forward failed (on meta tensors): {_error_text(e)}") from None
+            expected = None
+        if expected is not None:
+            leaves = flatten_outputs(expected)
+            if not leaves or not all(isinstance(o, (torch.Tensor, int, float, bool)) for o in leaves):
+                raise ReferenceError_("reference-output", f"Model.forward returned {type(expected).__name__}, not Tensor(s)")
+        try:
             model = model.to(meta)
         except Exception as e:  # noqa: BLE001
-            return f"dry run skipped (inputs on meta: {type(e).__name__})"
+            return f"dry run skipped (ModelNew does not move to meta tensors: {type(e).__name__})"
         launch.configure(dry_run=True)
         try:
             out = self._call_candidate(model, inputs, record=True)
@@ -552,11 +595,7 @@ class Harness:
                              f"{_error_text(e)}")
         finally:
             launch.configure(dry_run=False)
-        try:
-            _seed(self.settings["seed"])
-            with meta, torch.no_grad():
-                expected = ref["Model"](*init_inputs)(*inputs)
-        except Exception:  # noqa: BLE001
+        if expected is None:
             return "dry run ok (reference not runnable on meta: output shapes unchecked)"
         outs, exps = flatten_outputs(out), flatten_outputs(expected)
         if len(outs) != len(exps):

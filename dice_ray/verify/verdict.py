@@ -30,7 +30,8 @@ class Verdict(BaseModel):
             ``get_init_inputs``), ``reference-inputs`` (``get_inputs``), ``reference-build``,
             ``reference-run``, ``reference-output`` (not tensors), ``reference-nonfinite``,
             ``reference-nondeterministic`` (two runs differ), ``reference-timeout``,
-            ``reference-crash``.
+            ``reference-crash``, ``reference-invalid`` (no ``task_id`` / ``reference_src``, or a
+            reference without ``Model``, ``forward``, ``get_inputs`` ... found by parsing).
         ref_ms, candidate_ms: median CUDA-event (device) time of one forward (ms), L2 flushed
             before each call (see ``dice_ray.verify.harness.Harness._time``).
         ref_spread, candidate_spread: (p75 - p25) / median of those times (dimensionless).

@@ -43,6 +43,22 @@ _MAX_REASON = 8000
 AUTO_GPU_WORKERS = 6
 
 
+def _task_problem(task: Any) -> str | None:
+    """Why ``task`` cannot be verified against (no str ``task_id`` / ``reference_src``, or a reference
+    that breaks a rule of :func:`~dice_ray.tasks.task.validate_reference`: parsed, never run); None when it can."""
+    from dice_ray.tasks.task import TaskError, validate_reference
+
+    for attr in ("task_id", "reference_src"):
+        value = getattr(task, attr, None)
+        if not isinstance(value, str):
+            return f"the task has no str {attr} (task is a {type(task).__name__}, {attr}={value!r:.80})"
+    try:
+        validate_reference(task.reference_src, field=f"task {task.task_id}'s reference")
+    except TaskError as e:
+        return str(e)
+    return None
+
+
 class Verifier:
     """Verifies candidates of one task at a time in a sandboxed worker process.
 
@@ -202,7 +218,10 @@ class Verifier:
             candidate_id: echoed in the verdict.
 
         Returns:
-            Exactly one :class:`Verdict`; never raises for a bad candidate or reference.
+            Exactly one :class:`Verdict`; never raises for a bad candidate or reference.  A task
+            without a str ``task_id`` / ``reference_src``, or whose reference breaks a rule of
+            :func:`~dice_ray.tasks.task.validate_reference` (checked by parsing, before the
+            candidate), gets ``invalid_input`` with rule ``reference-invalid``.
         Raises:
             RuntimeError: the Verifier was closed.
         """
@@ -220,13 +239,29 @@ class Verifier:
 
         Raises:
             RuntimeError: the Verifier was closed.
+            ValueError: an item is not a ``(task, candidate_src, candidate_id)`` triple (checked
+                before any is verified, naming its index).
         """
         if not items:
             return []
+        for i, it in enumerate(items):
+            if not isinstance(it, (tuple, list)) or len(it) != 3:
+                raise ValueError(f"verify_many: items[{i}] must be (task, candidate_src, candidate_id), "
+                                 f"got {type(it).__name__}" + (f" of {len(it)}" if isinstance(it, (tuple, list)) else ""))
         with ThreadPoolExecutor(max_workers=min(self.workers, len(items)), thread_name_prefix="verify") as ex:
             return list(ex.map(lambda it: self.verify(*it), items))
 
     def _verify(self, task: Any, candidate_src: str) -> dict[str, Any]:
+        bad_task = _task_problem(task)
+        if bad_task is not None:
+            return {"verdict": "invalid_input", "rule": "reference-invalid", "reason": bad_task}
+        if isinstance(candidate_src, (bytes, bytearray)):
+            try:
+                candidate_src.decode("utf-8")
+                why = f"candidate is {type(candidate_src).__name__}, not source text (decode it first)"
+            except UnicodeDecodeError as e:
+                why = f"candidate is not UTF-8 text ({e.reason} at byte {e.start})"
+            return {"verdict": "compile_error", "reason": why}
         if not isinstance(candidate_src, str):
             return {"verdict": "compile_error", "reason": f"candidate is a {type(candidate_src).__name__}, not source text"}
         vendor = self.verify_cfg.allow_vendor_libraries
