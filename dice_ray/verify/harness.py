@@ -312,7 +312,7 @@ class Harness:
             self.dev = torch.device("cuda", device)
             l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 * 2**20) or 64 * 2**20
             self.flush = torch.empty(int(2 * l2) // 4, dtype=torch.int32, device=self.dev)
-            mismatch_kernel.warm(device)  # the output checks' kernels, before any gated stage
+            mismatch_kernel.warm(device)  # the output checks' kernels, in the worker's set-up, not a job
             gpu_spin.for_device(device)  # the timed windows' spin, likewise
         else:
             self.dev = torch.device("cpu")

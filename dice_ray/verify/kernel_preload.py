@@ -5,7 +5,8 @@ context on its first launch.  A fresh worker's first job (its self-test, under t
 65-210 ms of loading for torch kernels that run in microseconds later, and while it holds the gate
 no other worker may time a candidate; a replacement forked after a crash held the gate 237-243 ms
 (one H200, stop 19).  Capturing the ops into a CUDA graph makes CUDA resolve (load) each kernel
-without executing anything, so it can run before the gate is taken.  ``CUDA_MODULE_LOADING=EAGER``
+without executing anything, in the worker's set-up (the gate's ``setup`` stage, shared: a worker starting
+beside a timing stage moved its speedups, stop 22) rather than inside a job.  ``CUDA_MODULE_LOADING=EAGER``
 loads all of torch instead (3.5 s a worker, measured) and is not used.
 
 The op list follows what :mod:`dice_ray.verify.harness` and :mod:`dice_ray.verify.correctness` run

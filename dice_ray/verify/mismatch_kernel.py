@@ -105,7 +105,7 @@ def _module(device: int) -> Any:
 
 def warm(device: int) -> None:
     """Compile (unless cached) and load the kernels on ``device`` now: a worker does it at start,
-    before it takes the GPU gate, so no job pays the NVRTC compile while others wait.
+    in its CUDA set-up (the gate's ``setup`` stage), so no job pays the NVRTC compile while others wait.
 
     Raises:
         launch.CompileError: NVRTC failed.

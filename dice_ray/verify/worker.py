@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
         else:
             launch.configure(compile_only=True, arch=settings["arch"])
         phases["cuda_init"] = time.monotonic() - started
-        if mode == "gpu" and settings.get("preload_kernels", True):  # before the gate: loads kernels, runs none
+        if mode == "gpu" and settings.get("preload_kernels", True):  # loads kernels, runs none
             from dice_ray.verify.kernel_preload import preload_kernels
 
             stage("setup")
