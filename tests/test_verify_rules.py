@@ -118,6 +118,20 @@ CORPUS = [
                                              in_forward("y = act(y)")), "forward-module-call"),
     ("helper calls its parameter", mutate("class ModelNew", "def run(f, t):\n    return f(t)\n\n\nclass ModelNew",
                                           in_forward("y = run(self.act, y)")), "forward-module-call"),
+    # tables of kernels and kernel attributes that something else gets into
+    ("kernel table stored into", in_forward("t = [kernels.relu_kernel]\nt[0] = self.act\ny = t[0](y)"), "forward-module-call"),
+    ("kernel table passed on", in_forward("t = [kernels.relu_kernel]\nu = t\nu[0] = self.act\ny = t[0](y)"),
+     "forward-module-call"),
+    ("kernel table with a submodule", in_forward("t = (kernels.relu_kernel, self.act)\ny = t[1](y)"), "forward-module-call"),
+    ("kernel table .get default", in_forward("t = {0: kernels.relu_kernel}\ny = t.get(1, self.act)(y)"),
+     "forward-module-call"),
+    ("kernel attribute rebound", mutate("        super().__init__()\n", "        super().__init__()\n        self.act = nn.ReLU()\n"
+                                        "        self.k = kernels.relu_kernel\n        self.k = self.act\n",
+                                        in_forward("y = self.k(y)")), "forward-module-call"),
+    ("self kernel table stored into", mutate("        super().__init__()\n", "        super().__init__()\n"
+                                             "        self.act = nn.ReLU()\n        self.t = [kernels.relu_kernel]\n"
+                                             "        self.t[0] = self.act\n", in_forward("y = self.t[0](y)")),
+     "forward-module-call"),
     # modules reached through attribute expressions, str.format field walks
     ("module bound by attribute", at_top("F = torch.nn.functional"), "dynamic-code"),
     ("module attribute as value", in_forward("m = torch.nn\nm.functional.torch.os.system('id')"), "dynamic-code"),
@@ -186,6 +200,16 @@ HONEST_VARIANTS = [
         "    def forward(self, x):", "    @staticmethod\n    def grid(n):\n        return (n + 255) // 256\n\n"
         "    def forward(self, x):", mutate("grid=(n + 255) // 256", "grid=ModelNew.grid(n)"))),
     ("local def", in_forward("def g(a):\n    return a + 1\nm = g(3)\ns = ','.join(str(d) for d in y.shape)")),
+    ("kernel kept in an attribute", mutate("        super().__init__()\n", "        super().__init__()\n"
+                                           "        self.k = kernels.relu_kernel\n",
+                                           mutate(LAUNCH, LAUNCH.replace("kernels.relu_kernel", "self.k")))),
+    ("kernel table by dtype", mutate(LAUNCH, "        table = {torch.float32: kernels.relu_kernel}\n"
+                                     + LAUNCH.replace("kernels.relu_kernel", "table[x.dtype]"))),
+    ("kernel list", mutate(LAUNCH, "        ks = [kernels.relu_kernel, kernels.relu_kernel]\n        k = ks[n % 2]\n"
+                           + LAUNCH.replace("kernels.relu_kernel", "k"))),
+    ("kernel table in an attribute", mutate("        super().__init__()\n", "        super().__init__()\n"
+                                            "        self.table = (kernels.relu_kernel,)\n",
+                                            mutate(LAUNCH, LAUNCH.replace("kernels.relu_kernel", "self.table[0]")))),
 ]
 
 

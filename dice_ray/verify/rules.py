@@ -403,6 +403,7 @@ class _Checker(ast.NodeVisitor):
         self.aliases: dict[str, str] = {}
         self.kernel_vars: set[str] = set()
         self.kernel_attrs: set[str] = set()
+        self.kernel_fn_attrs: set[str] = set()  # self.k = kernels.relu_kernel (or a table of kernels)
         self.module_names: set[str] = set()
         self.class_methods: dict[str, set[str]] = {}
         self.local_classes: set[str] = set()
@@ -516,6 +517,32 @@ class _Checker(ast.NodeVisitor):
                 for t in node.targets:
                     if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
                         self.kernel_attrs.add(t.attr)
+        self.collect_kernel_fn_attrs()
+
+    def collect_kernel_fn_attrs(self) -> None:
+        """``self.<a>`` attributes that hold a kernel or a table of kernels: every assignment to one is
+        ``self.<a> = kernels.<name>`` (a choice of them, or a literal list/tuple/dict of them) and every
+        other use calls it (``self.<a>(...)``) or indexes it (``self.<a>[...]``), so nothing else can be
+        put in or taken out under that name."""
+        values: dict[str, list[ast.AST | None]] = {}
+        uses_ok: dict[str, bool] = {}
+        for node in ast.walk(self.tree):
+            if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"):
+                continue
+            parent = getattr(node, "parent", None)
+            if isinstance(node.ctx, ast.Store):
+                simple = isinstance(parent, ast.Assign) and node in parent.targets
+                values.setdefault(node.attr, []).append(parent.value if simple else None)
+            elif isinstance(node.ctx, ast.Load):
+                used = (isinstance(parent, ast.Call) and parent.func is node) or (
+                    isinstance(parent, ast.Subscript) and parent.value is node and isinstance(parent.ctx, ast.Load))
+                uses_ok[node.attr] = uses_ok.get(node.attr, True) and used
+            else:
+                uses_ok[node.attr] = False
+        for attr, vals in values.items():
+            if uses_ok.get(attr, True) and all(v is not None and (self.is_kernel_ref(v) or self.is_kernel_table(v))
+                                               for v in vals):
+                self.kernel_fn_attrs.add(attr)
 
     def collect_bindings(self) -> None:
         """Every binding of every name (values of simple assignments, defs, lambdas, parameters; None
@@ -578,16 +605,48 @@ class _Checker(ast.NodeVisitor):
                     self.value_refs.add(node.attr)
 
     def is_kernel_ref(self, node: ast.AST | None) -> bool:
-        """``kernels.<name>`` / ``self.k.<name>``, a name bound only to those, or a choice of them."""
+        """``kernels.<name>`` / ``self.k.<name>``, a name or ``self`` attribute bound only to those, a
+        choice of them, or an entry of a table of them (``table[x.dtype]``, :meth:`is_kernel_table`)."""
         if isinstance(node, ast.Attribute):
+            if isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.kernel_fn_attrs:
+                return True
             return self.kernel_holder(node.value) is not None
         if isinstance(node, ast.IfExp):
             return self.is_kernel_ref(node.body) and self.is_kernel_ref(node.orelse)
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+            return self.is_kernel_table(node.value)
         if isinstance(node, ast.Name):
             values = self.bindings.get(node.id, [])
             return bool(values) and node.id not in self.aliases and all(
-                isinstance(v, (ast.Attribute, ast.IfExp)) and self.is_kernel_ref(v) for v in values)
+                isinstance(v, (ast.Attribute, ast.IfExp, ast.Subscript)) and self.is_kernel_ref(v) for v in values)
         return False
+
+    def is_kernel_table(self, node: ast.AST | None, depth: int = 0) -> bool:
+        """A literal list, tuple or dict whose entries are all kernels (:meth:`is_kernel_ref`), a name
+        bound only to such literals and only ever indexed (never stored into, mutated or passed on),
+        or a ``self`` attribute of :meth:`collect_kernel_fn_attrs` holding one."""
+        if depth > 8:
+            return False
+        if isinstance(node, (ast.List, ast.Tuple)):
+            return bool(node.elts) and all(self.is_kernel_ref(e) for e in node.elts)
+        if isinstance(node, ast.Dict):
+            return bool(node.values) and None not in node.keys and all(self.is_kernel_ref(v) for v in node.values)
+        if isinstance(node, ast.Attribute):
+            return isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.kernel_fn_attrs
+        if isinstance(node, ast.Name) and node.id not in self.aliases:
+            values = self.bindings.get(node.id, [])
+            return bool(values) and all(isinstance(v, (ast.List, ast.Tuple, ast.Dict)) and self.is_kernel_table(v, depth + 1)
+                                        for v in values) and self.only_indexed(node.id)
+        return False
+
+    def only_indexed(self, name: str) -> bool:
+        """Whether every load of the name ``name`` indexes it for reading (``name[i]``)."""
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Store):
+                parent = getattr(node, "parent", None)
+                if not (isinstance(parent, ast.Subscript) and parent.value is node and isinstance(parent.ctx, ast.Load)):
+                    return False
+        return True
 
     def param_gets_kernels(self, name: str, fn: ast.AST, params: list[str]) -> bool:
         """Whether the parameter ``name`` of ``fn`` receives a kernel at every call of ``fn`` (which
@@ -986,10 +1045,11 @@ class _Checker(ast.NodeVisitor):
             if (d == "torch" or d.startswith("torch.")) and d not in ALLOWED_TORCH_CALLS and not _GLOBAL_SETTERS.match(d):
                 self.add("forward-torch-op", f"calls {d} in run-time code (only {sorted(ALLOWED_TORCH_CALLS)})", node)
             return
+        if self.is_kernel_ref(f):
+            self.kernel_calls_in_runtime += 1  # a kernel launch (self.k(...), table[i](...), k(...))
+            return
         if not isinstance(f, ast.Attribute):
             return
-        if self.kernel_holder(f.value) is not None:
-            return  # a kernel launch
         if f.attr in ("forward", "__call__"):
             self.add("forward-module-call", f"calls .{f.attr}() in run-time code", node)
             return
