@@ -251,3 +251,20 @@ def test_verify_many_refuses_a_malformed_item_before_verifying_any(verifier):
         verifier.verify_many([(TASK, HONEST, "a"), (TASK, HONEST)])
     out = verifier.verify_many([(TASK, HONEST, "a"), (None, HONEST, "b"), (TASK, b"bytes", "c")])
     assert [(v.candidate_id, v.verdict) for v in out] == [("a", "ok"), ("b", "invalid_input"), ("c", "compile_error")]
+
+
+@pytest.mark.parametrize("error", [
+    RuntimeError("Tensor.item() cannot be called on meta tensors"),
+    RuntimeError("The tensor has a non-zero number of elements, but its data is not allocated yet."),
+    RuntimeError("Expected all tensors to be on the same device, but found at least two devices, cpu and Meta!"),
+    AssertionError("Torch not compiled with CUDA enabled"),
+    RuntimeError("Found no NVIDIA driver on your system."),
+    NotImplementedError("Could not run 'aten::nonzero' with arguments from the 'Meta' backend."),
+])
+def test_errors_meta_tensors_cause_do_not_blame_the_reference(error):
+    """What meta tensors (no data, no GPU) may cause is not the reference's fault: the dry run skips, no invalid_input."""
+    from dice_ray.verify.harness import _meta_inconclusive
+
+    assert _meta_inconclusive(error)
+    assert not _meta_inconclusive(ZeroDivisionError("division by zero"))
+    assert not _meta_inconclusive(TypeError("forward() takes 2 positional arguments but 3 were given"))

@@ -186,15 +186,16 @@ def _error_text(exc: BaseException, limit: int = 1500) -> str:
     return text if len(text) <= limit else text[: limit - 20] + "\n...[truncated]"
 
 
-#: words of an error on meta tensors that may come from meta itself (no data, no CUDA), not from the code
-_META_ARTEFACTS = ("meta", "data pointer", "storage", "CUDA", "NotImplementedError")
+#: words of an error on meta tensors that may come from meta itself (no data, no CUDA, a tensor the code made on
+#: another device), not from the code; matched case-insensitively, and a doubt counts for the reference
+_META_ARTEFACTS = ("meta", "data pointer", "storage", "cuda", "notimplementederror", "not allocated", "device", "nvidia")
 
 
 def _meta_inconclusive(exc: BaseException) -> bool:
     """Whether ``exc``, raised by code run on meta tensors on a machine without a GPU, may be meta's
     doing (an op without a meta kernel, a data access, a ``.cuda()`` call) rather than the code's."""
     text = exc.message if isinstance(exc, ReferenceError_) else f"{type(exc).__name__}: {exc}"
-    return isinstance(exc, NotImplementedError) or any(w in text for w in _META_ARTEFACTS)
+    return isinstance(exc, NotImplementedError) or any(w in text.lower() for w in _META_ARTEFACTS)
 
 
 _IMPORT_NAME = dis.opmap["IMPORT_NAME"]
