@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import sys
+from typing import Any
 
 USAGE_ERROR = 2
 TASKS_HELP = ("task set: 'builtin', 'dice:PATH' (DICE JSON file or folder), 'kernelbench:DIR', "
@@ -125,6 +126,10 @@ def _connect(address: str | None):
     from dice_ray.cluster.auth import connect
     from dice_ray.cluster.scheduler import NAMESPACE
 
+    given, source = (address, "--address") if address else (os.environ.get("RAY_ADDRESS"), "RAY_ADDRESS")
+    if (given or "").startswith(("http://", "https://")):  # `ray job submit` takes this; ray.init does not
+        raise ConnectionError(f"{source}={given} is a dashboard / job-submission URL; dice-ray status and verifiers "
+                              "connect to the cluster itself: --address HOST:6379 (the head's GCS port)")
     if ray.is_initialized():  # called in-process by a driver that is already connected (tests)
         return ray
     address = address or os.environ.get("RAY_ADDRESS") or "auto"
@@ -159,8 +164,34 @@ def cmd_status(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     status = ray.get(sched.status.remote())
     status["verifier_pool"] = ray.get(pool.status.remote())
-    print(json.dumps(status, indent=1, default=str))
+    print(json.dumps(status, indent=1, default=str) if args.json else describe_status(status))
     return 0
+
+
+def _num(x: Any, fmt: str = ".3f") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def describe_status(status: dict) -> str:
+    """Three lines of ``dice-ray status``: the curriculum (phase, infill fraction, the next step the
+    scheduler hands out: ahead of the last finished step while steps are in flight), the last finished
+    step's rewards and times, and the verifier pool (size, queue, throughput in candidates/s)."""
+    sched, last, pool = status.get("schedule", {}), status.get("last_step") or {}, status.get("verifier_pool", {})
+    lines = [f"phase {sched.get('phase')} (infill fraction {_num(sched.get('infill_fraction'), '.2f')}); next step to "
+             f"sample {sched.get('step')} (epoch {sched.get('epoch')}, task position {sched.get('position')})"]
+    if last:
+        lines.append(
+            f"last finished step {last.get('step')}: reward {_num(last.get('reward_mean'))} (std {_num(last.get('reward_std'))}), "
+            f"compile {_num(last.get('compile_rate'), '.2f')}, correct {_num(last.get('correct_rate'), '.2f')}, cheat "
+            f"{_num(last.get('cheat_rate'), '.2f')}, speedup {_num(last.get('speedup_geomean'), '.2f')}"
+            f"{'' if last.get('speedup_geomean') is None else 'x'}, "
+            f"{last.get('candidates')} candidates in {_num(last.get('step_seconds'), '.1f')} s")
+    else:
+        lines.append("no step finished yet")
+    lines.append(f"verifier pool: {pool.get('size')} actors ({pool.get('serving')} serving, {pool.get('draining')} draining), "
+                 f"queue {pool.get('queue_depth')}, in flight {pool.get('in_flight')}, {pool.get('completed')} verified, "
+                 f"{_num(pool.get('throughput_per_s'), '.2f')} candidates/s since it started")
+    return "\n".join(lines)
 
 
 def cmd_verifiers(args: argparse.Namespace) -> int:
@@ -285,7 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="run the RL job (embedded default without arguments)")
     t.add_argument("--config", help="YAML config (see configs/)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
-    t.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a new local cluster)")
+    t.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else the cluster `ray start` runs on this "
+                   "machine, else a new local one)")
     t.add_argument("--tasks", help=TASKS_HELP + " (default: builtin)")
     t.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. rl.steps=10")
     t.set_defaults(fn=cmd_train)
@@ -315,6 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", help="phase, step, pool and last rewards of a running job")
     s.add_argument("--address", help="Ray address (default: RAY_ADDRESS or auto)")
+    s.add_argument("--json", action="store_true", help="everything as JSON (the schedule, the last step's metrics, "
+                   "the pool's counters per actor) instead of three lines")
     s.set_defaults(fn=cmd_status)
 
     vs = sub.add_parser("verifiers", help="scale or inspect the verifier pool of a running job")
@@ -361,9 +395,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``dice-ray`` console script."""
+    """Entry point of the ``dice-ray`` console script.  Output piped into a reader that stops early
+    (``dice-ray config --describe | head``) ends the command quietly, as other command-line tools do."""
     args = build_parser().parse_args(argv)
-    return args.fn(args)
+    try:
+        rc = args.fn(args)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe is an "Exception ignored" message
+        return rc
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes at exit
+        return 141  # 128 + SIGPIPE, what a shell reports for such a pipe
 
 
 if __name__ == "__main__":

@@ -138,3 +138,48 @@ def test_train_bad_tasks_fail_before_ray_or_a_run_folder(tmp_path, spec, says):
     assert proc.returncode == 2 and says in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert "ray" not in proc.stdout.lower() and not (tmp_path / "runs").exists()  # was: Ray started, run folder left
+
+
+def test_status_summary_names_phase_step_rewards_and_pool():
+    from dice_ray.cli import describe_status
+
+    status = {"schedule": {"step": 7, "epoch": 0, "position": 14, "infill_fraction": 0.5, "phase": "ramp"},
+              "last_step": {"step": 5, "reward_mean": 0.4213, "reward_std": 0.1, "compile_rate": 0.75, "correct_rate": None,
+                            "cheat_rate": 0.0, "speedup_geomean": None, "candidates": 8, "step_seconds": 12.34},
+              "verifier_pool": {"size": 3, "serving": 2, "draining": 1, "queue_depth": 4, "in_flight": 2, "completed": 120,
+                                "throughput_per_s": 2.125}}
+    lines = describe_status(status).splitlines()
+    assert lines == [
+        "phase ramp (infill fraction 0.50); next step to sample 7 (epoch 0, task position 14)",
+        "last finished step 5: reward 0.421 (std 0.100), compile 0.75, correct n/a, cheat 0.00, speedup n/a, "
+        "8 candidates in 12.3 s",
+        "verifier pool: 3 actors (2 serving, 1 draining), queue 4, in flight 2, 120 verified, 2.12 candidates/s since it started"]
+    assert describe_status({**status, "last_step": {}}).splitlines()[1] == "no step finished yet"
+
+
+def test_status_refuses_the_dashboard_url_in_one_line(capsys):
+    from dice_ray.cli import main
+
+    assert main(["verifiers", "status", "--address", "http://127.0.0.1:8265"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "dashboard / job-submission URL" in err[0] and "HOST:6379" in err[0]
+
+
+def test_status_names_a_dashboard_url_in_ray_address(capsys, monkeypatch):
+    from dice_ray.cli import main
+
+    monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")  # what `ray job submit` users export
+    assert main(["status"]) == 2
+    assert "RAY_ADDRESS=http://127.0.0.1:8265 is a dashboard" in capsys.readouterr().err
+
+
+def test_output_into_a_pipe_closed_early_ends_quietly():
+    """`dice-ray config --describe | head -1`: no BrokenPipeError traceback, exit 141 as a shell reports it."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "dice_ray.cli", "config", "--describe"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the command (a second of imports) writes anything: its first write fails
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and "Traceback" not in err and "Exception ignored" not in err, err

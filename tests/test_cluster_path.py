@@ -257,7 +257,7 @@ def test_job_submit_then_scale_verifiers_while_it_runs(tmp_path):
         dice = [sys.executable, "-m", "dice_ray.cli"]
         deadline = time.monotonic() + 180
         while True:  # the trainer names its scheduler and verifier pool once its actors exist
-            status = _cli([*dice, "status", "--address", address], env)
+            status = _cli([*dice, "status", "--json", "--address", address], env)
             if status.returncode == 0:
                 break
             state = job_status()
@@ -278,7 +278,9 @@ def test_job_submit_then_scale_verifiers_while_it_runs(tmp_path):
                 break
             assert time.monotonic() - t0 < 60, pool
             time.sleep(1)
-        after = json.loads(_cli([*dice, "status", "--address", address], env).stdout)
+        after = json.loads(_cli([*dice, "status", "--json", "--address", address], env).stdout)
+        lines = _cli([*dice, "status", "--address", address], env).stdout.splitlines()
+        assert len(lines) == 3 and lines[0].startswith("phase ") and lines[2].startswith("verifier pool: 2 actors (2 serving"), lines
         assert after["verifier_pool"]["size"] == 2 and after["verifier_pool"]["serving"] == 2, after
         assert job_status() == "RUNNING", "the job ended before the pool was scaled: raise rl.steps"
 

@@ -266,3 +266,23 @@ def test_curate_min_speedup_must_be_finite_and_positive(tmp_path, capsys, no_ray
     assert main(["curate", "--tasks", "builtin", "--min-speedup", value, "--out", str(tmp_path / "o.jsonl"),
                  "--allow-compile-only"]) == 2
     assert "--min-speedup must be a finite number > 0" in capsys.readouterr().err
+
+
+def test_model_may_name_a_train_run_directory(tmp_path, capsys, no_ray):
+    """--model RUN_DIR takes the newest checkpoint's policy; a run with none fails in one line before sampling."""
+    from dice_ray.eval.run import policy_path
+
+    run = tmp_path / "run"
+    for step in ("step_000003", "step_000010"):
+        (run / "checkpoints" / step / "policy").mkdir(parents=True)
+    (run / "checkpoints" / "step_000011").mkdir()  # a checkpoint being written: no policy yet
+    assert policy_path(run) == run / "checkpoints" / "step_000010" / "policy"
+    assert policy_path(tmp_path / "policy") == tmp_path / "policy"  # not a run: as given
+    (run / "model_config.json").write_text("{}")  # a policy of its own beside checkpoints/ (dice-ray sft --out)
+    assert policy_path(run) == run
+    empty = tmp_path / "empty"
+    (empty / "checkpoints").mkdir(parents=True)
+    rc = main(["eval", "--tasks", "builtin", "--model", str(empty), "--out", str(tmp_path / "out"), "verify.mode=compile_only"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1].startswith("dice-ray: error: --model") and "a run directory with no checkpoint" in err[-1]
+    assert not any("sampling" in line for line in err)

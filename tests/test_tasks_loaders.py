@@ -489,3 +489,20 @@ def test_a_split_that_is_not_a_list_is_named(tmp_path):
     report = load_tasks(f"kernelbench-json:{f}")
     assert [r.reason for r in report.rejected] == [
         "not-a-list: an object of splits must hold a list under every key: 'level_2' is a int"]
+
+
+def test_kernelbench_folder_with_too_many_files_fails_at_once(tmp_path, monkeypatch):
+    """A wrong folder (a home directory, a virtual environment) is refused, not parsed for minutes; hidden and
+    package folders are not searched."""
+    import dice_ray.tasks.loaders as loaders
+
+    monkeypatch.setattr(loaders, "MAX_KERNELBENCH_FILES", 3)
+    for i in range(3):
+        (tmp_path / f"{i}_Relu.py").write_text(REF_SMALL)
+    for skipped in (".venv", "site-packages", "__pycache__"):
+        (tmp_path / skipped).mkdir()
+        (tmp_path / skipped / "x.py").write_text("x = 1\n")
+    assert len(load_tasks(f"kernelbench:{tmp_path}").tasks) == 3
+    (tmp_path / "3_Relu.py").write_text(REF_SMALL)
+    with pytest.raises(ValueError, match="more than 3 .py files under it"):
+        load_tasks(f"kernelbench:{tmp_path}")

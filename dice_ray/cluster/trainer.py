@@ -53,7 +53,8 @@ COLUMNS = [
 
 
 def start_ray(address: str | None) -> dict:
-    """Connect to ``address`` (or ``RAY_ADDRESS``), or start a local cluster with the dashboard.
+    """Connect to ``address`` (or ``RAY_ADDRESS``), else ``ray.init()``: the cluster ``ray start`` runs on
+    this machine, or a new local one with the dashboard (``started`` is True for both).
 
     Returns:
         ``{"address": ..., "dashboard": url or None, "started": bool}``.
@@ -141,7 +142,8 @@ def describe_heldout(out: dict) -> str:
         correct = fig.get("correct_rate")
         why = "compile-only verifier" if fig.get("compile_only") else "nothing compiled"
         said = f"{correct:.1%} correct" if correct is not None else f"correctness not measured ({why})"
-        tasks = f" ({fig['tasks']} held-out tasks)" if fig.get("tasks") else ""
+        n = fig.get("tasks")
+        tasks = f" ({n} held-out task{'' if n == 1 else 's'})" if n else ""
         parts.append(f"{phase}: {fig.get('candidates')} candidates{tasks}, {fig.get('compile_rate', 0.0):.1%} compile, "
                      f"{said}")
     return "; ".join(parts) or "no eligible task"
@@ -583,7 +585,8 @@ class Trainer:
         con.print(Rule("summary"), width=min(con.width, 80))  # the log-file console is 160 wide: no wrapped rule
         con.print(describe_summary(summary), highlight=False)
         con.print(f"[bold]outputs[/] run directory {self.run_dir}: config.yaml, metrics.jsonl, summary.json, curves.png, "
-                  f"checkpoints/; a Markdown summary and plots: dice-ray report {self.run_dir}")
+                  f"checkpoints/ (each with its policy: dice-ray eval --model {self.run_dir}); a Markdown summary and "
+                  f"plots: dice-ray report {self.run_dir}")
         return summary
 
     def _print_header(self) -> None:

@@ -2,7 +2,8 @@
 
 Candidates come from one of two sources:
 
-* ``--model PATH`` (a folder written by :meth:`DiffusionPolicy.save`): for every task, the prompt
+* ``--model PATH`` (a folder written by :meth:`DiffusionPolicy.save`, a checkpoint folder or hub id, or a
+  ``dice-ray train`` run directory: its newest checkpoint's policy, :func:`policy_path`): for every task, the prompt
   of ``phase`` (:func:`dice_ray.tasks.prompts.build_prompt`, template ``tasks.prompt_template``),
   ``samples`` completions (:func:`dice_ray.policy.sampler.sample_group`, ``sampling`` section,
   seed ``rl.seed + task index``), each turned into a candidate by
@@ -133,6 +134,25 @@ def solution_candidates(tasks: list[Task], folder: str | Path) -> tuple[list[Can
                 src = raw  # not text: its own verdict, not the end of the run
             out.append(Candidate(task, j, src, str(path)))
     return out, unmatched
+
+
+def policy_path(model: str | Path) -> str | Path:
+    """What ``--model`` names, as :meth:`DiffusionPolicy.load` takes it: a ``dice-ray train`` run directory
+    (``checkpoints/`` and no policy of its own) gives the policy folder of its newest checkpoint
+    (``checkpoints/step_NNNNNN/policy``); anything else, a ``dice-ray sft --out`` folder included (its final
+    policy beside its ``checkpoints/``), is returned as it is.
+
+    Raises:
+        FileNotFoundError: a run directory with no checkpoint that holds a policy.
+    """
+    ckpts = Path(model) / "checkpoints"
+    if not ckpts.is_dir() or any((Path(model) / f).is_file() for f in ("model_config.json", "config.json")):
+        return model
+    policies = sorted(ckpts.glob("step_*/policy"))
+    if not policies:
+        raise FileNotFoundError(f"--model {model}: a run directory with no checkpoint holding a policy "
+                                f"({ckpts}/step_*/policy)")
+    return policies[-1]
 
 
 def model_candidates(
@@ -279,6 +299,10 @@ def evaluate(
     failed: dict[str, str] = {}
     unmatched: list[str] = []
     if model is not None:
+        model = policy_path(model)
+        from dice_ray.policy.families import resolve_checkpoint
+
+        resolve_checkpoint(model)  # a missing folder or unknown hub id fails here, before any sampling
         log(f"sampling {samples} completion(s) a task from {model} ({phase}) on {len(tasks)} task(s)")
         cands, skipped, failed = model_candidates(tasks, model, samples, phase, cfg)
         source = f"model {model} ({phase}, {samples} sample(s) a task)"

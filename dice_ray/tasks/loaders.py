@@ -61,6 +61,7 @@ level, scaled ones, and rejections by rule.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -510,14 +511,36 @@ def _level_from_path(path: Path) -> int | None:
     return None
 
 
+#: most .py files a kernelbench:DIR folder may hold (KernelBench's four levels hold ~270): a wrong folder
+#: (a home directory, a virtual environment) fails at once instead of parsing for minutes
+MAX_KERNELBENCH_FILES = 5000
+_SKIPPED_DIRS = {"__pycache__", "site-packages", "dist-packages", "node_modules"}
+
+
+def _kernelbench_files(root: Path) -> list[Path]:
+    """The ``.py`` files under ``root`` (sorted; hidden, cache and package folders skipped; names
+    starting with ``_`` left out).
+
+    Raises:
+        ValueError: more than :data:`MAX_KERNELBENCH_FILES` of them.
+    """
+    files: list[Path] = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIPPED_DIRS)
+        files += [Path(folder) / n for n in names if n.endswith(".py") and not n.startswith("_")]
+        if len(files) > MAX_KERNELBENCH_FILES:
+            raise ValueError(f"KernelBench folder {root}: more than {MAX_KERNELBENCH_FILES} .py files under it "
+                             "(KernelBench's levels hold ~270): not a KernelBench folder? kernelbench:DIR takes the "
+                             "folder holding level1/ ... level4/ or their .py references")
+    return sorted(files)
+
+
 def _load_kernelbench(root: Path, spec: str, cap: int | None) -> LoadReport:
     if not root.is_dir():
         what = "is not a folder" if root.exists() else "does not exist"
         raise FileNotFoundError(f"KernelBench folder {root} {what} (kernelbench:DIR takes a folder of .py references)")
     report = LoadReport(spec)
-    for file in sorted(root.rglob("*.py")):
-        if file.name.startswith("_"):
-            continue
+    for file in _kernelbench_files(root):
         report.files.append(str(file))
         rel = file.relative_to(root).with_suffix("").as_posix()
         try:
