@@ -22,12 +22,33 @@ def _fail(msg: str) -> int:
     return USAGE_ERROR
 
 
+def _nearest_key(loc: tuple) -> str | None:
+    """The config key nearest to the unknown key ``loc`` (``("rl", "num_generation")`` ->
+    ``"rl.num_generations"``) among its section's keys (difflib's ratio >= 0.6), or None."""
+    from difflib import get_close_matches
+
+    from dice_ray.config import load_config
+
+    node: object = load_config(None, []).model_dump(mode="json")
+    for part in loc[:-1]:
+        node = node.get(str(part)) if isinstance(node, dict) else None
+    if not isinstance(node, dict):
+        return None
+    close = get_close_matches(str(loc[-1]), list(node), n=1)
+    return ".".join([*map(str, loc[:-1]), close[0]]) if close else None
+
+
 def _config_error(exc) -> str:
-    """One line naming every bad key of a pydantic ValidationError and the rule each breaks."""
+    """One line naming every bad key of a pydantic ValidationError and the rule each breaks (an unknown
+    key with the nearest known one, when one is close)."""
     parts = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            near = _nearest_key(tuple(err["loc"]))
+            msg = "unknown key" + (f" (did you mean {near}?)" if near else "")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
         parts.append(f"{loc}: {msg}")
     return "config: " + "; ".join(parts)
 

@@ -122,7 +122,10 @@ def load_run(run_dir: str | Path) -> Run:
         raise NotARunDir(f"{run_dir}: not a folder (want a dice-ray run directory)")
     cfg_file, metrics_file, summary_file = path / "config.yaml", path / "metrics.jsonl", path / "summary.json"
     if not cfg_file.is_file() and not metrics_file.is_file():
-        raise NotARunDir(f"{run_dir}: not a dice-ray run directory (no config.yaml nor metrics.jsonl)")
+        runs = sorted(p.name for p in path.iterdir() if p.is_dir() and (p / "metrics.jsonl").is_file())
+        inside = (f"; run directories in it: {', '.join(runs[-5:])}{' ...' if len(runs) > 5 else ''} "
+                  f"(dice-ray report {Path(run_dir) / runs[-1]})") if runs else ""
+        raise NotARunDir(f"{run_dir}: not a dice-ray run directory (no config.yaml nor metrics.jsonl){inside}")
     try:
         config = yaml.safe_load(cfg_file.read_text(encoding="utf-8")) if cfg_file.is_file() else {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:

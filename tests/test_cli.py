@@ -183,3 +183,13 @@ def test_output_into_a_pipe_closed_early_ends_quietly():
     proc.stdout.close()  # before the command (a second of imports) writes anything: its first write fails
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141 and "Traceback" not in err and "Exception ignored" not in err, err
+
+
+def test_unknown_config_key_names_the_nearest_known_one(capsys):
+    from dice_ray.cli import main
+
+    assert main(["config", "rl.num_generation=8", "verify.rtoll=1", "zzz=3"]) == 2
+    err = capsys.readouterr().err
+    assert "rl.num_generation: unknown key (did you mean rl.num_generations?)" in err
+    assert "verify.rtoll: unknown key (did you mean verify.rtol?)" in err
+    assert "zzz: unknown key;" in err or err.rstrip().endswith("zzz: unknown key")

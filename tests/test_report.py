@@ -248,3 +248,13 @@ def test_report_skips_damaged_metrics_lines_and_summary(tmp_path, capsys):
     (run / "summary.json").write_bytes(b"\xff{")  # was a UnicodeDecodeError traceback
     rc, stdout, _ = _report(capsys, run)
     assert rc == 0 and "(still running)" in stdout
+
+
+def test_report_of_the_runs_folder_names_the_runs_in_it(tmp_path, capsys):
+    """`dice-ray report runs` (the parent of the run directories): one line listing them and the command for the newest."""
+    for name in ("20261201-101010", "20261201-121212"):
+        _run_dir(tmp_path, name, 2, [_record(0, "infill", 1.0, 0.1, 0.5)])
+    rc, stdout, err = _report(capsys, tmp_path)
+    assert rc == 2 and stdout == "" and len(err.strip().splitlines()) == 1
+    assert "run directories in it: 20261201-101010, 20261201-121212" in err
+    assert f"(dice-ray report {tmp_path / '20261201-121212'})" in err
