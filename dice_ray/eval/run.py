@@ -299,10 +299,9 @@ def evaluate(
     failed: dict[str, str] = {}
     unmatched: list[str] = []
     if model is not None:
-        model = policy_path(model)
         from dice_ray.policy.families import resolve_checkpoint
 
-        resolve_checkpoint(model)  # a missing folder or unknown hub id fails here, before any sampling
+        model = resolve_checkpoint(policy_path(model))  # a missing folder or unknown hub id fails here, before sampling
         log(f"sampling {samples} completion(s) a task from {model} ({phase}) on {len(tasks)} task(s)")
         cands, skipped, failed = model_candidates(tasks, model, samples, phase, cfg)
         source = f"model {model} ({phase}, {samples} sample(s) a task)"

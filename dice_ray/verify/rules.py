@@ -406,6 +406,7 @@ class _Checker(ast.NodeVisitor):
         self.kernel_fn_attrs: set[str] = set()  # self.k = kernels.relu_kernel (or a table of kernels)
         self.module_names: set[str] = set()
         self.class_methods: dict[str, set[str]] = {}
+        self.own_methods: set[str] = set()  # every method name of the candidate's classes
         self.local_classes: set[str] = set()
         self.runtime_depth = 0
         self.init_depth = 0  # inside an __init__ method (torch may be used freely there)
@@ -509,6 +510,7 @@ class _Checker(ast.NodeVisitor):
         for name, n in top_count.items():
             if n > 1:
                 self.top_values.pop(name, None)
+        self.own_methods = set().union(*self.class_methods.values())
         self.collect_bindings()
         for node in ast.walk(self.tree):  # self.k = kernels / load_cuda(...) inside methods
             if isinstance(node, ast.Assign) and (
@@ -668,9 +670,8 @@ class _Checker(ast.NodeVisitor):
 
     def is_method_ref(self, node: ast.Attribute) -> bool:
         """``self.<m>`` / ``<Class>.<m>`` naming a method the candidate defines."""
-        own = set().union(*self.class_methods.values()) if self.class_methods else set()
         return isinstance(node.value, ast.Name) and (node.value.id == "self" or node.value.id in self.local_classes) \
-            and node.attr in own
+            and node.attr in self.own_methods
 
     def callee_known(self, f: ast.AST) -> bool:
         """Whether run-time code calling (or handing to ``map``) the expression ``f`` calls something
@@ -1053,18 +1054,16 @@ class _Checker(ast.NodeVisitor):
         if f.attr in ("forward", "__call__"):
             self.add("forward-module-call", f"calls .{f.attr}() in run-time code", node)
             return
-        own = set().union(*self.class_methods.values()) if self.class_methods else set()
         if isinstance(f.value, ast.Name) and f.value.id in self.local_classes and f.attr not in \
                 self.class_methods.get(f.value.id, set()):
             self.add("forward-module-call", f"calls {ast.unparse(f)}, a class attribute (a torch op or submodule)", node)
             return
-        if f.attr not in own and (f.attr in _module_method_names() or f.attr.startswith("_")):
+        if f.attr not in self.own_methods and (f.attr in _module_method_names() or f.attr.startswith("_")):
             self.add("forward-module-call", f"calls .{f.attr}() in run-time code (a torch.nn.Module method or a "
                      "private torch method)", node)
             return
         if isinstance(f.value, ast.Name) and f.value.id == "self":
-            methods = set().union(*[self.class_methods.get(c, set()) for c in self.local_classes]) if self.local_classes else set()
-            if f.attr not in methods and f.attr not in ALLOWED_TENSOR_METHODS:
+            if f.attr not in self.own_methods and f.attr not in ALLOWED_TENSOR_METHODS:
                 self.add("forward-module-call", f"calls self.{f.attr}(...) (a submodule or torch method) in run-time code",
                          node)
             return
