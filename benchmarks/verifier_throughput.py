@@ -15,7 +15,11 @@ With ``--pool 1,2,4,8`` it instead measures the Ray verifier pool
 without GPUs) on the same candidates, one pool size after another in one run, and prints
 candidates/s for each size and its ratio to one actor (targets: >= 1.9x at 2 GPUs, >= 7.5x at 8).
 
-    python benchmarks/verifier_throughput.py [--workers 0] [--spare-workers N] [--timing-window-ms MS]
+Before each timed round the verifier stays idle until its spares are ready (they start in its idle
+time, as between RL steps); the line of each round says how long that took and how many of its
+crashes found no ready spare.
+
+    python benchmarks/verifier_throughput.py [--workers 0] [--spare-workers N] [--spares-timeout-s S] [--timing-window-ms MS]
         [--crash-every 4] [--cheat-every 3] [--repeats 5] [--inline 3] [--torch-inline 1] [--dice-data DIR]
         [--tasks N] [--rounds R] [--crash-cost] [--json OUT]
     python benchmarks/verifier_throughput.py --pool 1,2[,4,8] [--copies K] [--tasks N] [--workers 0] [--json OUT]
@@ -295,9 +299,12 @@ def crash_cost(verifier: Verifier, tasks: list, args: argparse.Namespace, jobs: 
     if not crashes:
         return {}
     free = build_jobs(tasks, 0, args.cheat_every, args.rounds)
+    spares_idle(verifier, args.spares_timeout_s)  # as before every timed round
+    gate0 = verifier.stats()["gpu_gate_s"]
     t0 = time.perf_counter()
     got = verifier.verify_many([(task, src, f"{task.task_id}:{kind}:free") for task, kind, src in free])
     free_s = time.perf_counter() - t0
+    gate = {k: round(v - gate0[k], 3) for k, v in verifier.stats()["gpu_gate_s"].items()}
     unexpected = sum(v.verdict != expected_verdict(kind, verifier.mode) for (_, kind, _), v in zip(free, got))
     faults = [v.stage_seconds["run.until_raise"] for (_, kind, _), v in zip(jobs, verdicts)
               if kind == "crash" and "run.until_raise" in v.stage_seconds]
@@ -309,13 +316,15 @@ def crash_cost(verifier: Verifier, tasks: list, args: argparse.Namespace, jobs: 
                "crash_free_per_s": round(len(free) / free_s, 2), "per_crash_ms": round(1e3 * (mix_s - free_s) / crashes, 1),
                "fault_ms": round(1e3 * fault_s, 1) if fault_s else None,
                "fault_bound_per_s": round((len(free) + crashes) / (free_s + crashes * fault_s), 2) if fault_s else None,
-               "unexpected": unexpected, "speedup_drift": drift}
+               "unexpected": unexpected, "speedup_drift": drift, "crash_free_gpu_gate_s": gate}
     print(f"crash cost: the batch without its {crashes} crashing candidates took {free_s:.1f} s "
           f"({figures['crash_free_per_s']:.2f} candidates/s, {unexpected} unexpected verdicts) against {mix_s:.1f} s with "
           f"them: {figures['per_crash_ms']:.0f} ms a crash" + (
               f"; a fault's error came {figures['fault_ms']:.0f} ms after the call (median), so the faults alone "
               f"allow at most {figures['fault_bound_per_s']:.2f} candidates/s at this crash share" if fault_s else
               " (no fault timed: compile-only runs no kernel)"))
+    if gate:
+        print("GPU gate over the crash-free round: " + ", ".join(f"{k} {v:.1f} s ({v / free_s:.0%})" for k, v in gate.items()))
     if drift:
         print(f"speedups timed beside crashes against the same task's in the crash-free round ({drift['pairs']} pairs): "
               f"median |change| {drift['median_pct']:.1f} %, 90th percentile {drift['p90_pct']:.1f} %, "
@@ -341,12 +350,21 @@ def speedup_drift(pairs: list[tuple[float, float]]) -> dict:
             "over_10pct": sum(c > 10 for c in changes)}
 
 
+def spares_idle(verifier: Verifier, timeout_s: float) -> float:
+    """Leave ``verifier`` idle until its spares are ready (they start only then, as between RL steps,
+    while the policy samples) or ``timeout_s`` (s) passed; returns the seconds it was idle."""
+    return verifier.wait_for_spares(timeout_s) if verifier.mode == "gpu" else 0.0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--workers", type=int, default=0, help="sandbox workers of the Verifier (verify.workers; 0: auto)")
     ap.add_argument("--spare-workers", type=int, default=None,
                     help="warm sandbox workers kept ready to replace one after a crash (verify.spare_workers; "
                          "None: the config's)")
+    ap.add_argument("--spares-timeout-s", type=float, default=300.0,
+                    help="before each round the verifier stays idle until its spares are ready (as between RL steps) "
+                         "or this many seconds passed; the time is printed")
     ap.add_argument("--timing-window-ms", type=float, default=None,
                     help="verify.timing_window_ms (None: the config's; 0: one call a timed window)")
     ap.add_argument("--no-preload-kernels", action="store_true",
@@ -380,7 +398,7 @@ def main() -> None:
         ("--rounds", args.rounds, 1), ("--workers", args.workers, 0), ("--spare-workers", args.spare_workers, 0),
         ("--tasks", args.tasks, 0), ("--crash-every", args.crash_every, 0), ("--cheat-every", args.cheat_every, 0),
         ("--repeats", args.repeats, 0), ("--inline", args.inline, 0), ("--torch-inline", args.torch_inline, 0),
-        ("--copies", args.copies, 1)) if value is not None and value < least]
+        ("--copies", args.copies, 1), ("--spares-timeout-s", args.spares_timeout_s, 0)) if value is not None and value < least]
     if args.crash_cost and not args.crash_every:
         bad.append("--crash-cost needs crashing candidates (--crash-every N >= 1)")
     if bad:
@@ -403,24 +421,31 @@ def main() -> None:
     print(f"mode={verifier.mode} workers={verifier.workers} tasks={len(tasks)} candidates={len(jobs)}"
           + (f" a round, {args.rounds} rounds" if args.rounds > 1 else ""))
     verifier.verify_many([(tasks[0], tasks[0].solution_src, "warm")] * verifier.workers)  # workers booted
-    gate0 = verifier.stats()["gpu_gate_s"]
-    rates, round_s, all_jobs, verdicts = [], [], [], []
+    rates, round_s, idle_s, all_jobs, verdicts = [], [], [], [], []
+    gate: Counter = Counter()  # the GPU gate's seconds in each state, over the timed rounds only
     for r in range(args.rounds):
         round_jobs = build_jobs(tasks, args.crash_every, args.cheat_every, r) if r else jobs
-        restarts0 = verifier.restarts
+        idle_s.append(spares_idle(verifier, args.spares_timeout_s))
+        restarts0, promoted0 = verifier.restarts, verifier.promoted
+        gate0 = verifier.stats()["gpu_gate_s"]
         t0 = time.perf_counter()
         verdicts += verifier.verify_many([(task, src, f"{task.task_id}:{kind}:{r}") for task, kind, src in round_jobs])
         seconds = time.perf_counter() - t0
+        gate.update({k: v - gate0[k] for k, v in verifier.stats()["gpu_gate_s"].items()})
         round_s.append(seconds)
         all_jobs += round_jobs
         rates.append(len(round_jobs) / seconds)
         print(f"end to end{f' (round {r + 1})' if args.rounds > 1 else ''}: {len(round_jobs)} candidates in {seconds:.1f} s "
-              f"= {rates[-1]:.2f} candidates/s ({verifier.restarts - restarts0} worker replacements)")
+              f"= {rates[-1]:.2f} candidates/s ({verifier.restarts - restarts0} worker replacements, "
+              f"{verifier.promoted - promoted0} of them found no ready spare; before it the verifier was idle "
+              f"{idle_s[-1]:.1f} s while its spares started)")
     rate = statistics.median(rates)
     if args.rounds > 1:
         print(f"median of {args.rounds} rounds: {rate:.2f} candidates/s (range {min(rates):.2f}-{max(rates):.2f})")
+    busy = sum(round_s) + sum(idle_s[1:])
+    print(f"back to back, counting the idle time the spares took to start between rounds: "
+          f"{len(all_jobs) / busy:.2f} candidates/s ({len(all_jobs)} in {busy:.1f} s)")
     jobs = all_jobs
-    gate = {k: v - gate0[k] for k, v in verifier.stats()["gpu_gate_s"].items()}
     got = Counter()
     wrong = []
     per_kind: dict[str, list[float]] = {}
@@ -470,8 +495,8 @@ def main() -> None:
     cost = crash_cost(verifier, tasks, args, jobs, verdicts, statistics.median(round_s)) if args.crash_cost else {}
 
     repeat: dict[str, list[float]] = {}
-    if verifier.mode != "gpu":
-        print("repeatability: skipped (compile-only: nothing is timed)")
+    if verifier.mode != "gpu" or not args.repeats:
+        print("repeatability: skipped (" + ("--repeats 0)" if args.repeats == 0 else "compile-only: nothing is timed)"))
     else:
         for name in args.cov_tasks.split(","):
             task = next(t for t in tasks if t.name.endswith(name))
@@ -491,10 +516,10 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"mode": verifier.mode, "candidates": len(jobs), "seconds": sum(round_s), "candidates_per_s": rate,
-                       "rounds": rates,
+                       "rounds": rates, "idle_before_rounds_s": idle_s,
                        "verdicts": {f"{k}->{v}": n for (k, v), n in got.items()}, "unexpected": wrong,
                        "repeat_speedups": repeat, "inline": inline_costs, "stage_medians_s": {k: statistics.median(v) for k, v in stages.items()},
-                       "gpu_gate_s": gate, "crash_cost": cost},
+                       "gpu_gate_s": dict(gate), "crash_cost": cost},
                       f, indent=1)
 
 

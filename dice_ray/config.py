@@ -211,8 +211,11 @@ class VerifyConfig(_Section):
         "compile and check in parallel; timing takes the GPU one worker at a time.",
     )
     spare_workers: int = Field(
-        2, ge=0, le=16,
-        description="Warm spare workers kept after the first replacement, so a crash costs a swap, not a cold start.",
+        8, ge=0, le=64,
+        description="Spare workers kept ready (on a GPU from the start, compile-only after the first replacement), so a "
+        "crash costs a swap, not a start. A spare's CUDA set-up holds the GPU gate, so it runs while the verifier is "
+        "idle (between RL steps); one needed before that starts at once. Each holds a CUDA context and its buffers "
+        "(~1 GiB of GPU memory and ~1 GiB of host memory on an H200).",
     )
     fork_server: bool = Field(
         True, description="Fork replacement workers from a process with torch imported (~1 s) instead of a cold start (~8 s)."

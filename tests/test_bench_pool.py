@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from dice_ray.config import VerifyConfig
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "verifier_throughput.py"
 
 
@@ -51,7 +53,7 @@ def test_bad_flags_fail_in_one_line_naming_them(flags, says):
 def test_flags_set_the_verifier_config():
     ap_args = argparse.Namespace(workers=2, timing_window_ms=None, spare_workers=None, no_preload_kernels=True)
     cfg = bench.verify_config(ap_args)
-    assert cfg.workers == 2 and cfg.preload_kernels is False and cfg.spare_workers == 2  # the config's default
+    assert cfg.workers == 2 and cfg.preload_kernels is False and cfg.spare_workers == VerifyConfig().spare_workers  # the config's default
     cfg = bench.verify_config(argparse.Namespace(workers=0, timing_window_ms=0.5, spare_workers=1, no_preload_kernels=False))
     assert cfg.preload_kernels is True and cfg.timing_window_ms == 0.5 and cfg.spare_workers == 1
 

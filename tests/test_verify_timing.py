@@ -13,7 +13,7 @@ from _verify_sources import HONEST, RELU_REF, mutate
 from dice_ray.config import RewardConfig, VerifyConfig
 from dice_ray.tasks.task import Task
 from dice_ray.verify.harness import shape_constant
-from dice_ray.verify.runner import GpuGate
+from dice_ray.verify.runner import IDLE_GRACE_S, GpuGate
 from dice_ray.verify.timing import (HEADROOM_CYCLES, MAX_CALLS_PER_WINDOW, MAX_SPIN_CYCLES, SPIN_CYCLES_PER_S, InputSchedule,
                                     OUTLAST_SLACK_MAX_MS, OUTLAST_SLACK_MS, calls_per_window, outlast_limit_ms, spin_cycles, spread_stats,
                                     grown_spin, time_calls, window_ms, window_sizes)
@@ -184,6 +184,83 @@ def test_worker_start_up_self_test_takes_the_gate():
         assert info["preload"] is None  # compile-only: no GPU kernels to load
     finally:
         worker.kill()
+
+
+def test_gpu_gate_background_waits_for_an_idle_verifier_unless_promoted():
+    """A background acquisition (a spare's start-up) waits while any verify call is in progress, shared or
+    exclusive; it goes IDLE_GRACE_S after the last call ended, or when it is promoted; a background holder yielding between
+    parts steps aside for a call that began meanwhile."""
+    gate = GpuGate()
+    got: list[str] = []
+    promoted = threading.Event()
+
+    def spare(name: str, mode: str, flag: threading.Event | None = None) -> None:
+        gate.acquire(mode, background=lambda: not (flag and flag.is_set()))
+        got.append(name)
+        gate.release(mode)
+
+    with gate.job():
+        threads = [threading.Thread(target=spare, args=("shared", "shared")),
+                   threading.Thread(target=spare, args=("exclusive", "exclusive")),
+                   threading.Thread(target=spare, args=("promoted", "shared", promoted))]
+        for t in threads:
+            t.start()
+        time.sleep(0.1)
+        assert got == []  # a call is in progress: all wait
+        gate.acquire("shared")  # a job's own stage is not held up by them
+        gate.release("shared")
+        promoted.set()
+        gate.wake()
+        threads[2].join(5)
+        assert got == ["promoted"]
+    ended = time.monotonic()
+    for t in threads:
+        t.join(5)
+    assert sorted(got) == ["exclusive", "promoted", "shared"]
+    assert time.monotonic() - ended >= IDLE_GRACE_S  # not in the gap between two calls of a loop
+
+    gate.acquire("shared", background=lambda: True)  # idle: granted at once
+    stepped_aside = threading.Event()
+
+    def part_boundary() -> None:
+        gate.yield_shared(background=lambda: True)  # a call began: wait for it to end
+        stepped_aside.set()
+
+    with gate.job():
+        t = threading.Thread(target=part_boundary)
+        t.start()
+        time.sleep(0.1)
+        assert not stepped_aside.is_set() and gate._readers == 0  # gave its access back meanwhile
+    t.join(5)
+    assert stepped_aside.is_set() and gate._readers == 1
+    gate.release("shared")
+
+
+def test_spare_worker_starts_in_the_verifiers_idle_time():
+    """A background worker (a spare) holds at its first gated stage while a verify call is in progress and
+    becomes ready once none is; a promoted one starts during the call."""
+    from dice_ray.verify.runner import WorkerProcess
+
+    cfg = VerifyConfig(mode="compile_only", workers=1, start_timeout_s=60.0)
+    settings = {**cfg.model_dump(), "mode": "compile_only", "device": None}
+    gate = GpuGate()
+    with gate.job():
+        idle_one = WorkerProcess(settings, gate=gate, background=True)
+        needed = WorkerProcess(settings, gate=gate, background=True)
+        try:
+            needed.promote()
+            info = needed.wait_ready(120)
+            assert info["self_test"].startswith("ok") and not needed.background
+            assert not idle_one.ready and idle_one._booting.is_alive()  # held: the call is still in progress
+        except BaseException:
+            idle_one.kill()
+            needed.kill()
+            raise
+    try:
+        assert idle_one.wait_ready(120)["self_test"].startswith("ok") and idle_one.background
+    finally:
+        idle_one.kill()
+        needed.kill()
 
 
 def _waiting_for_shared(gate: GpuGate) -> bool:

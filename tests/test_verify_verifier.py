@@ -11,7 +11,7 @@ from _verify_sources import HONEST, RELU_REF, mutate
 from dice_ray.config import RewardConfig, VerifyConfig
 from dice_ray.tasks.task import Task
 from dice_ray.verify.verdict import Verdict
-from dice_ray.verify.verifier import Verifier
+from dice_ray.verify.verifier import COMPILE_ONLY_SPARES, Verifier
 
 TASK = Task("test/relu", "relu", 1, RELU_REF)
 SECRET = "DICE_RAY_TEST_SECRET"
@@ -151,11 +151,15 @@ def test_sleep_forever_at_import_times_out(unguarded):
 def test_after_a_crash_a_warm_spare_takes_over(unguarded):
     crash = mutate("import torch\n", "import torch\nimport os\nos._exit(4)\n")
     check(unguarded, crash, "crash")
+    assert unguarded.wait_for_spares(120) < 120
+    assert unguarded.spares_ready() == len(unguarded._spares) == COMPILE_ONLY_SPARES  # compile-only keeps a few
     spare = unguarded._spares[0]
     assert spare.alive(), (spare.proc.returncode, spare.log_tail(), [(w.pid, w.alive()) for w in unguarded._spares])
-    check(unguarded, HONEST, "ok")  # the spare boots meanwhile
+    check(unguarded, HONEST, "ok")
+    promoted = unguarded.promoted
     check(unguarded, crash, "crash")
     assert unguarded.worker_pid == spare.pid  # swapped in, not cold-started
+    assert unguarded.promoted == promoted and unguarded.stats()["promoted"] == promoted  # it was ready: no wait
     assert spare.forked  # forked from the zygote, torch already imported
     assert spare.info["gc_frozen"] > 100_000  # the zygote's imports, frozen: after-job collections skip them
     check(unguarded, HONEST, "ok")

@@ -11,6 +11,7 @@ process, where one bad kernel poisons every later one: that is the gap this clos
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -18,6 +19,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,10 @@ STAGE_ACCESS: dict[str, str | None] = {"setup": "shared", "load": None, "referen
                                        "timing": "exclusive", "check": "shared", "limits": None}
 
 
+#: seconds the verifier must have had no verify call in progress before a spare's start-up takes the gate
+IDLE_GRACE_S = 0.5
+
+
 class GpuGate:
     """Shared/exclusive access of one verifier's workers to their GPU (a writer-preferring RW lock).
 
@@ -52,6 +59,8 @@ class GpuGate:
         self._readers = 0
         self._writer = False
         self._writers_waiting = 0
+        self._jobs = 0  # verify calls in progress (:meth:`job`): background acquisitions wait for none
+        self._idle_since = time.monotonic()  # when the last of them ended
         self._since = time.monotonic()  # start of the current state's interval
         self._held = {"exclusive": 0.0, "draining": 0.0, "shared": 0.0, "idle": 0.0}
 
@@ -76,10 +85,37 @@ class GpuGate:
             self._account()
             return dict(self._held)
 
-    def acquire(self, mode: str) -> None:
-        """Block until ``mode`` (``"shared"`` or ``"exclusive"``) access is granted."""
+    @contextmanager
+    def job(self) -> Iterator[None]:
+        """A verify call in progress: while any is, background acquisitions (:meth:`acquire`) wait."""
+        with self._cond:
+            self._jobs += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._jobs -= 1
+                if not self._jobs:
+                    self._idle_since = time.monotonic()
+                    self._cond.notify_all()
+
+    def wake(self) -> None:
+        """Make waiting acquisitions look at their conditions again (a background one was promoted)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def acquire(self, mode: str, background: Callable[[], bool] | None = None) -> None:
+        """Block until ``mode`` (``"shared"`` or ``"exclusive"``) access is granted.
+
+        Args:
+            background: while it returns True, first wait until no verify call has been in progress
+                (:meth:`job`) for :data:`IDLE_GRACE_S`: a spare worker's start-up runs in the verifier's
+                idle time (between RL steps), not between the calls of a loop or beside a batch, unless it
+                is promoted (the callable turns False; call :meth:`wake`).
+        """
         with self._cond:
             if mode == "exclusive":
+                self._wait_background(background)
                 self._account()  # shared holders now drain
                 self._writers_waiting += 1
                 self._cond.wait_for(lambda: not self._writer and self._readers == 0)
@@ -87,19 +123,30 @@ class GpuGate:
                 self._account()
                 self._writer = True
             else:
-                self._cond.wait_for(lambda: not self._writer and self._writers_waiting == 0)
+                self._wait_background(background, lambda: not self._writer and self._writers_waiting == 0)
                 self._account()
                 self._readers += 1
 
-    def yield_shared(self) -> None:
+    def _wait_background(self, background: Callable[[], bool] | None, also: Callable[[], bool] = lambda: True) -> None:
+        """Under the lock: wait until a ``background`` acquisition may go (:meth:`acquire`) and ``also()``."""
+        while True:
+            wait = 0.0
+            if background is not None and background():
+                wait = math.inf if self._jobs else self._idle_since + IDLE_GRACE_S - time.monotonic()
+            if wait <= 0 and also():
+                return
+            self._cond.wait(wait if 0 < wait < math.inf else None)  # woken by a job, a release or a promotion
+
+    def yield_shared(self, background: Callable[[], bool] | None = None) -> None:
         """Holding shared access: let the workers waiting for exclusive access go first (give it
         back and take it again; returns at once when none waits).  A worker calls this between
-        the parts of a long shared stage, so a timing stage does not wait for all of it."""
+        the parts of a long shared stage, so a timing stage does not wait for all of it.  A
+        ``background`` holder (:meth:`acquire`) also steps aside while a verify call is in progress."""
         with self._cond:
-            if not self._writers_waiting:
+            if not self._writers_waiting and not (background is not None and self._jobs and background()):
                 return
         self.release("shared")
-        self.acquire("shared")
+        self.acquire("shared", background)
 
     def release(self, mode: str) -> None:
         """Give back access taken with :meth:`acquire` in the same ``mode``."""
@@ -174,13 +221,18 @@ class WorkerProcess:
             interpreter (about 8 s with torch); None, or a zygote that fails, gives a cold start.
         gate: the GPU gate of the verifier's workers: the start-up self-test's stages take it like
             a job's (its timing runs alone), so a worker starting never disturbs another's timing.
+        background: a spare: its start-up takes the gate only while no verify call is in progress
+            (:meth:`GpuGate.acquire`), so it runs in the verifier's idle time, until :meth:`promote`;
+            the start-up limit (``start_timeout_s``) does not count the wait.
     Raises:
         OSError: the process could not be spawned.
     """
 
-    def __init__(self, settings: dict[str, Any], zygote: Zygote | None = None, gate: GpuGate | None = None):
+    def __init__(self, settings: dict[str, Any], zygote: Zygote | None = None, gate: GpuGate | None = None,
+                 background: bool = False):
         self.settings = settings
         self.gate = gate
+        self.background = background
         self.workdir = private_dir("worker")
         self.log_path = Path(self.workdir) / "worker.log"
         req_r, req_w = os.pipe()
@@ -225,6 +277,19 @@ class WorkerProcess:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    @property
+    def ready(self) -> bool:
+        """It said ``ready``: a job sent now starts at once."""
+        return self.info is not None
+
+    def promote(self) -> None:
+        """A background start-up is needed now: from its next gate acquisition on it waits like a
+        job's stage, not for the verifier to be idle."""
+        if self.background:
+            self.background = False
+            if self.gate is not None:
+                self.gate.wake()
 
     def log_tail(self, chars: int = 1500) -> str:
         try:
@@ -276,8 +341,10 @@ class WorkerProcess:
                     self.boot_gate_s += part
                     self.boot_gate_part_s = max(self.boot_gate_part_s, part)
                 if msg is not None and msg.get("type") == "stage":
-                    stage, held = self._enter(str(msg.get("stage")), stage, held)
+                    asked = time.monotonic()
+                    stage, held = self._enter(str(msg.get("stage")), stage, held, lambda: self.background)
                     mark = time.monotonic()
+                    deadline += mark - asked  # waiting for the gate (a spare: for the verifier's idle time) does not count
                     try:
                         write_frame(self._w, {"op": "go"})
                     except OSError:
@@ -296,24 +363,26 @@ class WorkerProcess:
             self.info = msg["info"]
             self.boot_s = time.monotonic() - self.started
 
-    def _enter(self, announced: str, stage: str, held: str | None) -> tuple[str, str | None]:
+    def _enter(self, announced: str, stage: str, held: str | None,
+               background: Callable[[], bool] | None = None) -> tuple[str, str | None]:
         """The worker announced stage ``announced`` while in ``stage`` holding ``held``: take the gate
-        access it needs (:data:`STAGE_ACCESS`); the same stage again is its next part, and a shared
-        holder first lets waiting timing stages go (:meth:`GpuGate.yield_shared`).  Returns
-        ``(stage, held)`` now."""
+        access it needs (:data:`STAGE_ACCESS`; ``background``: see :meth:`GpuGate.acquire`); the same
+        stage again is its next part, and a shared holder first lets waiting timing stages go
+        (:meth:`GpuGate.yield_shared`).  Returns ``(stage, held)`` now."""
         if announced == stage and held == "shared" and self.gate is not None:
-            self.gate.yield_shared()
+            self.gate.yield_shared(background)
             return announced, held
-        return announced, self._switch_gate(held, STAGE_ACCESS.get(announced, "exclusive"))
+        return announced, self._switch_gate(held, STAGE_ACCESS.get(announced, "exclusive"), background)
 
-    def _switch_gate(self, held: str | None, want: str | None) -> str | None:
+    def _switch_gate(self, held: str | None, want: str | None,
+                     background: Callable[[], bool] | None = None) -> str | None:
         """Give back ``held`` gate access and take ``want`` (None: none); returns what is held now."""
         if self.gate is None or want == held:
             return held
         if held is not None:
             self.gate.release(held)
         if want is not None:
-            self.gate.acquire(want)
+            self.gate.acquire(want, background)
         return want
 
     def wait_ready(self, timeout_s: float) -> dict[str, Any]:

@@ -26,6 +26,7 @@ import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from typing import Any
 
 from dice_ray.config import RewardConfig, VerifyConfig
@@ -41,6 +42,8 @@ __all__ = ["Verifier"]
 _MAX_REASON = 8000
 #: sandbox workers of a GPU verifier when ``VerifyConfig.workers`` is 0 (auto)
 AUTO_GPU_WORKERS = 6
+#: most spare workers a compile-only verifier keeps (``VerifyConfig.spare_workers`` counts on a GPU)
+COMPILE_ONLY_SPARES = 2
 
 
 def _task_problem(task: Any) -> str | None:
@@ -121,8 +124,12 @@ class Verifier:
                 self._zygote = None
         for _ in range(self.workers):
             self._idle.put(WorkerProcess(self._settings, gate=self._gate))  # cold: the zygote is still importing torch
-        if mode == "gpu":  # kernels that crash are routine on a GPU: have spares warm from the start
-            self._spares = [WorkerProcess(self._settings, self._zygote, self._gate) for _ in range(verify_cfg.spare_workers)]
+        # spares kept: crashing kernels are routine on a GPU (spares warm from the start); without one only
+        # a timeout or a hostile candidate needs a replacement (a few spares, started at the first)
+        self._spare_target = verify_cfg.spare_workers if mode == "gpu" else min(verify_cfg.spare_workers, COMPILE_ONLY_SPARES)
+        if mode == "gpu":
+            self._spares = [self._spare() for _ in range(self._spare_target)]
+        self.promoted = 0  # replacements that found no ready spare (one still starting, or a new worker)
         self.restarts = 0
         self._retired: list[tuple[float | None, float, bool, float, float]] = []  # stats() rows of closed workers
         self._boot_phases: list[dict[str, float]] = []
@@ -140,14 +147,24 @@ class Verifier:
         pids = self.worker_pids
         return pids[0] if pids else None
 
+    def _spare(self) -> WorkerProcess:
+        """A new spare worker: forked at once, its CUDA set-up in the verifier's idle time (``background``)."""
+        return WorkerProcess(self._settings, self._zygote, self._gate, background=True)
+
     def _replacement(self, old: WorkerProcess) -> WorkerProcess:
-        """Close ``old`` and return a warm spare (or a new worker); start spares up to ``spare_workers``.
+        """Close ``old`` and return a ready spare (else a starting one, promoted, else a new worker);
+        fork spares up to ``spare_workers``.
 
         In compile-only mode spares start at the first replacement, so a Verifier that never sees a
         crash runs ``workers`` processes (on a GPU they start with the Verifier); a crash costs a swap instead of a cold start
         (torch import and CUDA init, ~8 s on an H200 machine).  Replacements are forked from the
         :class:`~dice_ray.verify.zygote.Zygote` (torch already imported) when ``fork_server`` is on.
         Starting a process does not block: a new worker boots while the others serve.
+
+        A spare's CUDA set-up holds the GPU gate (a context made beside a timing stage moves its
+        speedup), so it waits for the verifier to be idle (no verify call in progress: between RL
+        steps, while the policy samples); one needed before that is promoted and starts at once,
+        holding up timing stages for its set-up's parts (~0.8-1.5 s in all on an H200).
         """
         old.close()
         with self._lock:
@@ -159,22 +176,48 @@ class Verifier:
             for w in self._spares:
                 if not w.alive():
                     w.close()
-            new = alive.pop(0) if alive else WorkerProcess(self._settings, self._zygote, self._gate)
-            while len(alive) < self.verify_cfg.spare_workers:
-                alive.append(WorkerProcess(self._settings, self._zygote, self._gate))
+            ready = [w for w in alive if w.ready]
+            if ready:
+                new = ready[0]
+                alive.remove(new)
+            else:
+                self.promoted += 1
+                new = alive.pop(0) if alive else WorkerProcess(self._settings, self._zygote, self._gate)
+                new.promote()
+            while len(alive) < self._spare_target:
+                alive.append(self._spare())
             self._spares = alive
         return new
+
+    def spares_ready(self) -> int:
+        """How many spare workers are started and ready to replace a worker at once."""
+        with self._lock:
+            return sum(w.ready and w.alive() for w in self._spares)
+
+    def wait_for_spares(self, timeout_s: float) -> float:
+        """Block until every spare is ready, or ``timeout_s`` (s) passed; returns the seconds waited.
+        Spares start only while no verify call is in progress, so call it between batches."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout_s:
+            with self._lock:
+                spares = list(self._spares)
+            if all(w.ready or not w.alive() for w in spares):
+                break
+            time.sleep(0.02)
+        return time.monotonic() - t0
 
     def stats(self) -> dict[str, Any]:
         """Worker book-keeping: ``workers``, ``restarts``, ``boot_s`` (spawn to ready of every worker
         so far, s; forked and cold separately), ``boot_gate_s_forked`` (of each forked worker's start,
         the seconds it held the GPU gate in all and in its longest part), ``ready_wait_s`` (job time spent waiting for a
-        worker to become ready, s) and, on a GPU, ``gpu_gate_s``: wall seconds the GPU gate was held
+        worker to become ready, s), ``spares`` / ``spares_ready`` (alive / started), ``promoted``
+        (replacements that found no ready spare) and, on a GPU, ``gpu_gate_s``: wall seconds the GPU gate was held
         exclusive (timing), draining (shared holders finishing while a timing stage waits), shared
         (references, trials, checks) or idle since the Verifier started
         (:meth:`~dice_ray.verify.runner.GpuGate.held_seconds`)."""
         with self._lock:
             current = list(self._idle.queue) + list(self._busy)
+            spares = [w for w in self._spares if w.alive()]
             rows = self._retired + [(w.boot_s, w.ready_wait_s, w.forked, w.boot_gate_s, w.boot_gate_part_s) for w in current]
         return {
             "workers": self.workers,
@@ -183,6 +226,7 @@ class Verifier:
             "boot_s_cold": [round(b, 2) for b, _, f, _, _ in rows if b is not None and not f],
             "boot_gate_s_forked": [(round(g, 4), round(p, 4)) for b, _, f, g, p in rows if b is not None and f],
             "ready_wait_s": round(sum(w for _, w, _, _, _ in rows), 2),
+            "spares": len(spares), "spares_ready": sum(w.ready for w in spares), "promoted": self.promoted,
             "forked_boot_phases_s": list(self._boot_phases),
             "gpu_gate_s": self._gate.held_seconds() if self._gate is not None else {},
         }
@@ -229,7 +273,8 @@ class Verifier:
         if self._closed:
             raise RuntimeError("Verifier is closed")
         try:
-            fields = self._verify(task, candidate_src)
+            with self._gate.job() if self._gate is not None else nullcontext():
+                fields = self._verify(task, candidate_src)
         except Exception as e:  # noqa: BLE001 - an internal failure still yields one verdict
             fields = {"verdict": "crash", "reason": f"internal verifier error: {type(e).__name__}: {e}"}
         return self._verdict(task, candidate_id, fields, time.monotonic() - t0)
