@@ -162,9 +162,10 @@ class Verifier:
         Starting a process does not block: a new worker boots while the others serve.
 
         A spare's CUDA set-up holds the GPU gate (a context made beside a timing stage moves its
-        speedup), so it waits for the verifier to be idle (no verify call in progress: between RL
-        steps, while the policy samples); one needed before that is promoted and starts at once,
-        holding up timing stages for its set-up's parts (~0.8-1.5 s in all on an H200).
+        speedup), so it waits for the verifier to be idle (no verify call in progress for
+        :data:`~dice_ray.verify.runner.IDLE_GRACE_S`: between RL steps, while the policy samples); one
+        needed before that is promoted and starts at once, holding up timing stages for its set-up's
+        parts (~0.8-1.5 s in all on an H200).
         """
         old.close()
         with self._lock:
