@@ -166,6 +166,12 @@ CORPUS = [
         "class ModelNew", "def stash(m, v):\n    m.cached = v\n\n\nclass ModelNew", in_forward("stash(self, y)")), "patching"),
     ("class attribute stored in forward", in_forward("ModelNew.cached = y"), "forward-state"),
     ("mutable default inside a tuple", mutate("def forward(self, x):", "def forward(self, x, _c=([],)):"), "forward-state"),
+    ("stream from a module returned by a call", mutate("        super().__init__()\n", "        super().__init__()\n"
+                                                      "        self.s = torch.get_device_module('cuda').Stream()\n"),
+     "dynamic-code"),
+    ("module-returning call taken as a value", mutate("        super().__init__()\n", "        super().__init__()\n"
+                                                      "        g = torch.get_device_module\n        self.s = g('cuda')\n"),
+     "dynamic-code"),
     # process-wide torch hooks and settings the reference shares
     ("global module forward hook", mutate("class ModelNew", "def hook(m, args, out):\n    return torch.zeros_like(out)\n\n\n"
                                           "class ModelNew", mutate("        super().__init__()\n", "        super().__init__()\n"

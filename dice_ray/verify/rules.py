@@ -26,6 +26,14 @@ Decisions (documented so prompts can state them):
   (``t = torch``, ``F = torch.nn.functional``) or frame attributes (``gen.gi_frame.f_back``:
   ``dynamic-code``); ``str.format`` templates must be strings the rules can read, and their fields
   may not walk private or frame attributes (``'{0.__globals__}'``: ``dynamic-code``).
+* No code in strings: ``typing.get_type_hints`` / ``ForwardRef._evaluate`` (string annotations run as
+  code) and typing's private helpers are ``dynamic-code``, as are torch calls returning a module
+  (``torch.get_device_module``, ``torch.cuda.cudart``).
+* Only ``self``'s attributes may be assigned (``m = nn.Module; m._call_impl = f``, ``type(x).relu = f``:
+  ``patching``), never ``self.<method>`` (``self.forward = torch.relu``); run-time code may not use
+  ``self`` as a value (``s = self; s.cache = y``: ``forward-state``).  Process-wide torch hooks and
+  settings (``nn.modules.module.register_module_forward_hook``, any ``torch.*.set_*``) are
+  ``patching``, called or taken as values.
 * No torch op or submodule under another name: outside ``__init__`` a torch function may not be taken
   as a value (``R = torch.relu`` at top level or in a class body, ``map(F.gelu, xs)``,
   ``forward = nn.ReLU.forward``) nor, in run-time code, a tensor's compute method (``f = y.relu``):
@@ -363,6 +371,9 @@ _INTROSPECTION_ATTRS = frozenset({
 })
 #: torch path components that read or write files (``__init__`` may otherwise call torch freely)
 _TORCH_FILE_IO = frozenset({"load", "save", "from_file", "serialization", "package", "onnx", "profiler"})
+#: torch functions that return a module (``torch.get_device_module('cuda').Stream()``): its attributes
+#: are out of reach of the rules on import-rooted paths (streams, the CUDA runtime's bindings)
+_MODULE_RETURNING = frozenset({"torch.get_device_module", "torch.cuda.cudart"})
 #: attribute names that read or write files on any object (``tensor.numpy().tofile(path)``)
 _FILE_IO_ATTRS = frozenset({"tofile", "fromfile", "from_file", "dump"})
 #: names that evaluate a string as Python code (``typing.get_type_hints`` evaluates string annotations,
@@ -477,6 +488,8 @@ class _Checker(ast.NodeVisitor):
         parts = d.split(".")
         if _GLOBAL_SETTERS.match(d):
             self.add("patching", f"uses {d} (changes global torch state or hooks shared with the reference)", node)
+        elif d in _MODULE_RETURNING:
+            self.add("dynamic-code", f"uses {d}, which returns a module (its attributes escape the rules)", node)
         elif hit is not None:
             self.add(hit[0], f"{d} reaches the module {hit[1]}", node)
         elif parts[0] == "torch" and any(p in _TORCH_FILE_IO for p in parts[1:]):
@@ -864,6 +877,8 @@ class _Checker(ast.NodeVisitor):
         elif node.id in self.aliases and _GLOBAL_SETTERS.match(self.aliases[node.id]) and isinstance(node.ctx, ast.Load):
             self.add("patching", f"uses {self.aliases[node.id]} (changes global torch state or hooks shared with the "
                      "reference)", node)
+        elif node.id in self.aliases and self.aliases[node.id] in _MODULE_RETURNING:
+            self.add("dynamic-code", f"uses {self.aliases[node.id]}, which returns a module", node)
         elif node.id in self.aliases and self.aliases[node.id].split(".")[-1] in _STRING_EVAL_NAMES:
             self.add("dynamic-code", f"uses {self.aliases[node.id]} (evaluates a string as code: string annotations)",
                      node)
