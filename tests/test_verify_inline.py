@@ -372,6 +372,19 @@ def test_honest_inline_candidate_passes_the_rules():
     ("    const auto& xr = x; y = xr * 2;", "", "cpp-torch-op"),
     ("    auto g = [](const torch::Tensor& a) { return a * a; }; y = g(x);", "", "cpp-torch-op"),
     ("    std::vector<torch::Tensor> v{x}; y = v[0] * 2;", "", "cpp-torch-op"),
+    # unqualified torch names: argument-dependent lookup finds at::<op> for a Tensor argument, no using needed
+    ("    y = relu(x);", "", "cpp-torch-op"),
+    ("    y = matmul(x, x);", "", "cpp-torch-op"),
+    ("    y = exp(x.view({-1}));", "", "cpp-torch-op"),
+    ("    y = relu(x);", "__device__ float relu(float v) { return v > 0.f ? v : 0.f; }", "cpp-torch-op"),
+    # the run-time dispatch mode taken off its thread-local stack, or the thread-local state replaced
+    ("    auto m = c10::impl::TorchDispatchModeTLS::pop_stack();\n"
+     "    c10::impl::TorchDispatchModeTLS::push_non_infra_mode_onto_stack(m);", "", "cpp-torch-op"),
+    ("    at::ThreadLocalState s; at::ThreadLocalStateGuard g(s);", "", "cpp-torch-op"),
+    ("    c10::impl::DisablePythonDispatcher g;", "", "cpp-torch-op"),
+    # honest host code: C math and std names on numbers, the candidate's own device helpers
+    ("    int m = max(n, 4); float e = exp(1.0f); int k = min(m, 3); float r = relu(e); (void)k; (void)r;",
+     "__host__ __device__ float relu(float v) { return v > 0.f ? v : 0.f; }", None),
     # honest host code around them
     ("    std::vector<torch::Tensor> outs; outs.push_back(y); auto z = outs[0].view({-1}); int64_t m = outs.size() * 2;"
      "\n    const auto& xc = x.contiguous(); int64_t n2 = xc.numel() * 2; int Library = 3; (void)Library;"

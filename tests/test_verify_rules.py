@@ -141,6 +141,50 @@ CORPUS = [
     ("format field in a spec", in_forward("s = '{0:{1.__class__}}'.format(1, y)"), "dynamic-code"),
     ("str.format with a built template", in_forward("t = '{0.__cl' + 'ass__}'\ns = t.format(y)"), "dynamic-code"),
     ("str.format unbound", in_forward("s = str.format('{0.__class__}', y)"), "dynamic-code"),
+    # strings evaluated as code (typing evaluates string annotations with real imports)
+    ("string annotation evaluated", mutate("import torch\n", "import torch\nimport typing\n", mutate(
+        "class ModelNew(nn.Module):\n", "class ModelNew(nn.Module):\n    hint: \"__import__('os')\"\n",
+        in_forward("os = typing.get_type_hints(ModelNew)['hint']"))), "dynamic-code"),
+    ("get_type_hints imported by name", mutate("import torch\n", "import torch\nfrom typing import get_type_hints\n",
+                                              in_forward("h = get_type_hints(ModelNew)")), "dynamic-code"),
+    ("ForwardRef evaluated in __init__", mutate("import torch\n", "import torch\nimport typing\n", mutate(
+        "        super().__init__()\n", "        super().__init__()\n        self.s = typing.get_args(typing.List['sys'])[0]"
+        "._evaluate(None, None, frozenset())\n")), "dynamic-code"),
+    ("private typing helper", mutate("import torch\n", "import torch\nimport typing\n",
+                                     in_forward("e = typing._eval_type")), "dynamic-code"),
+    # classes, objects and self patched or stored into under another name
+    ("torch class patched through a local", mutate("        super().__init__()\n", "        super().__init__()\n"
+                                                   "        m = nn.Module\n        m._call_impl = None\n"), "patching"),
+    ("submodule's class patched", mutate("        super().__init__()\n", "        super().__init__()\n"
+                                         "        self.act = nn.ReLU()\n        type(self.act).forward = lambda s, t: t\n"),
+     "patching"),
+    ("tensor class patched in forward", in_forward("t = type(x)\nt.relu = None"), "patching"),
+    ("forward replaced on the instance", mutate("        super().__init__()\n", "        super().__init__()\n"
+                                                "        self.forward = torch.relu\n"), "patching"),
+    ("self under another name", in_forward("s = self\ns.cached = y"), "forward-state"),
+    ("self handed to a helper that stores", mutate(
+        "class ModelNew", "def stash(m, v):\n    m.cached = v\n\n\nclass ModelNew", in_forward("stash(self, y)")), "patching"),
+    ("class attribute stored in forward", in_forward("ModelNew.cached = y"), "forward-state"),
+    ("mutable default inside a tuple", mutate("def forward(self, x):", "def forward(self, x, _c=([],)):"), "forward-state"),
+    ("stream from a module returned by a call", mutate("        super().__init__()\n", "        super().__init__()\n"
+                                                      "        self.s = torch.get_device_module('cuda').Stream()\n"),
+     "dynamic-code"),
+    ("module-returning call taken as a value", mutate("        super().__init__()\n", "        super().__init__()\n"
+                                                      "        g = torch.get_device_module\n        self.s = g('cuda')\n"),
+     "dynamic-code"),
+    # process-wide torch hooks and settings the reference shares
+    ("global module forward hook", mutate("class ModelNew", "def hook(m, args, out):\n    return torch.zeros_like(out)\n\n\n"
+                                          "class ModelNew", mutate("        super().__init__()\n", "        super().__init__()\n"
+                                                                   "        nn.modules.module.register_module_forward_hook(hook)\n")),
+     "patching"),
+    ("global hook taken as a value", mutate("        super().__init__()\n", "        super().__init__()\n"
+                                            "        reg = nn.modules.module.register_module_forward_pre_hook\n"), "patching"),
+    ("global hook in a class body", mutate("class ModelNew(nn.Module):\n", "class ModelNew(nn.Module):\n"
+                                           "    torch.nn.modules.module.register_module_forward_hook(print)\n"), "patching"),
+    ("autograd global setting", mutate("        super().__init__()\n", "        super().__init__()\n"
+                                       "        torch.autograd.set_detect_anomaly(True)\n"), "patching"),
+    ("GEMM tuning", mutate("        super().__init__()\n", "        super().__init__()\n        torch.cuda.tunable.enable(True)\n"),
+     "patching"),
     ("no ModelNew", mutate("class ModelNew(", "class Solution("), "no-modelnew"),
     ("python syntax", mutate("def forward(self, x):", "def forward(self, x)"), "syntax"),
 ]
@@ -207,6 +251,16 @@ HONEST_VARIANTS = [
                                      + LAUNCH.replace("kernels.relu_kernel", "table[x.dtype]"))),
     ("kernel list", mutate(LAUNCH, "        ks = [kernels.relu_kernel, kernels.relu_kernel]\n        k = ks[n % 2]\n"
                            + LAUNCH.replace("kernels.relu_kernel", "k"))),
+    ("typing annotations and super(Class, self)", mutate("import torch\n", "import torch\nfrom typing import List, Optional\n",
+                                                         mutate("        super().__init__()\n",
+                                                                "        super(ModelNew, self).__init__()\n"
+                                                                "        self.register_buffer('b', torch.zeros(1))\n"
+                                                                "        self.sizes: List[int] = [1]\n",
+                                                                mutate("def forward(self, x):",
+                                                                       "def forward(self, x: 'torch.Tensor', s: Optional"
+                                                                       "[int] = None, dims=(0, 1)) -> torch.Tensor:")))),
+    ("local lists stored into", in_forward("shape = list(y.shape)\nshape[0] = 1\nargs = [x, y]\nargs[0] = y\n"
+                                           "(a, b), c = (1, 2), 3")),
     ("kernel table in an attribute", mutate("        super().__init__()\n", "        super().__init__()\n"
                                             "        self.table = (kernels.relu_kernel,)\n",
                                             mutate(LAUNCH, LAUNCH.replace("kernels.relu_kernel", "self.table[0]")))),

@@ -11,11 +11,14 @@ regular expressions over the text:
   ``at::relu``, ``x.sum()``, ``torch::conv2d``, ``F::relu`` through a namespace alias, ``matmul``
   under ``using namespace torch``, arithmetic operators on ``Tensor`` variables, and torch's own
   kernels (``ATen/native/...`` headers) are the classic fallback cheat of this format.  Also a torch
-  op taken as a value (``&at::relu``, called through a pointer), namespace aliases of torch, and
+  op taken as a value (``&at::relu``, called through a pointer), unqualified torch names in host
+  code (``relu(x)``: argument-dependent lookup finds ``at::relu`` for a Tensor argument without any
+  ``using``; C math names such as ``max``/``exp`` only with a Tensor argument), namespace aliases of torch, and
   ``#define`` bodies (unparsed by tree-sitter: each is checked as host code, and a macro standing for a
   torch namespace or op, ``#define NS at``, is flagged).
   ATen's dispatcher and dispatch-key state (``c10::Dispatcher::singleton().findSchemaOrThrow(...)``,
-  ``ExcludeDispatchKeyGuard``: ops by schema name or hidden from the run-time dispatch mode), pointers
+  ``ExcludeDispatchKeyGuard``, ``TorchDispatchModeTLS::pop_stack()``, ``ThreadLocalStateGuard``: ops by
+  schema name or hidden from the run-time dispatch mode), pointers
   to Tensor methods (``&at::Tensor::add_``), explicit operator calls (``x.operator*(y)``), and
   operators on Tensors held by reference, in containers (``v[0] * 2``) or lambda parameters.
 * ``cuda-library``: cuBLAS(Lt) / cuDNN / cuSPARSE / cuFFT / cuSOLVER / CUTLASS / CuTe / thrust
@@ -116,11 +119,15 @@ _TORCH_OP_HEADERS = re.compile(r"^(ATen/native/.*|torch/nn\.h|torch/nn/.*|torch/
 #: ATen's dispatcher and dispatch-key state: an op called by its schema name
 #: (``Dispatcher::singleton().findSchemaOrThrow("aten::relu", "")``), redispatched below the Python key, or
 #: run with the Python key excluded (``ExcludeDispatchKeyGuard``) is torch compute that neither the
-#: name rules nor the run-time dispatch mode see.
+#: name rules nor the run-time dispatch mode see; so is any op run after the dispatch mode is taken off its
+#: thread-local stack (``TorchDispatchModeTLS::pop_stack()``) or the thread-local state is replaced
+#: (``ThreadLocalStateGuard``, ``_force_tls_local_dispatch_key_set``, ``DisablePythonDispatcher``).
 _DISPATCH_NAMES = re.compile(
     r"^(Dispatcher|findSchema\w*|findOp|OperatorHandle|TypedOperatorHandle|OperatorName|callBoxed|redispatch\w*|"
     r"DispatchKey|DispatchKeySet|\w*DispatchKeyGuard|tls_set_dispatch_key_\w+|tls_local_dispatch_key_set|"
-    r"AutoDispatch\w+|KernelFunction|BoxedKernel|PythonDispatcherTLS|ForceDispatchKeyGuard)$")
+    r"AutoDispatch\w+|KernelFunction|BoxedKernel|PythonDispatcherTLS|ForceDispatchKeyGuard|"
+    r"\w*DispatchModeTLS|\w*TorchFunctionTLS|\w*LocalDispatchKeySet|_force_tls_\w+|tls_is_dispatch_\w+|"
+    r"\w*PythonDispatcher|ThreadLocalState\w*|\w*PythonTLSSnapshot|MaybeSetTLSOnEntryGuard|DisableTorch\w+)$")
 #: operator registration: ``TORCH_LIBRARY_IMPL(aten, CUDA, m) { m.impl("relu", slow) }`` replaces the
 #: kernels the reference runs (a slow reference, or one that returns the candidate's answer).
 _REGISTRATION_NAMES = re.compile(r"^(TORCH_LIBRARY\w*|Library|RegisterOperators|registerOperator|"
@@ -128,6 +135,21 @@ _REGISTRATION_NAMES = re.compile(r"^(TORCH_LIBRARY\w*|Library|RegisterOperators|
 #: explicit operator calls that stay as calls (``x.operator*(y)``): the others are operators on values
 _PLAIN_OPERATORS = frozenset({"operator()", "operator[]", "operator=", "operator->", "operator bool"})
 
+#: torch function names that are also C/C++/CUDA library functions (``max(a, b)``, ``exp(v)``, ``sort(...)``
+#: under ``using namespace std``): unqualified, they are torch ops only with a Tensor argument (found by
+#: argument-dependent lookup); every other unqualified torch name in host code is one (``relu(x)``)
+_C_LIBRARY_NAMES = frozenset({
+    "abs", "min", "max", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "pow", "floor",
+    "ceil", "round", "trunc", "fmod", "fmin", "fmax", "sin", "cos", "tan", "sinh", "cosh", "tanh", "asin", "acos",
+    "atan", "atan2", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "lgamma", "tgamma", "hypot", "frexp",
+    "ldexp", "isnan", "isinf", "isfinite", "signbit", "nextafter", "copysign", "remainder", "sign", "clamp", "all",
+    "any", "sort", "swap", "fill", "copy", "equal", "gcd", "lcm", "real", "imag", "conj", "norm", "dot", "cross",
+    "inner", "outer", "trace", "numel", "empty", "count_nonzero", "unique", "reverse", "transform", "accumulate",
+    "get", "rand", "randint", "seed", "cumsum", "cumprod", "div", "mul", "add", "sub", "minimum", "maximum",
+    "floor_divide", "square", "negative", "positive", "reciprocal", "frac", "fix", "rot90", "roll", "take",
+    "select", "where", "ones", "zeros", "full", "arange", "range", "stack", "concat", "split", "chunk", "tile",
+    "sum", "mean", "prod", "std", "var", "median", "argmax", "argmin",
+})
 _PARSERS = threading.local()  # a tree-sitter Parser is not thread-safe: one per thread
 
 
@@ -404,6 +426,11 @@ class _SourceChecker:
                 self.add("cpp-torch-op", f"host code calls {self.using_names[name]} (through a using-declaration)", node)
             elif self.using_torch and where == "host" and name not in self.defined and name in _torch_names()[0]:
                 self.add("cpp-torch-op", f"host code calls {name}() under `using namespace torch/at`", node)
+            elif where == "host" and name in _torch_names()[0] and (
+                    any(self.is_tensor(a, tensors) for a in self.arguments(node))
+                    or (name not in self.defined and name not in _C_LIBRARY_NAMES)):
+                self.add("cpp-torch-op", f"host code calls {name}() unqualified: with a Tensor argument C++ finds "
+                         f"at::{name} by argument-dependent lookup (a torch op)", node)
         elif fn.type == "field_expression" and where == "host":
             field = fn.child_by_field_name("field")
             if field is not None and field.type == "template_method":
@@ -412,6 +439,11 @@ class _SourceChecker:
             if method in _torch_names()[1]:
                 self.add("cpp-torch-op", f"host code calls the tensor method .{method}() (only allocation, view and "
                          "metadata methods are allowed)", node)
+
+    @staticmethod
+    def arguments(call: Any) -> list[Any]:
+        args = call.child_by_field_name("arguments")
+        return list(args.named_children) if args is not None else []
 
     def tensor_params(self, fn: Any) -> set[str]:
         out: set[str] = set()

@@ -26,6 +26,14 @@ Decisions (documented so prompts can state them):
   (``t = torch``, ``F = torch.nn.functional``) or frame attributes (``gen.gi_frame.f_back``:
   ``dynamic-code``); ``str.format`` templates must be strings the rules can read, and their fields
   may not walk private or frame attributes (``'{0.__globals__}'``: ``dynamic-code``).
+* No code in strings: ``typing.get_type_hints`` / ``ForwardRef._evaluate`` (string annotations run as
+  code) and typing's private helpers are ``dynamic-code``, as are torch calls returning a module
+  (``torch.get_device_module``, ``torch.cuda.cudart``).
+* Only ``self``'s attributes may be assigned (``m = nn.Module; m._call_impl = f``, ``type(x).relu = f``:
+  ``patching``), never ``self.<method>`` (``self.forward = torch.relu``); run-time code may not use
+  ``self`` as a value (``s = self; s.cache = y``: ``forward-state``).  Process-wide torch hooks and
+  settings (``nn.modules.module.register_module_forward_hook``, any ``torch.*.set_*``) are
+  ``patching``, called or taken as values.
 * No torch op or submodule under another name: outside ``__init__`` a torch function may not be taken
   as a value (``R = torch.relu`` at top level or in a class body, ``map(F.gelu, xs)``,
   ``forward = nn.ReLU.forward``) nor, in run-time code, a tensor's compute method (``f = y.relu``):
@@ -148,8 +156,14 @@ _STREAM_NAMES = frozenset(
 _INTERNAL_ROOTS = ("torch.ops", "torch.compile", "torch.jit", "torch.backends", "torch.library",
                    "torch.utils", "torch.cuda.jiterator", "torch.fx", "torch.export", "torch.distributed",
                    "torch.multiprocessing", "torch.classes", "torch.hub", "torch.overrides", "torch.func")
+#: torch functions that change process-wide state the reference shares: settings (``set_*`` in any torch
+#: module), seeds, and registries that every module or op consults (``nn.modules.module.
+#: register_module_forward_hook`` runs the candidate's hook on the reference's forward too;
+#: ``register_flash_attention_impl``, GEMM tuning); refused called or taken as a value (``patching``)
 _GLOBAL_SETTERS = re.compile(r"^torch\.(cuda\.)?(set_\w+|manual_seed\w*|seed|use_deterministic_algorithms|"
-                             r"random\.\w+|cuda\.memory\.\w+|cuda\.empty_cache)$")
+                             r"random\.\w+|cuda\.memory\.\w+|cuda\.empty_cache)$|"
+                             r"^torch\.(\w+\.)*(set_\w+|register_module_\w+|register_\w+_(impl|hook)|"
+                             r"register_event_handler|register_pytree_node|register_kl)$|^torch\.cuda\.tunable\.\w+$")
 _FORBIDDEN_BUILTINS = {
     "eval": "dynamic-code", "exec": "dynamic-code", "compile": "dynamic-code", "__import__": "dynamic-code",
     "getattr": "dynamic-code", "setattr": "dynamic-code", "delattr": "dynamic-code", "globals": "dynamic-code",
@@ -357,8 +371,15 @@ _INTROSPECTION_ATTRS = frozenset({
 })
 #: torch path components that read or write files (``__init__`` may otherwise call torch freely)
 _TORCH_FILE_IO = frozenset({"load", "save", "from_file", "serialization", "package", "onnx", "profiler"})
+#: torch functions that return a module (``torch.get_device_module('cuda').Stream()``): its attributes
+#: are out of reach of the rules on import-rooted paths (streams, the CUDA runtime's bindings)
+_MODULE_RETURNING = frozenset({"torch.get_device_module", "torch.cuda.cudart"})
 #: attribute names that read or write files on any object (``tensor.numpy().tofile(path)``)
 _FILE_IO_ATTRS = frozenset({"tofile", "fromfile", "from_file", "dump"})
+#: names that evaluate a string as Python code (``typing.get_type_hints`` evaluates string annotations,
+#: ``ForwardRef('...')._evaluate``): the string holds code no rule reads, run with real builtins
+_STRING_EVAL_NAMES = frozenset({"get_type_hints", "ForwardRef", "_eval_type", "_evaluate", "evaluate_forward_ref",
+                                "_type_check", "_type_convert"})
 
 
 def _module_escape(dotted: str) -> tuple[str, str] | None:
@@ -465,12 +486,18 @@ class _Checker(ast.NodeVisitor):
             return
         hit = _module_escape(d)
         parts = d.split(".")
-        if hit is not None:
+        if _GLOBAL_SETTERS.match(d):
+            self.add("patching", f"uses {d} (changes global torch state or hooks shared with the reference)", node)
+        elif d in _MODULE_RETURNING:
+            self.add("dynamic-code", f"uses {d}, which returns a module (its attributes escape the rules)", node)
+        elif hit is not None:
             self.add(hit[0], f"{d} reaches the module {hit[1]}", node)
         elif parts[0] == "torch" and any(p in _TORCH_FILE_IO for p in parts[1:]):
             self.add("file-access", f"uses {d} (file I/O)", node)
         elif parts[0] == "torch" and any(p.startswith("_") and not p.startswith("__") for p in parts[1:]):
             self.add("torch-internals", f"uses {d} (a private torch attribute)", node)
+        elif any(p.startswith("_") and not p.startswith("__") for p in parts[1:]):
+            self.add("dynamic-code", f"uses {d} (a private attribute of {parts[0]}: typing._eval_type...)", node)
 
     # -- pre-pass: imports, module names, kernel holders, classes ----------------------------------
     def prepass(self) -> None:
@@ -813,7 +840,8 @@ class _Checker(ast.NodeVisitor):
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> None:
         for d in [*node.args.defaults, *[d for d in node.args.kw_defaults if d is not None]]:
-            if isinstance(d, (ast.List, ast.Dict, ast.Set, ast.Call, ast.ListComp, ast.DictComp, ast.SetComp)):
+            if any(isinstance(n, (ast.List, ast.Dict, ast.Set, ast.Call, ast.ListComp, ast.DictComp, ast.SetComp))
+                   for n in ast.walk(d)):  # ([],) too
                 self.add("forward-state", "mutable default argument (a cache across calls)", d)
         direct_class, self.direct_class = self.direct_class, None
         if not isinstance(node, ast.Lambda):
@@ -843,12 +871,30 @@ class _Checker(ast.NodeVisitor):
             self.add(_FORBIDDEN_BUILTINS[node.id], f"uses {node.id}", node)
         elif node.id.startswith("__") and node.id not in _ALLOWED_DUNDERS:
             self.add("dynamic-code", f"uses the dunder name {node.id}", node)
+        elif node.id == "self" and self.runtime_depth and isinstance(node.ctx, ast.Load) and not self.self_ok(node):
+            self.add("forward-state", "run-time code uses self as a value (under another name its attributes are "
+                     "state across calls and escape the rules on self)", node)
+        elif node.id in self.aliases and _GLOBAL_SETTERS.match(self.aliases[node.id]) and isinstance(node.ctx, ast.Load):
+            self.add("patching", f"uses {self.aliases[node.id]} (changes global torch state or hooks shared with the "
+                     "reference)", node)
+        elif node.id in self.aliases and self.aliases[node.id] in _MODULE_RETURNING:
+            self.add("dynamic-code", f"uses {self.aliases[node.id]}, which returns a module", node)
+        elif node.id in self.aliases and self.aliases[node.id].split(".")[-1] in _STRING_EVAL_NAMES:
+            self.add("dynamic-code", f"uses {self.aliases[node.id]} (evaluates a string as code: string annotations)",
+                     node)
         elif node.id in self.aliases and self.is_module_alias(node.id) and not (
                 isinstance(getattr(node, "parent", None), ast.Attribute) and node.parent.value is node):
             self.add("dynamic-code", f"uses the module {node.id} as a value (its attributes escape the rules)", node)
         elif node.id in self.aliases and isinstance(node.ctx, ast.Load) and not isinstance(
                 getattr(node, "parent", None), (ast.Attribute, ast.alias)):
             self.check_torch_value(self.aliases[node.id], node)
+
+    @staticmethod
+    def self_ok(node: ast.Name) -> bool:
+        """``self.<attr>`` or ``super(Class, self)``: the uses of ``self`` the rules follow."""
+        parent = getattr(node, "parent", None)
+        return (isinstance(parent, ast.Attribute) and parent.value is node) or (
+            isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id == "super")
 
     def is_called(self, node: ast.AST) -> bool:
         parent = getattr(node, "parent", None)
@@ -938,6 +984,9 @@ class _Checker(ast.NodeVisitor):
             self.add("file-access", f"uses .{node.attr} (file I/O)", node)
         elif node.attr in ("format", "format_map") and isinstance(node.ctx, ast.Load):
             self.check_format(node)
+        elif node.attr in _STRING_EVAL_NAMES:
+            self.add("dynamic-code", f"uses .{node.attr} (evaluates a string as code: string annotations, ForwardRef)",
+                     node)
         self.check_escape(node)
         self.check_value(node)
         holder = self.kernel_holder(node.value)
@@ -1000,24 +1049,38 @@ class _Checker(ast.NodeVisitor):
         self.generic_visit(node)
 
     def check_targets(self, targets: list[ast.expr], node: ast.AST) -> None:
+        """Stores and deletes of attributes and items: ``patching`` for modules, kernel modules and
+        attributes of anything but ``self`` (``m = nn.Module; m._call_impl = f``, ``type(self.act).forward
+        = f``, ``s = self; s.cache = y``: a torch class, the reference's code or state under another
+        name) and for ``self.<method> = ...`` (``self.forward = torch.relu`` replaces the forward the
+        rules read); ``forward-state`` for run-time stores on ``self``, module names and classes."""
         flat: list[ast.expr] = []
         for t in targets:
             flat.extend(t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])
         for t in flat:
+            if isinstance(t, ast.Starred):
+                t = t.value
             if not isinstance(t, (ast.Attribute, ast.Subscript)):
                 continue
             root = _root(t)
-            if isinstance(root, ast.Name):
-                if root.id in self.aliases or self.kernel_holder(root) or root.id in ("time", "builtins"):
-                    self.add("patching", f"assigns to {ast.unparse(t)} (a module or kernel module)", node)
-                elif self.runtime_depth and (root.id == "self" or root.id in self.module_names):
-                    self.add("forward-state", f"run-time code assigns {ast.unparse(t)} (state across calls)", node)
+            name = root.id if isinstance(root, ast.Name) else None
+            has_attr = any(isinstance(n, ast.Attribute) for n in _target_chain(t))
+            if name is not None and (name in self.aliases or self.kernel_holder(root) or name in ("time", "builtins")):
+                self.add("patching", f"assigns to {ast.unparse(t)} (a module or kernel module)", node)
+            elif self.runtime_depth and name is not None and (
+                    name == "self" or name in self.module_names or name in self.local_classes):
+                self.add("forward-state", f"run-time code assigns {ast.unparse(t)} (state across calls)", node)
+            elif has_attr and name != "self":
+                self.add("patching", f"assigns to {ast.unparse(t)}: only attributes of self may be assigned (a torch "
+                         "class, the reference's code or shared state under another name)", node)
+            elif (isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+                  and (t.attr in self.own_methods or t.attr in _module_method_names())):
+                self.add("patching", f"assigns self.{t.attr}, a method (the instance's {t.attr} would not be the "
+                         "code the rules read)", node)
 
     def visit_Call(self, node: ast.Call) -> None:
         f = node.func
         d = self.dotted(f)
-        if d is not None and _GLOBAL_SETTERS.match(d):
-            self.add("patching", f"calls {d} (changes global torch state shared with the reference)", node)
         if isinstance(f, ast.Name) and f.id == "type" and len(node.args) == 3:
             self.add("dynamic-code", "type() with 3 arguments creates a class dynamically", node)
         if d in ("torch.utils.cpp_extension.load_inline", "torch.utils.cpp_extension.load") and not (
@@ -1073,6 +1136,15 @@ class _Checker(ast.NodeVisitor):
             return
         if f.attr in _tensor_compute_methods():
             self.add("forward-torch-op", f"calls the tensor method .{f.attr}() in run-time code", node)
+
+
+def _target_chain(node: ast.AST) -> list[ast.AST]:
+    """The attribute, subscript and call nodes from an assignment target down to its root."""
+    out = []
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        out.append(node)
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return out
 
 
 def _bound_names(node: ast.AST) -> set[str]:
