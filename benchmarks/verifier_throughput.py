@@ -40,7 +40,7 @@ from pydantic import ValidationError
 
 from dice_ray.config import RewardConfig, VerifyConfig
 from dice_ray.tasks.loaders import load_tasks
-from dice_ray.verify.verifier import Verifier
+from dice_ray.verify.verifier import COMPILE_ONLY_SPARES, Verifier
 
 #: DICE infilling records that verify ok on an H200 (tests/test_verify_inline_gpu.py)
 INLINE_RECORDS = (617, 3890, 136, 6180)
@@ -317,12 +317,13 @@ def crash_cost(verifier: Verifier, tasks: list, args: argparse.Namespace, jobs: 
                "fault_ms": round(1e3 * fault_s, 1) if fault_s else None,
                "fault_bound_per_s": round((len(free) + crashes) / (free_s + crashes * fault_s), 2) if fault_s else None,
                "unexpected": unexpected, "speedup_drift": drift, "crash_free_gpu_gate_s": gate}
-    print(f"crash cost: the batch without its {crashes} crashing candidates took {free_s:.1f} s "
+    print(f"crash cost: the batch without its {crashes} crashing candidate{'s' * (crashes != 1)} took {free_s:.1f} s "
           f"({figures['crash_free_per_s']:.2f} candidates/s, {unexpected} unexpected verdicts) against {mix_s:.1f} s with "
           f"them: {figures['per_crash_ms']:.0f} ms a crash" + (
               f"; a fault's error came {figures['fault_ms']:.0f} ms after the call (median), so the faults alone "
               f"allow at most {figures['fault_bound_per_s']:.2f} candidates/s at this crash share" if fault_s else
-              " (no fault timed: compile-only runs no kernel)"))
+              " (compile-only: crashing candidates compile and pass, nothing faults or restarts, so this is the "
+              "rounds' noise, not a cost)"))
     if gate:
         print("GPU gate over the crash-free round: " + ", ".join(f"{k} {v:.1f} s ({v / free_s:.0%})" for k, v in gate.items()))
     if drift:
@@ -398,7 +399,8 @@ def main() -> None:
         ("--rounds", args.rounds, 1), ("--workers", args.workers, 0), ("--spare-workers", args.spare_workers, 0),
         ("--tasks", args.tasks, 0), ("--crash-every", args.crash_every, 0), ("--cheat-every", args.cheat_every, 0),
         ("--repeats", args.repeats, 0), ("--inline", args.inline, 0), ("--torch-inline", args.torch_inline, 0),
-        ("--copies", args.copies, 1), ("--spares-timeout-s", args.spares_timeout_s, 0)) if value is not None and value < least]
+        ("--copies", args.copies, 1), ("--spares-timeout-s", args.spares_timeout_s, 0))
+        if value is not None and not value >= least]  # NaN fails too
     if args.crash_cost and not args.crash_every:
         bad.append("--crash-cost needs crashing candidates (--crash-every N >= 1)")
     if bad:
@@ -407,7 +409,8 @@ def main() -> None:
     try:
         cfg = verify_config(args)
     except ValidationError as e:
-        ap.error("; ".join(f"verify.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()))
+        ap.error("; ".join(f"--{str(err['loc'][0]).replace('_', '-')} (verify.{'.'.join(map(str, err['loc']))}): "
+                           f"{err['msg']}" for err in e.errors()))
     tasks = [t for t in load_tasks("builtin").tasks if t.solution_format == "fast"]
     tasks = tasks[: args.tasks] if args.tasks else tasks
     jobs = build_jobs(tasks, args.crash_every, args.cheat_every)
@@ -419,7 +422,10 @@ def main() -> None:
         raise SystemExit(0 if figures["ok"] else 1)
     verifier = Verifier(cfg, RewardConfig())
     print(f"mode={verifier.mode} workers={verifier.workers} tasks={len(tasks)} candidates={len(jobs)}"
-          + (f" a round, {args.rounds} rounds" if args.rounds > 1 else ""))
+          + (f" a round, {args.rounds} rounds" if args.rounds > 1 else "") + "; spares: " + (
+              f"{cfg.spare_workers}, started in the verifier's idle time" if verifier.mode == "gpu" else
+              f"at most {verifier.stats()['spares'] or min(cfg.spare_workers, COMPILE_ONLY_SPARES)} (compile-only), "
+              "from the first replacement"))
     verifier.verify_many([(tasks[0], tasks[0].solution_src, "warm")] * verifier.workers)  # workers booted
     rates, round_s, idle_s, all_jobs, verdicts = [], [], [], [], []
     gate: Counter = Counter()  # the GPU gate's seconds in each state, over the timed rounds only
@@ -435,16 +441,17 @@ def main() -> None:
         round_s.append(seconds)
         all_jobs += round_jobs
         rates.append(len(round_jobs) / seconds)
+        spares = (f", {verifier.promoted - promoted0} of them found no ready spare; before it the verifier was idle "
+                  f"{idle_s[-1]:.1f} s while its spares started" if verifier.mode == "gpu" else "")
         print(f"end to end{f' (round {r + 1})' if args.rounds > 1 else ''}: {len(round_jobs)} candidates in {seconds:.1f} s "
-              f"= {rates[-1]:.2f} candidates/s ({verifier.restarts - restarts0} worker replacements, "
-              f"{verifier.promoted - promoted0} of them found no ready spare; before it the verifier was idle "
-              f"{idle_s[-1]:.1f} s while its spares started)")
+              f"= {rates[-1]:.2f} candidates/s ({verifier.restarts - restarts0} worker replacements{spares})")
     rate = statistics.median(rates)
     if args.rounds > 1:
         print(f"median of {args.rounds} rounds: {rate:.2f} candidates/s (range {min(rates):.2f}-{max(rates):.2f})")
     busy = sum(round_s) + sum(idle_s[1:])
-    print(f"back to back, counting the idle time the spares took to start between rounds: "
-          f"{len(all_jobs) / busy:.2f} candidates/s ({len(all_jobs)} in {busy:.1f} s)")
+    if verifier.mode == "gpu" and args.rounds > 1:
+        print(f"back to back, counting the idle time the spares took to start between rounds: "
+              f"{len(all_jobs) / busy:.2f} candidates/s ({len(all_jobs)} in {busy:.1f} s)")
     jobs = all_jobs
     got = Counter()
     wrong = []
@@ -463,9 +470,11 @@ def main() -> None:
         parts = ", ".join(f"{n} {statistics.median(v) * 1000:.0f}/{sum(v):.1f}" for n, v in kind_stages.items())
         print(f"  {kind:14s} n={len(secs):3d}{' (all rounds)' if args.rounds > 1 else ''} median latency {statistics.median(secs)*1000:8.1f} ms; stages (median ms, "
               f"sum s): {parts or 'none (refused by the static rules before any worker stage)'}")
-    if gate:
+    if not gate:
+        print("GPU gate: none (compile-only: nothing runs on a GPU)")
+    else:
         print("GPU gate over the batch: " + ", ".join(f"{k} {v:.1f} s ({v / sum(round_s):.0%})" for k, v in gate.items()))
-    print("verdicts:", dict(got))
+    print("verdicts (kind of candidate -> verdict: count): " + ", ".join(f"{k}->{v}: {n}" for (k, v), n in got.items()))
     print(f"unexpected verdicts: {len(wrong)}" + ("" if verifier.mode == "gpu" else
           " (compile-only: kernels are compiled, not run, so incorrect and crashing candidates are expected to pass)"))
     for w in wrong[:20]:

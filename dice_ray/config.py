@@ -212,10 +212,13 @@ class VerifyConfig(_Section):
     )
     spare_workers: int = Field(
         8, ge=0, le=64,
-        description="Spare workers kept ready (on a GPU from the start, compile-only after the first replacement), so a "
-        "crash costs a swap, not a start. A spare's CUDA set-up holds the GPU gate, so it runs while the verifier is "
-        "idle (between RL steps); one needed before that starts at once. Each holds a CUDA context and its buffers "
-        "(~1 GiB of GPU memory and ~1 GiB of host memory on an H200).",
+        description="Spare sandbox workers kept ready to replace one after a crash, so a crash costs a swap, not a "
+        "start. On a GPU they are forked with the verifier, and each does its CUDA set-up (which holds the GPU gate) only "
+        "once no candidate has been in verification for 0.5 s (between RL steps); a crash that finds none ready starts "
+        "one at once, holding up timing for ~1 s. Set it to the crashes one GPU sees in a step (a batch with more than "
+        "this many costs ~1 s each beyond it). Each holds ~1 GiB of GPU memory (outside gpu_memory_fraction, which caps "
+        "the working workers) and ~1 GiB of host memory on an H200. Compile-only verifiers keep at most 2, started at "
+        "the first replacement.",
     )
     fork_server: bool = Field(
         True, description="Fork replacement workers from a process with torch imported (~1 s) instead of a cold start (~8 s)."

@@ -10,7 +10,7 @@ import sys
 import psutil
 import pytest
 
-from dice_ray.cluster.auth import AUTH_HINT, is_this_machine, token_auth_for
+from dice_ray.cluster.auth import AUTH_HINT, NO_CLUSTER_HINT, connection_hint, is_this_machine, token_auth_for
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1:6379", "localhost:6379", "[::1]:6379", "ray://127.0.0.1:10001",
@@ -62,3 +62,10 @@ def test_remote_heads_auto_and_an_explicit_mode_are_left_alone(home_with_token):
 def test_the_hint_names_what_to_set():
     assert "RAY_AUTH_MODE=token" in AUTH_HINT and "~/.ray/auth_token" in AUTH_HINT
     assert token_auth_for(None) is False and token_auth_for("auto") is False
+
+
+def test_connection_hint_tells_no_cluster_from_auth():
+    """Ray's 'no running instance' error gets the no-cluster hint (not the token one); others the token hint."""
+    assert connection_hint("Could not find any running Ray instance. Please specify the one to connect to") == NO_CLUSTER_HINT
+    assert "dice-ray train" in NO_CLUSTER_HINT and "RAY_AUTH" not in NO_CLUSTER_HINT
+    assert connection_hint("Failed to connect to GCS at 10.0.0.5:6379: unauthenticated") == AUTH_HINT

@@ -18,11 +18,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["AUTH_HINT", "connect", "is_this_machine", "token_auth_for"]
+__all__ = ["AUTH_HINT", "NO_CLUSTER_HINT", "connect", "connection_hint", "is_this_machine", "token_auth_for"]
 
 #: appended to a failed connection's message
 AUTH_HINT = ("if the cluster uses token authentication (Ray >= 2.60's default), export RAY_AUTH_MODE=token "
              "with its token in ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN")
+
+
+#: appended when no cluster answered at all
+NO_CLUSTER_HINT = ("no Ray cluster is running there: the local cluster `dice-ray train` starts ends with its run "
+                   "(give --address of a running cluster, or run this while the job runs)")
 
 
 def _host(address: str) -> str:
@@ -83,7 +88,7 @@ def connect(address: str, **init_kwargs: Any) -> Any:
     """``ray.init(address=address, **init_kwargs)`` after :func:`token_auth_for`; returns Ray's context.
 
     Raises:
-        ConnectionError: Ray could not connect; the message ends with :data:`AUTH_HINT`.
+        ConnectionError: Ray could not connect; the message ends with :func:`connection_hint`'s.
     """
     import ray
 
@@ -91,4 +96,12 @@ def connect(address: str, **init_kwargs: Any) -> Any:
     try:
         return ray.init(address=address, **init_kwargs)
     except ConnectionError as e:
-        raise ConnectionError(f"{e}; {AUTH_HINT}") from None
+        raise ConnectionError(f"{e}; {connection_hint(str(e))}") from None
+
+
+def connection_hint(message: str) -> str:
+    """What to try after Ray's connection error ``message``: when it found no cluster at all, that a
+    local cluster started by ``dice-ray train`` ends with its run; otherwise :data:`AUTH_HINT`."""
+    if "could not find any running ray instance" in message.lower():
+        return NO_CLUSTER_HINT
+    return AUTH_HINT
