@@ -198,8 +198,11 @@ def describe_status(status: dict) -> str:
     scheduler hands out: ahead of the last finished step while steps are in flight), the last finished
     step's rewards and times, and the verifier pool (size, queue, throughput in candidates/s)."""
     sched, last, pool = status.get("schedule", {}), status.get("last_step") or {}, status.get("verifier_pool", {})
-    lines = [f"phase {sched.get('phase')} (infill fraction {_num(sched.get('infill_fraction'), '.2f')}); next step to "
-             f"sample {sched.get('step')} (epoch {sched.get('epoch')}, task position {sched.get('position')})"]
+    if status.get("restoring"):
+        lines = ["resuming: the scheduler's state is not restored yet (the learner is loading the checkpoint)"]
+    else:
+        lines = [f"phase {sched.get('phase')} (infill fraction {_num(sched.get('infill_fraction'), '.2f')}); next step "
+                 f"to sample {sched.get('step')} (epoch {sched.get('epoch')}, task position {sched.get('position')})"]
     if last:
         lines.append(
             f"last finished step {last.get('step')}: reward {_num(last.get('reward_mean'))} (std {_num(last.get('reward_std'))}), "

@@ -189,6 +189,20 @@ def _loop(actors, max_staleness: int, steps: int = 4):
     return out, saved, time.perf_counter() - t_start
 
 
+def test_resuming_scheduler_says_so_until_its_state_is_restored(stand_ins):
+    """``dice-ray status`` early in a resumed run: the scheduler reports ``restoring`` (not the fresh
+    schedule's step 0) until the trainer restores its state."""
+    tasks = [(f"t{i}", 1, False) for i in range(3)]
+    fresh = PhaseSchedulerActor.remote(tasks, PhaseConfig(), 2, 0)
+    resumed = PhaseSchedulerActor.remote(tasks, PhaseConfig(), 2, 0, True)
+    assert ray.get(fresh.status.remote())["restoring"] is False
+    assert ray.get(resumed.status.remote())["restoring"] is True
+    ray.get(fresh.next_batch.remote())
+    ray.get(resumed.set_state.remote(ray.get(fresh.get_state.remote())))
+    status = ray.get(resumed.status.remote())
+    assert status["restoring"] is False and status["schedule"]["step"] == 1
+
+
 def test_pipeline_overlaps_rollout_with_learning_within_the_bound(stand_ins):
     sync, sync_saved, sync_s = _loop(stand_ins, 0)
     asyn, asyn_saved, asyn_s = _loop(stand_ins, 1)

@@ -155,6 +155,8 @@ def test_status_summary_names_phase_step_rewards_and_pool():
         "8 candidates in 12.3 s",
         "verifier pool: 3 actors (2 serving, 1 draining), queue 4, in flight 2, 120 verified, 2.12 candidates/s since it started"]
     assert describe_status({**status, "last_step": {}}).splitlines()[1] == "no step finished yet"
+    # a resumed run before the scheduler's state is restored: not the fresh schedule's step 0
+    assert describe_status({**status, "restoring": True}).splitlines()[0].startswith("resuming: the scheduler's state")
 
 
 def test_status_refuses_the_dashboard_url_in_one_line(capsys):

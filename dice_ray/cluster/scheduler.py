@@ -130,11 +130,17 @@ class PhaseSchedule:
 
 @ray.remote(num_cpus=0)
 class PhaseSchedulerActor:
-    """Named Ray actor owning a :class:`PhaseSchedule` for the run (``dice-ray status`` reads it)."""
+    """Named Ray actor owning a :class:`PhaseSchedule` for the run (``dice-ray status`` reads it).
 
-    def __init__(self, task_ids: list[tuple[str, int, bool]], cfg: PhaseConfig, prompts_per_step: int, seed: int):
+    ``resuming``: the run restores a checkpoint; until :meth:`set_state` its status says so (``restoring``)
+    instead of showing the fresh schedule's step 0.
+    """
+
+    def __init__(self, task_ids: list[tuple[str, int, bool]], cfg: PhaseConfig, prompts_per_step: int, seed: int,
+                 resuming: bool = False):
         self.schedule = PhaseSchedule(task_ids, cfg, prompts_per_step, seed)
         self.last_report: dict = {}
+        self.restoring = resuming
 
     def next_batch(self):
         return self.schedule.next_batch()
@@ -144,10 +150,11 @@ class PhaseSchedulerActor:
 
     def set_state(self, state: dict) -> None:
         self.schedule.set_state(state)
+        self.restoring = False
 
     def report(self, metrics: dict) -> None:
         """The driver posts each step's metrics here, for ``dice-ray status``."""
         self.last_report = metrics
 
     def status(self) -> dict:
-        return {"schedule": self.schedule.get_state(), "last_step": self.last_report}
+        return {"schedule": self.schedule.get_state(), "last_step": self.last_report, "restoring": self.restoring}

@@ -260,7 +260,7 @@ class Trainer:
         self.metrics = RunMetrics(self.run_dir.name)
         self.scheduler = PhaseSchedulerActor.options(name=SCHEDULER_NAME, namespace=NAMESPACE).remote(
             [(t.task_id, t.level, t.solution_format == "fast" and can_infill(t, cfg.phase.scaffold_granularity))
-             for t in self.train_tasks], cfg.phase, cfg.rl.prompts_per_step, cfg.rl.seed
+             for t in self.train_tasks], cfg.phase, cfg.rl.prompts_per_step, cfg.rl.seed, bool(self.resume)
         )
         n_verifiers = cfg.cluster.num_verifiers or (gpus if gpus else 2)
         gpus_per_verifier = cfg.cluster.verifier_gpus if gpus and cfg.verify.mode != "compile_only" else 0.0
