@@ -212,14 +212,37 @@ def describe_status(status: dict) -> str:
             f"{last.get('candidates')} candidates in {_num(last.get('step_seconds'), '.1f')} s")
     else:
         lines.append("no step finished yet")
-    lines.append(f"verifier pool: {pool.get('size')} actors ({pool.get('serving')} serving, {pool.get('draining')} draining), "
-                 f"queue {pool.get('queue_depth')}, in flight {pool.get('in_flight')}, {pool.get('completed')} verified, "
-                 f"{_num(pool.get('throughput_per_s'), '.2f')} candidates/s since it started")
+    lines.append(describe_pool(pool))
+    return "\n".join(lines)
+
+
+def describe_pool(pool: dict) -> str:
+    """One line of a :meth:`VerifierPool.status <dice_ray.cluster.verifier_pool.VerifierPool.status>`: size,
+    serving and draining actors, queue depth, candidates in flight and verified, candidates/s."""
+    return (f"verifier pool: {pool.get('size')} actors ({pool.get('serving')} serving, {pool.get('draining')} draining), "
+            f"queue {pool.get('queue_depth')}, in flight {pool.get('in_flight')}, {pool.get('completed')} verified, "
+            f"{_num(pool.get('throughput_per_s'), '.2f')} candidates/s since it started")
+
+
+def describe_actors(pool: dict) -> str:
+    """``verifiers status``: :func:`describe_pool`, then a line per verifier actor (index, state, node and
+    GPU, in flight / capacity, verified, failures, restarts, utilization, error) and autoscaling if on."""
+    lines = [describe_pool(pool)]
+    for a in pool.get("actors") or []:
+        where = f"{a.get('node') or '?'}" + (f" GPU {','.join(a['gpu'])}" if a.get("gpu") else " (no GPU)")
+        line = (f"  actor {a.get('index')}: {a.get('state')} on {where}, in flight {a.get('in_flight')}/{a.get('capacity')}, "
+                f"{a.get('done')} verified, {a.get('failures')} failures, {a.get('restarts')} restarts, "
+                f"utilization {_num(a.get('utilization'), '.2f')}")
+        lines.append(line + (f"; error: {str(a['error']).splitlines()[0]}" if a.get("error") else ""))
+    auto = pool.get("autoscale")
+    if auto:
+        lines.append(f"autoscaling between {auto.get('min')} and {auto.get('max')} actors by queue depth")
     return "\n".join(lines)
 
 
 def cmd_verifiers(args: argparse.Namespace) -> int:
-    """``verifiers scale N`` / ``verifiers status`` on the running job's pool; prints its status as JSON.
+    """``verifiers scale N`` / ``verifiers status`` on the running job's pool; prints its status
+    (:func:`describe_actors`; ``--json``: the whole status as JSON).
 
     ``scale`` returns at once: new actors start and surplus ones drain (their in-flight candidates
     finish) in the background; ``status`` shows the progress (``actors[].state``).
@@ -248,7 +271,7 @@ def cmd_verifiers(args: argparse.Namespace) -> int:
     if args.action == "scale" and status.get("autoscale"):
         print(f"dice-ray: note: autoscaling is on; it resumes after {status['autoscale']['cooldown_s']:.0f} s "
               f"within [{status['autoscale']['min']}, {status['autoscale']['max']}]", file=sys.stderr)
-    print(json.dumps(status, indent=1, default=str))
+    print(json.dumps(status, indent=1, default=str) if args.json else describe_actors(status))
     return 0
 
 
@@ -379,6 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     vs.add_argument("action", choices=["scale", "status"])
     vs.add_argument("n", nargs="?", type=int, help="new pool size (scale; an integer >= 1)")
     vs.add_argument("--address", help="Ray address (default: RAY_ADDRESS or auto)")
+    vs.add_argument("--json", action="store_true", help="the pool's whole status as JSON instead of a line an actor")
     vs.set_defaults(fn=cmd_verifiers)
 
     sc = sub.add_parser("scaffold", help="cut a solution file into prefix / middle / suffix (infilling)")

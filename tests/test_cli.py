@@ -159,6 +159,23 @@ def test_status_summary_names_phase_step_rewards_and_pool():
     assert describe_status({**status, "restoring": True}).splitlines()[0].startswith("resuming: the scheduler's state")
 
 
+def test_verifiers_status_is_a_line_for_the_pool_and_one_an_actor():
+    from dice_ray.cli import describe_actors
+
+    pool = {"size": 2, "serving": 1, "draining": 0, "queue_depth": 5, "in_flight": 3, "completed": 40, "throughput_per_s": 4.0,
+            "autoscale": {"min": 1, "max": 4, "cooldown_s": 30.0},
+            "actors": [{"index": 0, "state": "serving", "node": "10.0.0.2", "gpu": ["0"], "capacity": 6, "in_flight": 3,
+                        "done": 40, "failures": 0, "restarts": 1, "utilization": 0.5, "error": None},
+                       {"index": 1, "state": "starting", "node": None, "gpu": [], "capacity": 6, "in_flight": 0, "done": 0,
+                        "failures": 2, "restarts": 0, "utilization": 0.0, "error": "actor died\ntraceback..."}]}
+    assert describe_actors(pool).splitlines() == [
+        "verifier pool: 2 actors (1 serving, 0 draining), queue 5, in flight 3, 40 verified, 4.00 candidates/s since it started",
+        "  actor 0: serving on 10.0.0.2 GPU 0, in flight 3/6, 40 verified, 0 failures, 1 restarts, utilization 0.50",
+        "  actor 1: starting on ? (no GPU), in flight 0/6, 0 verified, 2 failures, 0 restarts, utilization 0.00; "
+        "error: actor died",
+        "autoscaling between 1 and 4 actors by queue depth"]
+
+
 def test_status_refuses_the_dashboard_url_in_one_line(capsys):
     from dice_ray.cli import main
 

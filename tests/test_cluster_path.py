@@ -268,12 +268,12 @@ def test_job_submit_then_scale_verifiers_while_it_runs(tmp_path):
         assert before["verifier_pool"]["size"] == 1, before
         assert "schedule" in before
 
-        scaled = _cli([*dice, "verifiers", "scale", "2", "--address", address], env)
+        scaled = _cli([*dice, "verifiers", "scale", "2", "--address", address, "--json"], env)
         assert scaled.returncode == 0, scaled.stderr
         assert json.loads(scaled.stdout)["size"] == 2
         t0 = time.monotonic()
         while True:  # both actors serve within seconds
-            pool = json.loads(_cli([*dice, "verifiers", "status", "--address", address], env).stdout)
+            pool = json.loads(_cli([*dice, "verifiers", "status", "--address", address, "--json"], env).stdout)
             if pool["serving"] == 2:
                 break
             assert time.monotonic() - t0 < 60, pool

@@ -78,7 +78,7 @@ def test_cli_scales_a_running_job_while_batches_run(cluster, relu, capsys):
     )
 
     def verifiers(*args):
-        rc = cli.main(["verifiers", *args, "--address", cluster])
+        rc = cli.main(["verifiers", *args, "--address", cluster, "--json"])
         out = capsys.readouterr()
         return rc, (json.loads(out.out) if rc == 0 else out.err)
 
@@ -133,7 +133,7 @@ def test_cli_scales_a_running_job_while_batches_run(cluster, relu, capsys):
 
         # the real command line, as a separate driver through the job's Ray address
         proc = subprocess.run(
-            [sys.executable, "-m", "dice_ray.cli", "verifiers", "status", "--address", cluster],
+            [sys.executable, "-m", "dice_ray.cli", "verifiers", "status", "--address", cluster, "--json"],
             check=False, capture_output=True, text=True, timeout=120,
         )
         assert proc.returncode == 0, proc.stderr
