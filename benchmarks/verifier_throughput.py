@@ -304,7 +304,7 @@ def crash_cost(verifier: Verifier, tasks: list, args: argparse.Namespace, jobs: 
     t0 = time.perf_counter()
     got = verifier.verify_many([(task, src, f"{task.task_id}:{kind}:free") for task, kind, src in free])
     free_s = time.perf_counter() - t0
-    gate = {k: round(v - gate0[k], 3) for k, v in verifier.stats()["gpu_gate_s"].items()}
+    gate = {k: round(v, 3) for k, v in gate_since(verifier, gate0).items()}
     unexpected = sum(v.verdict != expected_verdict(kind, verifier.mode) for (_, kind, _), v in zip(free, got))
     faults = [v.stage_seconds["run.until_raise"] for (_, kind, _), v in zip(jobs, verdicts)
               if kind == "crash" and "run.until_raise" in v.stage_seconds]
@@ -325,12 +325,23 @@ def crash_cost(verifier: Verifier, tasks: list, args: argparse.Namespace, jobs: 
               " (compile-only: crashing candidates compile and pass, nothing faults or restarts, so this is the "
               "rounds' noise, not a cost)"))
     if gate:
-        print("GPU gate over the crash-free round: " + ", ".join(f"{k} {v:.1f} s ({v / free_s:.0%})" for k, v in gate.items()))
+        print(gate_line("the crash-free round", gate, free_s))
     if drift:
         print(f"speedups timed beside crashes against the same task's in the crash-free round ({drift['pairs']} pairs): "
               f"median |change| {drift['median_pct']:.1f} %, 90th percentile {drift['p90_pct']:.1f} %, "
               f"{drift['over_10pct']} changed by more than 10 %")
     return figures
+
+
+def gate_since(verifier: Verifier, before: dict[str, float]) -> dict[str, float]:
+    """Seconds ``verifier``'s GPU gate spent in each state (exclusive, draining, shared, idle) since
+    ``before`` (an earlier ``stats()["gpu_gate_s"]``)."""
+    return {k: v - before[k] for k, v in verifier.stats()["gpu_gate_s"].items()}
+
+
+def gate_line(what: str, gate: dict[str, float], seconds: float) -> str:
+    """``GPU gate over <what>: exclusive 8.2 s (60%), ...``: each state's seconds and share of ``seconds``."""
+    return f"GPU gate over {what}: " + ", ".join(f"{k} {v:.1f} s ({v / seconds:.0%})" for k, v in gate.items())
 
 
 def speedup_drift(pairs: list[tuple[float, float]]) -> dict:
@@ -437,7 +448,7 @@ def main() -> None:
         t0 = time.perf_counter()
         verdicts += verifier.verify_many([(task, src, f"{task.task_id}:{kind}:{r}") for task, kind, src in round_jobs])
         seconds = time.perf_counter() - t0
-        gate.update({k: v - gate0[k] for k, v in verifier.stats()["gpu_gate_s"].items()})
+        gate.update(gate_since(verifier, gate0))
         round_s.append(seconds)
         all_jobs += round_jobs
         rates.append(len(round_jobs) / seconds)
@@ -473,7 +484,7 @@ def main() -> None:
     if not gate:
         print("GPU gate: none (compile-only: nothing runs on a GPU)")
     else:
-        print("GPU gate over the batch: " + ", ".join(f"{k} {v:.1f} s ({v / sum(round_s):.0%})" for k, v in gate.items()))
+        print(gate_line("the batch", gate, sum(round_s)))
     print("verdicts (kind of candidate -> verdict: count): " + ", ".join(f"{k}->{v}: {n}" for (k, v), n in got.items()))
     print(f"unexpected verdicts: {len(wrong)}" + ("" if verifier.mode == "gpu" else
           " (compile-only: kernels are compiled, not run, so incorrect and crashing candidates are expected to pass)"))
