@@ -440,6 +440,7 @@ class Harness:
         except (Exception, SystemExit) as e:  # noqa: BLE001 - sys.exit() in a candidate is its crash, not the worker's
             result = JobResult("crash", compiled=True, reason=_error_text(e))
         finally:
+            t_cleanup = _perf()
             launch.configure(dry_run=False)
             try:
                 self._restore_torch_state()
@@ -462,6 +463,7 @@ class Harness:
                 torch.cuda.empty_cache()
             except Exception:  # noqa: BLE001
                 result.fatal = True
+        result.parts_s = {**(result.parts_s or {}), "cleanup": round(_perf() - t_cleanup, 5)}
         return result
 
     def _run(self, job: dict[str, Any], stage: Callable[[str], None]) -> JobResult:
@@ -842,7 +844,6 @@ class Harness:
                               self.device, ref_mutates=ref_mutates)
         per_call = (_perf() - t0) / 8  # host seconds of one call in its own window (either side)
         call_ms = {k: timing.spread_stats(p.per_call[k])[0] for k in ("reference", "candidate")}
-        enqueue_s = {k: self._enqueue_seconds(m, probe(1)) for k, m in (("reference", ref_model), ("candidate", model))}
         in_bytes = timing.input_bytes(probe(1))
         with torch.no_grad():
             out_bytes = timing.input_bytes(flatten_outputs(ref_model(*[_clone(x) for x in probe(1)])))
@@ -858,7 +859,6 @@ class Harness:
         spans = [max(r, c) for r, c in zip(sizes["reference"], sizes["candidate"])]
         calls = sum(spans)
         schedule = timing.InputSchedule(make, base, calls, pool_bytes)
-        spin = {side: timing.spin_cycles(enqueue_s[side], call_ms[side], max(sizes[side])) for side in k}
         firsts = [sum(spans[:w]) for w in range(len(spans))]
         ends = {j0 + n - 1 for j0, n in zip(firsts, sizes["candidate"])}  # each candidate window's last call
         cand_calls = [j0 + i for j0, n in zip(firsts, sizes["candidate"]) for i in range(n)]
@@ -892,15 +892,14 @@ class Harness:
         t_windows = _perf()
         try:
             times = timing.time_calls(ref_model, model, schedule, sizes, warmup, self.flush, self.device, check,
-                                      checked, ref_mutates, self._compiled(ref_model, schedule(0)), spin=spin,
-                                      each_call=launched)
+                                      checked, ref_mutates, self._compiled(ref_model, schedule(0)), each_call=launched)
         except _Mismatch as e:
             return JobResult("incorrect", compiled=True, correct=False, reason=str(e))
         parts["fill"] = schedule.fill_s
         parts["windows"] = _perf() - t_windows - parts["fill"] - parts["check"]
         parts["gpu"] = 1e-3 * sum(t * n for side, v in times.per_call.items()
                                   for t, n in zip(v, sizes["candidate" if side == "candidate" else "reference"][warmup:]))
-        parts["spin"] = sum(spin[side] * len(sizes[side]) for side in spin) / timing.SPIN_CYCLES_PER_S
+        parts.update({f"windows.{k}": v for k, v in times.host_s.items() if k != "after"})
         t_rest = _perf()
         net = {side: timing.spread_stats([max(t, 1e-6) for t in v]) for side, v in times.per_call.items()}
         (ref_ms, ref_spread), (cand_ms, cand_spread) = net["reference"], net["candidate"]
@@ -918,9 +917,9 @@ class Harness:
         if speedup > s.get("audit_speedup", 10.0):
             audit = {side: v[warmup: warmup + min(trials, 10)] for side, v in sizes.items()}
             ref_wall, _ = timing.spread_stats(timing.wall_times(ref_model, schedule, audit["reference"], self.flush,
-                                                                self.device, spin["reference"]))
+                                                                self.device))
             cand_wall, _ = timing.spread_stats(timing.wall_times(model, schedule, audit["candidate"], self.flush,
-                                                                 self.device, spin["candidate"]))
+                                                                 self.device))
             wall_speedup = ref_wall / max(cand_wall, 1e-6)
             factor = s.get("audit_factor", 3.0)
             if speedup > factor * wall_speedup:
@@ -949,20 +948,6 @@ class Harness:
             fields.update(compiled_ref_ms=compiled_ms, speedup_compiled=compiled_ms / max(cand_ms, 1e-6))
             fields["note"] += f"; torch.compile reference {compiled_ms:.4f} ms"
         return fields
-
-    def _enqueue_seconds(self, model: Any, args: list[Any]) -> float:
-        """Host seconds to enqueue one forward of ``model`` (no synchronize; the median of 3): what
-        :func:`~dice_ray.verify.timing.spin_cycles` sizes the GPU spin before a timed window from."""
-        times = []
-        for _ in range(3):
-            call_args = [_clone(x) for x in args]
-            _synchronize(self.device)
-            t0 = _perf()
-            with torch.no_grad():
-                model(*call_args)
-            times.append(_perf() - t0)
-        _synchronize(self.device)
-        return sorted(times)[1]
 
     def _compiled(self, ref_model: Any, example: list[Any]) -> Callable[..., Any] | None:
         """``torch.compile(reference)`` when ``compile_baseline`` is on, compiled and warmed here

@@ -2,8 +2,9 @@
 
 One timed window (:func:`time_calls`) is::
 
-    flush L2 (write 2x its size) ; spin every SM ; start.record()
+    hold every SM, its blocks first flushing L2 (writing 2x its size) ; start.record()
     for i < k: out_i = forward(*inputs_j+i)                # k fresh input sets, back to back
+    release the hold                                     # the GPU starts the calls, all queued
     stream_end.record()                                  # stream-ordered: no host in the measurement
     torch.cuda.synchronize()                             # device-wide: side streams cannot hide
     end.record()
@@ -11,10 +12,11 @@ One timed window (:func:`time_calls`) is::
 on the stream the candidate launches on (``torch.cuda.current_stream()``, which ``dice_ray.launch``
 uses), with ``k`` chosen per side (:func:`calls_per_window`: each side's window is about
 ``timing_window_ms`` of its own GPU time, so a slow candidate does not stretch the fast reference's
-windows, nor the other way round).  The spin lets the host's launch overhead (Python, up to ~100 us
-a call) overlap GPU work instead of being timed; it holds every thread slot of every SM
-(:class:`~dice_ray.verify.gpu_spin.FillSpin`), so work the calls put on another stream cannot run
-beside it, before the start event.
+windows, nor the other way round).  The hold (:meth:`~dice_ray.verify.gpu_spin.FillSpin.hold`, a
+spin the host releases once it has queued the window's calls) keeps the host's launch overhead
+(Python, up to ~100 us a call) out of the window without a spin sized by guess; it holds every
+thread slot of every SM, so work the calls put on another stream cannot run beside it, before the
+start event.
 
 A window's time is ``start -> stream_end``.  The device-wide synchronize inside the window is the
 guard: the reference is the task's PyTorch code, whose work all runs on the launching stream, so
@@ -32,10 +34,11 @@ microseconds) divided by the window.
 KernelBench's ``timing.py`` records its end event before synchronizing and keeps it whatever
 happened after, which lets work on a side stream or thread escape the window.
 
-Right after queuing a window's calls the host asks whether the GPU has reached the window's start
-event: if it has, the GPU may have waited for the host inside the window (the host slowed, e.g. by
-compiles in other workers), so that window is left out and the side's spin grows by a quarter
-(:func:`grown_spin`, :class:`WindowTimes` ``host_bound``).
+Right after queuing a window's calls, before releasing the hold, the host asks whether the GPU has
+reached the window's start event: if it has, the hold timed out
+(:data:`~dice_ray.verify.gpu_spin.HOLD_TIMEOUT_CYCLES`: the host took ~20 ms to queue the calls, or a
+forward synchronized and so waited on the hold itself) and the GPU may have waited for the host
+inside the window, so that window is left out (:class:`WindowTimes` ``host_bound``).
 
 Reference and candidate are timed interleaved, window by window, on the same inputs.  Inputs come
 from an :class:`InputSchedule`: call ``j`` sees the values ``get_inputs()`` makes under
@@ -61,25 +64,18 @@ import torch
 
 from dice_ray.verify import gpu_spin
 
-__all__ = ["HEADROOM_CYCLES", "MAX_CALLS_PER_WINDOW", "OUTLAST_SLACK_MAX_MS", "OUTLAST_SLACK_MS", "InputSchedule", "WindowTimes", "calls_per_window",
-           "grown_spin", "outlast_limit_ms", "spin_cycles", "spread_stats", "time_calls", "wall_times", "window_ms", "window_sizes"]
+__all__ = ["MAX_CALLS_PER_WINDOW", "OUTLAST_SLACK_MAX_MS", "OUTLAST_SLACK_MS", "InputSchedule", "WindowTimes", "calls_per_window",
+           "outlast_limit_ms", "spread_stats", "time_calls", "wall_times", "window_ms", "window_sizes"]
 
 # Bound at import, before any candidate runs (patching these later cannot fool the timer).
 _Event = torch.cuda.Event
 _elapsed = torch.cuda.Event.elapsed_time  # the functions, so patching the class later changes nothing
 _record = torch.cuda.Event.record
 _query = torch.cuda.Event.query
-_zero = torch.Tensor.zero_
 _synchronize = torch.cuda.synchronize
 _perf = time.perf_counter
-#: least GPU cycles spun before each timed window (~100 us at 2 GHz), after the L2 flush
-HEADROOM_CYCLES = 200_000
 #: most calls one timed window holds (:func:`calls_per_window`)
 MAX_CALLS_PER_WINDOW = 64
-#: GPU clock assumed when converting seconds to spin cycles (H100/H200 boost ~1.98 GHz; slower clocks spin longer)
-SPIN_CYCLES_PER_S = 2.0e9
-#: the longest spin (~20 ms at 2 GHz)
-MAX_SPIN_CYCLES = 40_000_000
 #: least and most slack (ms) above the reference windows' median synchronize-and-wake-up gap before a
 #: window's work counts as outlasting its stream (:func:`outlast_limit_ms`)
 OUTLAST_SLACK_MS = 0.005
@@ -98,16 +94,20 @@ class WindowTimes:
             all ran on the launching stream (the baseline of :func:`outlast_limit_ms`).
         outlasted: per side, the timed windows whose work outlasted the launching stream (timed to the
             device-wide synchronize instead of the stream-ordered end event).
-        host_bound: per side, the timed windows the host had not finished enqueuing when the GPU
-            reached their start (the GPU may have waited for the host inside them): left out of
-            ``per_call`` while at least half of the side's windows are clean, and each grows the
-            side's spin for the windows after it (:func:`grown_spin`).
+        host_bound: per side, the timed windows whose hold timed out before the host had queued their
+            calls (the GPU may have waited for the host inside them): left out of ``per_call`` while
+            at least half of the side's windows are clean.
+        host_s: host seconds of the windows (warm-up included) by phase: ``launch`` (the hold with its L2
+            flush and the start event queued, after the input fills finished), ``enqueue`` (the calls queued, with ``each_call``), ``wait`` (release, end
+            events and the device-wide synchronize: the GPU running the calls) and
+            ``after`` (the output checks); the input fills are the schedule's ``fill_s``.
     """
 
     per_call: dict[str, list[float]]
     gap_ms: list[float]
     outlasted: dict[str, int] = field(default_factory=dict)
     host_bound: dict[str, int] = field(default_factory=dict)
+    host_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("launch", "enqueue", "wait", "after"), 0.0))
 
 
 def outlast_limit_ms(gap_ms: list[float]) -> float:
@@ -196,7 +196,6 @@ def time_calls(
     checked: Container[int] = (),
     ref_mutates: bool = False,
     baseline: Callable[..., Any] | None = None,
-    spin: dict[str, int] | None = None,
     each_call: Callable[[str, int], None] | None = None,
 ) -> WindowTimes:
     """CUDA-event times (ms a call) of reference and candidate, interleaved window by window on the same inputs.
@@ -214,7 +213,7 @@ def time_calls(
         schedule: inputs of call ``j``; needs ``schedule.slots >=`` every window size.
         sizes: ``{"reference": [...], "candidate": [...]}``, calls in each window (>= 1 each, the same
             number of windows; :func:`window_sizes`), the first ``warmup`` windows untimed.
-        flush: a device buffer twice the L2 size, zeroed before each window.
+        flush: a contiguous, 16-byte aligned device buffer twice the L2 size, zeroed by the hold before each window.
         device: CUDA ordinal (``torch.cuda.synchronize(device)`` waits for every stream on it).
         after: ``after(j, ref_out, cand_out, inputs)`` for each candidate call ``j`` in ``checked``,
             once the window set ran (output checks); ``ref_out`` is the reference's timed output of
@@ -224,9 +223,6 @@ def time_calls(
         ref_mutates: the reference modifies its inputs: it (and ``baseline``) get copies, made
             outside the window.
         baseline: another reference to time alongside (``torch.compile`` of it).
-        spin: GPU clock cycles spun before each side's window start (``{"reference": n, "candidate": m}``,
-            :func:`spin_cycles`; default :data:`HEADROOM_CYCLES`), long enough for the host to stay
-            ahead of the GPU while it enqueues the window's calls (so host launch overhead is not timed).
         each_call: ``each_call(side, j)`` right after each call is enqueued, inside the window:
             host-only checks such as launch counters (no CUDA calls); it may raise.
 
@@ -255,15 +251,14 @@ def time_calls(
     if baseline is not None:
         fns["baseline"] = baseline
         side_sizes["baseline"] = ref_sizes
-    spin_gpu = gpu_spin.for_device(device)
+    spin = gpu_spin.for_device(device)
     stream = torch.cuda.current_stream(device)  # the launching stream, looked up once (~8 us a lookup)
-    spins = {k: (spin or {}).get(k, HEADROOM_CYCLES) for k in fns}
-    spins["baseline"] = spins["reference"]
     starts = {k: [_Event(enable_timing=True) for _ in range(windows)] for k in fns}
     stream_ends = {k: [_Event(enable_timing=True) for _ in range(windows)] for k in fns}
     ends = {k: [_Event(enable_timing=True) for _ in range(windows)] for k in fns}
     order = list(fns)
     behind: dict[str, set[int]] = {k: set() for k in fns}  # windows the host was still enqueuing at their start
+    host = WindowTimes({}, []).host_s
     first = 0
 
     def fresh(a: list[Any]) -> list[Any]:
@@ -280,21 +275,28 @@ def time_calls(
             copy = ref_mutates and side in ("reference", "baseline")
             call_args = [fresh(a) for a in args[:n]] if copy else args
             fn = fns[side]
-            _zero(flush)
-            spin_gpu(spins[side], stream)
+            t0 = _perf()
+            token = spin.hold(stream, flush)
             _record(starts[side][w], stream)
+            t1 = _perf()
             with torch.no_grad():
                 outs[side] = []
                 for i in range(n):
                     outs[side].append(fn(*call_args[i]))
                     if each_call is not None:
                         each_call(side, calls[i])
-            if _query(starts[side][w]):  # the GPU got to the window before the host had queued it
+            if _query(starts[side][w]):  # the hold timed out before the host had queued the window
                 behind[side].add(w)
-                spins[side] = grown_spin(spins[side])
+            spin.release(token)
+            t2 = _perf()
             _record(stream_ends[side][w], stream)
             _synchronize(device)
             _record(ends[side][w], stream)
+            t3 = _perf()
+            host["launch"] += t1 - t0
+            host["enqueue"] += t2 - t1
+            host["wait"] += t3 - t2
+        t_after = _perf()
         if after is not None:
             for i in range(cand_sizes[w]):
                 j = calls[i]
@@ -307,12 +309,13 @@ def time_calls(
                         ref_out = ref_fn(*(fresh(args[i]) if ref_mutates else args[i]))
                 after(j, ref_out, outs["candidate"][i], args[i])
         del outs
+        host["after"] += _perf() - t_after
     _synchronize(device)
     timed = range(warmup, windows)
     ref_clean = [w for w in timed if w not in behind["reference"]]
     gaps = [_elapsed(stream_ends["reference"][w], ends["reference"][w]) for w in (ref_clean or timed)]
     limit, overhead = outlast_limit_ms(gaps), spread_stats(gaps)[0]
-    out = WindowTimes({}, gaps)
+    out = WindowTimes({}, gaps, host_s=host)
     for k in fns:
         clean = [w for w in timed if w not in behind[k]]
         out.host_bound[k] = len(timed) - len(clean)
@@ -355,32 +358,6 @@ def calls_per_window(call_ms: float, window_ms: float, limit: int, cap: int = MA
     return int(max(1, min(math.ceil(window_ms / call_ms), cap, limit)))
 
 
-def spin_cycles(enqueue_s: float, call_ms: float, calls: int) -> int:
-    """GPU cycles to spin before a window of ``calls`` calls so the host stays ahead of the GPU.
-
-    The host enqueues call ``i`` at about ``(i + 1) * enqueue_s`` while the GPU finishes it at
-    ``spin + (i + 1) * call_ms``: the spin must cover the first enqueue, plus the deficit
-    ``calls * (enqueue_s - call_ms)`` when the host is the slower (tiny kernels), with 1.5x margin.
-    At least :data:`HEADROOM_CYCLES`, at most :data:`MAX_SPIN_CYCLES`.
-
-    Args:
-        enqueue_s: host seconds to enqueue one call (no synchronize).
-        call_ms: GPU time of one call (ms).
-        calls: calls in the window.
-    """
-    deficit_s = max(0.0, enqueue_s - max(call_ms, 0.0) * 1e-3) * calls
-    need = 1.5 * (enqueue_s + deficit_s) * SPIN_CYCLES_PER_S
-    return int(min(max(HEADROOM_CYCLES, need), MAX_SPIN_CYCLES))
-
-
-def grown_spin(cycles: int) -> int:
-    """The spin for a side's next windows after the host fell behind on one: 1.25x ``cycles``, at most
-    :data:`MAX_SPIN_CYCLES`.  Slow growth: a host hiccup (another worker's compile) costs that window,
-    not a long spin before every later one (covering the slow window's whole queuing time, or doubling,
-    cost 40 % and 30 % of the verifier's throughput on an H200)."""
-    return int(min(1.25 * cycles, MAX_SPIN_CYCLES))
-
-
 def window_sizes(k: int, windows: int, rng: random.Random) -> list[int]:
     """``windows`` window sizes drawn uniformly from ``[k, 2k - 1]`` (all 1 when ``k`` is 1).
 
@@ -391,17 +368,18 @@ def window_sizes(k: int, windows: int, rng: random.Random) -> list[int]:
     return [k if k == 1 else rng.randint(k, 2 * k - 1) for _ in range(windows)]
 
 
-def wall_times(fn: Callable[..., Any], schedule: InputSchedule, sizes: list[int], flush: torch.Tensor, device: int,
-               spin_cycles: int = HEADROOM_CYCLES) -> list[float]:
+def wall_times(fn: Callable[..., Any], schedule: InputSchedule, sizes: list[int], flush: torch.Tensor,
+               device: int) -> list[float]:
     """GPU time (ms a call) of ``fn`` by the host clock alone: the audit's second clock.
 
-    Each window is ``spin ; sizes[w] calls ; synchronize`` timed with ``perf_counter``, next to an
-    empty window (``spin ; synchronize``); their difference over ``sizes[w]`` is the calls' GPU time
-    (the spin, long enough to cover enqueuing the calls, cancels).  No CUDA event is involved, so
-    a candidate that fools the events cannot fool this.  Calls use ``schedule``'s inputs from call 0
-    on, like :func:`time_calls`.
+    Each window is ``flush ; hold ; sizes[w] calls queued ; release ; synchronize``, timed with ``perf_counter``
+    from the release to the synchronize's return, next to an empty window (``hold ; release ;
+    synchronize``); their difference over ``sizes[w]`` is the calls' GPU time (the host's queuing
+    happens before the release, and the release's and synchronize's latency cancels).  No CUDA event
+    is involved, so a candidate that fools the events cannot fool this.  Calls use ``schedule``'s
+    inputs from call 0 on, like :func:`time_calls`.
     """
-    spin_gpu = gpu_spin.for_device(device)
+    spin = gpu_spin.for_device(device)
     stream = torch.cuda.current_stream(device)
     windows: list[tuple[float, float, int]] = []
     first = 0
@@ -410,13 +388,14 @@ def wall_times(fn: Callable[..., Any], schedule: InputSchedule, sizes: list[int]
         first += size
         pair = []
         for calls in (args, []):
-            _zero(flush)
+            spin(0, stream, flush)  # the L2 flush, done before the hold
             _synchronize(device)
-            t0 = _perf()
-            spin_gpu(spin_cycles, stream)
+            token = spin.hold(stream)
             with torch.no_grad():
                 for a in calls:
                     fn(*a)
+            t0 = _perf()
+            spin.release(token)
             _synchronize(device)
             pair.append((_perf() - t0) * 1e3)
         windows.append((pair[0], pair[1], size))

@@ -43,12 +43,15 @@ class Verdict(BaseModel):
             ``timing``, ``check``) and of waiting for the GPU gate (``gate_wait``); empty when no worker ran.
             For an ``ok`` verdict also the timing stage's parts (host seconds): ``timing.probe``
             (call-time probe), ``timing.fill`` (making timed inputs), ``timing.windows`` (the timed
-            windows, spins and synchronizes), ``timing.check`` (timed outputs compared),
-            ``timing.audit``, and ``timing.gpu`` (the timed windows' GPU time) and ``timing.spin``
-            (nominal GPU spin before windows).  When the candidate's forward raised in a trial (a
+            windows: holds, calls and synchronizes), ``timing.check`` (timed outputs compared),
+            ``timing.audit``, ``timing.gpu`` (the timed windows' GPU time), and ``timing.windows.launch`` /
+            ``.enqueue`` / ``.wait`` splitting the windows' host time (hold and flush queued once the input
+            fills ran; calls queued; release and synchronize).  When the candidate's forward raised in a trial (a
             ``crash``, or ``incorrect`` in a scaled or shape trial): ``run.until_raise`` (the call to
             the error; an illegal address takes ~150 ms on an H200, the fault stalling the whole GPU)
-            and ``run.after_raise`` (the error to the verdict).
+            and ``run.after_raise`` (the error to the verdict).  Every verdict a worker gave: ``cleanup``
+            (after the verdict: torch state restored, CUDA health checked, garbage collected; the GPU gate
+            still held as the last stage held it).
     """
 
     model_config = ConfigDict(extra="forbid")
