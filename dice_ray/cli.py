@@ -218,21 +218,31 @@ def describe_status(status: dict) -> str:
 
 def describe_pool(pool: dict) -> str:
     """One line of a :meth:`VerifierPool.status <dice_ray.cluster.verifier_pool.VerifierPool.status>`: size,
-    serving and draining actors, queue depth, candidates in flight and verified, candidates/s."""
-    return (f"verifier pool: {pool.get('size')} actors ({pool.get('serving')} serving, {pool.get('draining')} draining), "
+    serving and draining actors, queue depth, candidates in flight and verified, candidates/s, and the
+    sandbox spares (ready of kept; replacements that found none ready) when the status has them."""
+    line = (f"verifier pool: {pool.get('size')} actors ({pool.get('serving')} serving, {pool.get('draining')} draining), "
             f"queue {pool.get('queue_depth')}, in flight {pool.get('in_flight')}, {pool.get('completed')} verified, "
             f"{_num(pool.get('throughput_per_s'), '.2f')} candidates/s since it started")
+    if pool.get("spares") is not None:
+        line += (f"; spare sandbox workers {pool.get('spares_ready')}/{pool.get('spares')} ready, "
+                 f"{pool.get('promoted')} replacements found none ready")
+    return line
 
 
 def describe_actors(pool: dict) -> str:
     """``verifiers status``: :func:`describe_pool`, then a line per verifier actor (index, state, node and
-    GPU, in flight / capacity, verified, failures, restarts, utilization, error) and autoscaling if on."""
+    GPU, in flight / capacity, verified, failures, restarts, utilization, its sandbox workers and spares
+    when it answered, error) and autoscaling if on."""
     lines = [describe_pool(pool)]
     for a in pool.get("actors") or []:
         where = f"{a.get('node') or '?'}" + (f" GPU {','.join(a['gpu'])}" if a.get("gpu") else " (no GPU)")
         line = (f"  actor {a.get('index')}: {a.get('state')} on {where}, in flight {a.get('in_flight')}/{a.get('capacity')}, "
                 f"{a.get('done')} verified, {a.get('failures')} failures, {a.get('restarts')} restarts, "
                 f"utilization {_num(a.get('utilization'), '.2f')}")
+        box = a.get("sandbox")
+        if box:
+            line += (f"; sandbox workers {box.get('workers')} ({box.get('restarts')} replaced), spares "
+                     f"{box.get('spares_ready')}/{box.get('spares')} ready, {box.get('promoted')} found none ready")
         lines.append(line + (f"; error: {str(a['error']).splitlines()[0]}" if a.get("error") else ""))
     auto = pool.get("autoscale")
     if auto:

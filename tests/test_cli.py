@@ -174,6 +174,12 @@ def test_verifiers_status_is_a_line_for_the_pool_and_one_an_actor():
         "  actor 1: starting on ? (no GPU), in flight 0/6, 0 verified, 2 failures, 0 restarts, utilization 0.00; "
         "error: actor died",
         "autoscaling between 1 and 4 actors by queue depth"]
+    # the actors' sandbox spares, when they answered the status call
+    pool["actors"][0]["sandbox"] = {"workers": 6, "restarts": 3, "spares": 8, "spares_ready": 7, "promoted": 1}
+    pool.update(spares=8, spares_ready=7, promoted=1)
+    lines = describe_actors(pool).splitlines()
+    assert lines[0].endswith("; spare sandbox workers 7/8 ready, 1 replacements found none ready")
+    assert lines[1].endswith("utilization 0.50; sandbox workers 6 (3 replaced), spares 7/8 ready, 1 found none ready")
 
 
 def test_status_refuses_the_dashboard_url_in_one_line(capsys):

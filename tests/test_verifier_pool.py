@@ -68,6 +68,10 @@ def test_exactly_one_verdict_per_candidate_despite_actor_death(cluster, relu):
     status = ray.get(pool.status.remote())
     assert status["completed"] == status["submitted"] == 12
     assert sum(a["failures"] for a in status["actors"]) == 1 and sum(a["restarts"] for a in status["actors"]) == 1
+    # each serving actor's sandbox counters (compile-only: spares start at the first replacement)
+    boxes = [a["sandbox"] for a in status["actors"]]
+    assert all(b is not None and b["workers"] == 2 and b["spares_ready"] <= b["spares"] for b in boxes), boxes
+    assert status["spares"] == sum(b["spares"] for b in boxes) and status["promoted"] == sum(b["promoted"] for b in boxes)
     ray.kill(pool)
 
 

@@ -52,6 +52,10 @@ MAX_ATTEMPTS = 2
 TICK_S = 1.0
 """Period of the pool's gauge/autoscaling coroutine (s)."""
 READY_PING_S = 5.0
+#: seconds :meth:`VerifierPool.status` waits for an actor's sandbox counters (``info``) before leaving them out
+STATUS_PING_S = 2.0
+#: an actor's sandbox counters in :meth:`VerifierPool.status` (``actors[].sandbox``; :meth:`Verifier.stats`'s keys)
+SANDBOX_KEYS = ("workers", "restarts", "spares", "spares_ready", "promoted", "gpu_gate_s")
 """Wait for one readiness ping of a starting verifier actor (s); repeated until it answers or drains."""
 RETIRE_CLOSE_S = 30.0
 """Wait for a drained actor to stop its sandbox workers before it is killed (s)."""
@@ -93,13 +97,17 @@ class VerifierActor:
 
     @ray.method(concurrency_group="control")
     def info(self) -> dict:
-        """Where it runs and what it did: node, gpu, mode, workers, incarnation (pid + nonce), done, in_flight."""
+        """Where it runs and what it did: node, gpu, mode, workers, incarnation (pid + nonce), done, in_flight,
+        and ``sandbox``: its sandbox workers (:meth:`Verifier.stats <dice_ray.verify.verifier.Verifier.stats>`'s
+        ``workers``, ``restarts``, ``spares``, ``spares_ready``, ``promoted``, ``gpu_gate_s``)."""
         with self._lock:
             done, in_flight = self.done, self.in_flight
+        stats = self.verifier.stats()
         return {
             "node": self.node, "gpu": self.gpu, "mode": self.verifier.mode,
             "workers": getattr(self.verifier, "workers", None), "incarnation": self.incarnation,
             "done": done, "in_flight": in_flight,
+            "sandbox": {k: stats[k] for k in SANDBOX_KEYS},
         }
 
     @ray.method(concurrency_group="control")
@@ -608,6 +616,17 @@ class VerifierPool:
         """Handles of the serving verifier actors (for fault-injection tests and debugging)."""
         return [s.handle for s in self.slots if not s.draining]
 
+    async def _sandbox(self, slot: _Slot) -> dict | None:
+        """A serving actor's sandbox counters (``info()["sandbox"]``); None if it is not serving or does not
+        answer within :data:`STATUS_PING_S`."""
+        if slot.state != "serving":
+            return None
+        try:
+            info = await asyncio.wait_for(slot.handle.info.remote(), timeout=STATUS_PING_S)
+        except Exception:  # noqa: BLE001 - a dying or busy actor: its row says so, the counters are left out
+            return None
+        return info.get("sandbox")
+
     async def status(self) -> dict:
         """Pool size, queue depth, throughput, per-actor counters, autoscaling and recent errors.
 
@@ -616,12 +635,19 @@ class VerifierPool:
         ``throughput_per_s`` (since the pool started), ``last_batch`` (n, seconds, peak queue depth,
         peak in flight of the latest ``verify_batch``), ``autoscale`` (None or its bounds),
         ``actors`` (one row each: state, in_flight, done, failures, restarts, busy_s, utilization,
-        draining counters), ``retired`` (rows of actors drained and stopped), ``errors``.
+        draining counters; ``sandbox``: the serving actor's sandbox workers, replacements, spares,
+        spares ready, replacements that found no ready spare (``promoted``) and GPU gate seconds, None
+        when it did not answer within :data:`STATUS_PING_S`), ``spares`` / ``spares_ready`` /
+        ``promoted`` (summed over the actors that answered; None when none did), ``retired`` (rows of actors drained and
+        stopped), ``errors``.
         """
         await self._ensure_started()
+        sandboxes = await asyncio.gather(*(self._sandbox(s) for s in self.slots))
         now = time.monotonic()
         elapsed = max(now - self.started, 1e-9)
         active = self._active()
+        rows = [{**s.row(now), "sandbox": box} for s, box in zip(self.slots, sandboxes)]
+        boxes = [b for b in sandboxes if b]
         return {
             "size": len(active),
             "serving": sum(1 for s in active if s.state == "serving"),
@@ -635,7 +661,8 @@ class VerifierPool:
             "throughput_per_s": self.completed / elapsed,
             "last_batch": dict(self._batch),
             "autoscale": dict(self.autoscale) if self.autoscale else None,
-            "actors": [s.row(now) for s in self.slots],
+            "actors": rows,
+            **{k: sum(b[k] for b in boxes) if boxes else None for k in ("spares", "spares_ready", "promoted")},
             "retired": list(self.retired),
             "errors": list(self.errors),
         }
