@@ -279,15 +279,17 @@ def time_calls(
             token = spin.hold(stream, flush)
             _record(starts[side][w], stream)
             t1 = _perf()
-            with torch.no_grad():
-                outs[side] = []
-                for i in range(n):
-                    outs[side].append(fn(*call_args[i]))
-                    if each_call is not None:
-                        each_call(side, calls[i])
-            if _query(starts[side][w]):  # the hold timed out before the host had queued the window
-                behind[side].add(w)
-            spin.release(token)
+            try:
+                with torch.no_grad():
+                    outs[side] = []
+                    for i in range(n):
+                        outs[side].append(fn(*call_args[i]))
+                        if each_call is not None:
+                            each_call(side, calls[i])
+                if _query(starts[side][w]):  # the hold timed out before the host had queued the window
+                    behind[side].add(w)
+            finally:
+                spin.release(token)  # a forward or check that raised: the GPU goes on at once, not at the timeout
             t2 = _perf()
             _record(stream_ends[side][w], stream)
             _synchronize(device)
@@ -391,11 +393,13 @@ def wall_times(fn: Callable[..., Any], schedule: InputSchedule, sizes: list[int]
             spin(0, stream, flush)  # the L2 flush, done before the hold
             _synchronize(device)
             token = spin.hold(stream)
-            with torch.no_grad():
-                for a in calls:
-                    fn(*a)
-            t0 = _perf()
-            spin.release(token)
+            try:
+                with torch.no_grad():
+                    for a in calls:
+                        fn(*a)
+            finally:
+                t0 = _perf()
+                spin.release(token)
             _synchronize(device)
             pair.append((_perf() - t0) * 1e3)
         windows.append((pair[0], pair[1], size))
