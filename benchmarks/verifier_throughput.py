@@ -472,6 +472,7 @@ def main() -> None:
         per_kind.setdefault(kind, []).append(verdict.seconds)
         if verdict.verdict != expected_verdict(kind, verifier.mode):
             wrong.append((task.task_id, kind, verdict.verdict, verdict.reason[:160]))
+    print("by kind of candidate:")
     for kind, secs in per_kind.items():
         kind_stages: dict[str, list[float]] = {}
         for (_, k, _), verdict in zip(jobs, verdicts):
@@ -509,7 +510,7 @@ def main() -> None:
         keys = st["forked_boot_phases_s"][0].keys()
         print("forked worker boot, median s from spawn to end of: " + ", ".join(
             f"{k} {statistics.median(p.get(k, 0.0) for p in st['forked_boot_phases_s']):.2f}" for k in keys))
-    print("honest candidates, median a stage (timing.* are the timing stage's parts): "
+    print("honest candidates, median a stage" + (" (timing.* are the timing stage's parts)" if gate else "") + ": "
           + ", ".join(f"{k} {statistics.median(v) * 1000:.1f} ms" for k, v in stages.items()))
 
     cost = crash_cost(verifier, tasks, args, jobs, verdicts, statistics.median(round_s)) if args.crash_cost else {}

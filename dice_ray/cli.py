@@ -160,7 +160,8 @@ def _connect(address: str | None):
             socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
         except OSError as e:
             raise ConnectionError(f"no Ray cluster answers at {address} ({e.strerror or e}); "
-                                  "start one (ray start --head) or pass the head's --address HOST:6379") from None
+                                  "start one (ray start --head) or pass the head's --address HOST:6379 (for a "
+                                  "local `dice-ray train`: no --address, or the `ray HOST:PORT` it printed)") from None
     connect(address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
     return ray
 
@@ -242,7 +243,7 @@ def describe_actors(pool: dict) -> str:
         box = a.get("sandbox")
         if box:
             line += (f"; sandbox workers {box.get('workers')} ({box.get('restarts')} replaced), spares "
-                     f"{box.get('spares_ready')}/{box.get('spares')} ready, {box.get('promoted')} found none ready")
+                     f"{box.get('spares_ready')}/{box.get('spares')} ready, {box.get('promoted')} replacements found none ready")
         lines.append(line + (f"; error: {str(a['error']).splitlines()[0]}" if a.get("error") else ""))
     auto = pool.get("autoscale")
     if auto:

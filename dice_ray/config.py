@@ -255,7 +255,8 @@ class VerifyConfig(_Section):
         "and a short window suffices; each call costs the host its launch time (~25 us for a Python launcher). "
         "0.125 made the verifier ~20 % faster on one H200 (24.0-25.8 against 21.9-22.5 candidates/s with crashes, "
         "speedup CoV <= 0.43 %, speedups within 0.7 %), but side-stream work ending within the 5-10 us outlast "
-        "margin goes untimed, which is 8 % of a 0.125 ms window against 4 %.",
+        "margin goes untimed, which is 8 % of a 0.125 ms window against 4 % (more of the shorter windows of calls under "
+        "~4 us: k is capped at 64).",
     )
     output_checks: int = Field(
         5, ge=1, description="Outputs over 64 MiB: timed calls (drawn in secret, plus the last) whose outputs are checked; "

@@ -179,7 +179,7 @@ def test_verifiers_status_is_a_line_for_the_pool_and_one_an_actor():
     pool.update(spares=8, spares_ready=7, promoted=1)
     lines = describe_actors(pool).splitlines()
     assert lines[0].endswith("; spare sandbox workers 7/8 ready, 1 replacements found none ready")
-    assert lines[1].endswith("utilization 0.50; sandbox workers 6 (3 replaced), spares 7/8 ready, 1 found none ready")
+    assert lines[1].endswith("utilization 0.50; sandbox workers 6 (3 replaced), spares 7/8 ready, 1 replacements found none ready")
 
 
 def test_status_refuses_the_dashboard_url_in_one_line(capsys):

@@ -115,7 +115,7 @@ class FillSpin:
         self.device = device
         with torch.cuda.device(device):
             program = launch.compile_cuda(_SOURCE)
-        # launch's loader (torch's context, a module cache), not a KernelModule: its calls count as launches
+        # launch's loader (torch's context, a module cache), not a KernelModule (whose calls count as launches)
         self._fn = launch.KernelModule._load(program, device)["fill_spin"]
         self.blocks_per_sm = int(launch._check(
             driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(self._fn, BLOCK, 0), "occupancy of fill_spin"))

@@ -3,20 +3,20 @@
 One timed window (:func:`time_calls`) is::
 
     hold every SM, its blocks first flushing L2 (writing 2x its size) ; start.record()
-    for i < k: out_i = forward(*inputs_j+i)                # k fresh input sets, back to back
+    for i < n: out_i = forward(*inputs_j+i)                # n in [k, 2k-1] fresh input sets, back to back
     release the hold                                     # the GPU starts the calls, all queued
     stream_end.record()                                  # stream-ordered: no host in the measurement
     torch.cuda.synchronize()                             # device-wide: side streams cannot hide
     end.record()
 
 on the stream the candidate launches on (``torch.cuda.current_stream()``, which ``dice_ray.launch``
-uses), with ``k`` chosen per side (:func:`calls_per_window`: each side's window is about
-``timing_window_ms`` of its own GPU time, so a slow candidate does not stretch the fast reference's
-windows, nor the other way round).  The hold (:meth:`~dice_ray.verify.gpu_spin.FillSpin.hold`, a
-spin the host releases once it has queued the window's calls) keeps the host's launch overhead
-(Python, up to ~100 us a call) out of the window without a spin sized by guess; it holds every
-thread slot of every SM, so work the calls put on another stream cannot run beside it, before the
-start event.
+uses), with ``k`` chosen per side (:func:`calls_per_window`: each side's window is 1-2x
+``timing_window_ms`` of its own GPU time, less for calls under ~4 us (k is capped at 64), so a slow
+candidate does not stretch the fast reference's windows, nor the other way round).  The hold
+(:meth:`~dice_ray.verify.gpu_spin.FillSpin.hold`, a spin the host releases once it has queued the
+window's calls) keeps the host's launch overhead (Python: ~25 us a call for a launcher, more for a
+module of many ops) out of the window without a spin sized by guess; it holds every thread slot of
+every SM, so work the calls put on another stream cannot run beside it, before the start event.
 
 A window's time is ``start -> stream_end``.  The device-wide synchronize inside the window is the
 guard: the reference is the task's PyTorch code, whose work all runs on the launching stream, so
@@ -74,7 +74,7 @@ _record = torch.cuda.Event.record
 _query = torch.cuda.Event.query
 _synchronize = torch.cuda.synchronize
 _perf = time.perf_counter
-#: most calls one timed window holds (:func:`calls_per_window`)
+#: most ``k`` of :func:`calls_per_window` (a window then holds k..2k-1 calls, :func:`window_sizes`)
 MAX_CALLS_PER_WINDOW = 64
 #: least and most slack (ms) above the reference windows' median synchronize-and-wake-up gap before a
 #: window's work counts as outlasting its stream (:func:`outlast_limit_ms`)
@@ -377,12 +377,16 @@ def wall_times(fn: Callable[..., Any], schedule: InputSchedule, sizes: list[int]
     Each window is ``flush ; hold ; sizes[w] calls queued ; release ; synchronize``, timed with ``perf_counter``
     from the release to the synchronize's return, next to an empty window (``hold ; release ;
     synchronize``); their difference over ``sizes[w]`` is the calls' GPU time (the host's queuing
-    happens before the release, and the release's and synchronize's latency cancels).  No CUDA event
-    is involved, so a candidate that fools the events cannot fool this.  Calls use ``schedule``'s
+    happens before the release, and the release's and synchronize's latency cancels).  A window whose
+    hold timed out before the release (its calls took the host ~20 ms to queue, so the GPU ran some of
+    them before the release) is timed from the hold instead, the host's queuing included: never less
+    than the GPU's time.  No CUDA event times it (one recorded after the hold only flags a timeout), so
+    a candidate that fools the events cannot fool this.  Calls use ``schedule``'s
     inputs from call 0 on, like :func:`time_calls`.
     """
     spin = gpu_spin.for_device(device)
     stream = torch.cuda.current_stream(device)
+    passed = _Event()  # recorded after the hold: a flag (has the GPU passed it?), never a clock here
     windows: list[tuple[float, float, int]] = []
     first = 0
     for size in sizes:
@@ -392,13 +396,17 @@ def wall_times(fn: Callable[..., Any], schedule: InputSchedule, sizes: list[int]
         for calls in (args, []):
             spin(0, stream, flush)  # the L2 flush, done before the hold
             _synchronize(device)
+            t_hold = _perf()
             token = spin.hold(stream)
+            _record(passed, stream)
             try:
                 with torch.no_grad():
                     for a in calls:
                         fn(*a)
             finally:
                 t0 = _perf()
+                if _query(passed):  # the hold timed out: some calls ran before the release
+                    t0 = t_hold
                 spin.release(token)
             _synchronize(device)
             pair.append((_perf() - t0) * 1e3)
