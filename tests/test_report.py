@@ -258,3 +258,22 @@ def test_report_of_the_runs_folder_names_the_runs_in_it(tmp_path, capsys):
     assert rc == 2 and stdout == "" and len(err.strip().splitlines()) == 1
     assert "run directories in it: 20261201-101010, 20261201-121212" in err
     assert f"(dice-ray report {tmp_path / '20261201-121212'})" in err
+
+
+def test_pool_gauge_table_equals_the_registered_gauges(monkeypatch):
+    """The verifier pool's gauges (dice_ray/cluster/verifier_pool.py's table) are the ones it registers."""
+    import ray.util.metrics
+
+    from dice_ray.cluster import verifier_pool
+
+    made = []
+
+    class FakeGauge:
+        def __init__(self, name, description="", tag_keys=()):
+            made.append((name, tuple(tag_keys)))
+
+    monkeypatch.setattr(ray.util.metrics, "Gauge", FakeGauge)
+    gauges = verifier_pool._make_gauges()
+    documented = re.findall(r"^``(dice_ray_verifier_pool_\w+)``\s+\S", verifier_pool.__doc__, flags=re.MULTILINE)
+    assert sorted(documented) == sorted(name for name, _ in made) and len(gauges) == len(made) == 6
+    assert {tags for _, tags in made} == {("pool",)}

@@ -18,14 +18,17 @@ scale N`` / ``status`` can act on it from outside the job. With ``ClusterConfig.
 one periodic coroutine resizes it by queue depth between ``min_verifiers`` and ``max_verifiers``.
 Dispatch after NeMo-RL's environment pools and OpenRLHF's actor groups.
 
-Ray gauges exported by the pool actor (sampled each second, tag ``pool``):
+Ray gauges exported by the pool actor (sampled each second, the spares every
+:data:`SANDBOX_TICKS` seconds; tag ``pool``):
 
-====================================  =========================================================
-``dice_ray_verifier_pool_queue``      candidates waiting in the pool's queue
-``dice_ray_verifier_pool_in_flight``  candidates sent to verifier actors, no verdict yet
-``dice_ray_verifier_pool_actors``     verifier actors serving or starting (not draining)
-``dice_ray_verifier_pool_draining``   verifier actors finishing their last candidates
-====================================  =========================================================
+=======================================  =========================================================
+``dice_ray_verifier_pool_queue``         candidates waiting in the pool's queue
+``dice_ray_verifier_pool_in_flight``     candidates sent to verifier actors, no verdict yet
+``dice_ray_verifier_pool_actors``        verifier actors serving or starting (not draining)
+``dice_ray_verifier_pool_draining``      verifier actors finishing their last candidates
+``dice_ray_verifier_pool_spares_ready``  spare sandbox workers ready, over the serving actors
+``dice_ray_verifier_pool_promoted``      sandbox worker replacements that found no ready spare
+=======================================  =========================================================
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ NAMESPACE = "dice-ray"
 MAX_ATTEMPTS = 2
 """Actor deaths a candidate may be in flight for; the second gives it a ``crash`` verdict."""
 TICK_S = 1.0
+#: ticks between two polls of the actors' sandbox counters for the spares gauges
+SANDBOX_TICKS = 5
 """Period of the pool's gauge/autoscaling coroutine (s)."""
 READY_PING_S = 5.0
 #: seconds :meth:`VerifierPool.status` waits for an actor's sandbox counters (``info``) before leaving them out
@@ -505,13 +510,25 @@ class VerifierPool:
 
     # -- periodic: gauges and autoscaling ------------------------------------------------------
     async def _tick_loop(self) -> None:
+        ticks = 0
         while not self._closed:
             try:
                 self._tick()
+                if self._gauges and ticks % SANDBOX_TICKS == 0:
+                    await self._sandbox_gauges()
             except Exception as exc:  # noqa: BLE001 - never let the pool's clock die
                 self.errors.append(f"tick: {_first_line(exc)}")
                 del self.errors[:-8]
+            ticks += 1
             await asyncio.sleep(TICK_S)
+
+    async def _sandbox_gauges(self) -> None:
+        """Set the spares gauges from the serving actors' sandbox counters (those that answer)."""
+        boxes = [b for b in await asyncio.gather(*(self._sandbox(s) for s in self.slots)) if b]
+        if boxes:
+            tags = {"pool": self.name}
+            for key in ("spares_ready", "promoted"):
+                self._gauges[key].set(float(sum(b[key] for b in boxes)), tags=tags)
 
     def _tick(self) -> None:
         queued = self.queue.qsize()
@@ -691,6 +708,8 @@ def _make_gauges() -> dict:
                 ("in_flight", "candidates sent to verifier actors, no verdict yet"),
                 ("actors", "verifier actors serving or starting"),
                 ("draining", "verifier actors finishing their last candidates"),
+                ("spares_ready", "spare sandbox workers ready, over the serving actors"),
+                ("promoted", "sandbox worker replacements that found no ready spare"),
             )
         }
     except Exception:  # noqa: BLE001 - metrics are optional (e.g. no metrics agent)
