@@ -53,15 +53,15 @@ NAMESPACE = "dice-ray"
 MAX_ATTEMPTS = 2
 """Actor deaths a candidate may be in flight for; the second gives it a ``crash`` verdict."""
 TICK_S = 1.0
-#: ticks between two polls of the actors' sandbox counters for the spares gauges
-SANDBOX_TICKS = 5
 """Period of the pool's gauge/autoscaling coroutine (s)."""
+SANDBOX_TICKS = 5
+"""Ticks between two polls of the actors' sandbox counters for the spares gauges."""
 READY_PING_S = 5.0
-#: seconds :meth:`VerifierPool.status` waits for an actor's sandbox counters (``info``) before leaving them out
-STATUS_PING_S = 2.0
-#: an actor's sandbox counters in :meth:`VerifierPool.status` (``actors[].sandbox``; :meth:`Verifier.stats`'s keys)
-SANDBOX_KEYS = ("workers", "restarts", "spares", "spares_ready", "promoted", "gpu_gate_s")
 """Wait for one readiness ping of a starting verifier actor (s); repeated until it answers or drains."""
+STATUS_PING_S = 2.0
+"""Wait for an actor's sandbox counters (``info``) in :meth:`VerifierPool.status` before leaving them out (s)."""
+SANDBOX_KEYS = ("workers", "restarts", "spares", "spares_ready", "promoted", "gpu_gate_s")
+"""An actor's sandbox counters in :meth:`VerifierPool.status` (``actors[].sandbox``; :meth:`Verifier.stats`'s keys)."""
 RETIRE_CLOSE_S = 30.0
 """Wait for a drained actor to stop its sandbox workers before it is killed (s)."""
 
@@ -655,8 +655,8 @@ class VerifierPool:
         draining counters; ``sandbox``: the serving actor's sandbox workers, replacements, spares,
         spares ready, replacements that found no ready spare (``promoted``) and GPU gate seconds, None
         when it did not answer within :data:`STATUS_PING_S`), ``spares`` / ``spares_ready`` /
-        ``promoted`` (summed over the actors that answered; None when none did), ``retired`` (rows of actors drained and
-        stopped), ``errors``.
+        ``promoted`` (summed over the actors that answered; None when none did), ``retired`` (rows of
+        actors drained and stopped), ``errors``.
         """
         await self._ensure_started()
         sandboxes = await asyncio.gather(*(self._sandbox(s) for s in self.slots))
