@@ -268,7 +268,7 @@ def test_concurrent_workers_give_the_serial_verdicts():
         assert v.workers == 2 and len(v.worker_pids) == 2
         verdicts = v.verify_many([(t, src, f"c{i}") for i, (t, src, _) in enumerate(batch)])
     assert [x.candidate_id for x in verdicts] == [f"c{i}" for i in range(len(batch))]
-    assert [x.verdict for x in verdicts] == [want for _, _, want in batch]
+    assert [x.verdict for x in verdicts] == [want for _, _, want in batch], [(x.verdict, x.reason[:400]) for x in verdicts]
 
 
 
