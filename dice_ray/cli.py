@@ -225,9 +225,14 @@ def describe_pool(pool: dict) -> str:
             f"queue {pool.get('queue_depth')}, in flight {pool.get('in_flight')}, {pool.get('completed')} verified, "
             f"{_num(pool.get('throughput_per_s'), '.2f')} candidates/s since it started")
     if pool.get("spares") is not None:
-        line += (f"; spare sandbox workers {pool.get('spares_ready')}/{pool.get('spares')} ready, "
-                 f"{pool.get('promoted')} replacements found none ready")
+        line += f"; spare sandbox workers {_spares(pool)}"
     return line
+
+
+def _spares(counts: dict) -> str:
+    """``ready/kept ready, N replacements found none ready`` of a pool's or an actor's sandbox counters."""
+    return (f"{counts.get('spares_ready')}/{counts.get('spares')} ready, "
+            f"{counts.get('promoted')} replacements found none ready")
 
 
 def describe_actors(pool: dict) -> str:
@@ -242,8 +247,7 @@ def describe_actors(pool: dict) -> str:
                 f"utilization {_num(a.get('utilization'), '.2f')}")
         box = a.get("sandbox")
         if box:
-            line += (f"; sandbox workers {box.get('workers')} ({box.get('restarts')} replaced), spares "
-                     f"{box.get('spares_ready')}/{box.get('spares')} ready, {box.get('promoted')} replacements found none ready")
+            line += f"; sandbox workers {box.get('workers')} ({box.get('restarts')} replaced), spares {_spares(box)}"
         lines.append(line + (f"; error: {str(a['error']).splitlines()[0]}" if a.get("error") else ""))
     auto = pool.get("autoscale")
     if auto:

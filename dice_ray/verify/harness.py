@@ -899,7 +899,7 @@ class Harness:
         parts["windows"] = _perf() - t_windows - parts["fill"] - parts["check"]
         parts["gpu"] = 1e-3 * sum(t * n for side, v in times.per_call.items()
                                   for t, n in zip(v, sizes["candidate" if side == "candidate" else "reference"][warmup:]))
-        parts.update({f"windows.{k}": v for k, v in times.host_s.items() if k != "after"})
+        parts.update({f"windows.{k}": v for k, v in times.host_s.items()})
         t_rest = _perf()
         net = {side: timing.spread_stats([max(t, 1e-6) for t in v]) for side, v in times.per_call.items()}
         (ref_ms, ref_spread), (cand_ms, cand_spread) = net["reference"], net["candidate"]

@@ -98,16 +98,17 @@ class WindowTimes:
             calls (the GPU may have waited for the host inside them): left out of ``per_call`` while
             at least half of the side's windows are clean.
         host_s: host seconds of the windows (warm-up included) by phase: ``launch`` (the hold with its L2
-            flush and the start event queued, after the input fills finished), ``enqueue`` (the calls queued, with ``each_call``), ``wait`` (release, end
-            events and the device-wide synchronize: the GPU running the calls) and
-            ``after`` (the output checks); the input fills are the schedule's ``fill_s``.
+            flush and the start event queued, after the input fills finished), ``enqueue`` (the calls
+            queued, with ``each_call``), ``wait`` (release, end events and the device-wide synchronize:
+            the GPU running the calls); the input fills are the schedule's ``fill_s``, the output checks
+            the caller's ``after``.
     """
 
     per_call: dict[str, list[float]]
     gap_ms: list[float]
     outlasted: dict[str, int] = field(default_factory=dict)
     host_bound: dict[str, int] = field(default_factory=dict)
-    host_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("launch", "enqueue", "wait", "after"), 0.0))
+    host_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("launch", "enqueue", "wait"), 0.0))
 
 
 def outlast_limit_ms(gap_ms: list[float]) -> float:
@@ -298,7 +299,6 @@ def time_calls(
             host["launch"] += t1 - t0
             host["enqueue"] += t2 - t1
             host["wait"] += t3 - t2
-        t_after = _perf()
         if after is not None:
             for i in range(cand_sizes[w]):
                 j = calls[i]
@@ -311,7 +311,6 @@ def time_calls(
                         ref_out = ref_fn(*(fresh(args[i]) if ref_mutates else args[i]))
                 after(j, ref_out, outs["candidate"][i], args[i])
         del outs
-        host["after"] += _perf() - t_after
     _synchronize(device)
     timed = range(warmup, windows)
     ref_clean = [w for w in timed if w not in behind["reference"]]
