@@ -386,6 +386,8 @@ def launch_count() -> int:
 
 
 def _dims(value: Any, what: str, kernel: str) -> tuple[int, int, int]:
+    if type(value) is int and value >= 1:  # the common case, checked in ~0.1 us
+        return value, 1, 1
     items = value if isinstance(value, (tuple, list)) else (value,)
     if not 1 <= len(items) <= 3:
         raise ValueError(f"kernel {kernel}: {what} must be an int or a tuple of 1-3 ints, got {value!r}")
@@ -405,6 +407,10 @@ _SLOT = 8  # every parameter gets its own 8-byte-aligned slot in the argument bu
 _torch: Any = None
 _raw_stream: Any = None
 _tls = threading.local()
+_driver_mod: Any = None
+_SUCCESS: Any = None
+_RETRY_LAUNCH: tuple[Any, ...] = ()
+_streams: dict[int, Any] = {}
 
 
 def _torch_mod() -> Any:
@@ -416,6 +422,28 @@ def _torch_mod() -> Any:
         _raw_stream = fast if fast is not None else (lambda d: torch.cuda.current_stream(d).cuda_stream)
         _torch = torch
     return _torch
+
+
+def _driver() -> Any:
+    """``cuda.bindings.driver``, imported on first use, and the launch's constants from it."""
+    global _driver_mod, _SUCCESS, _RETRY_LAUNCH
+    if _driver_mod is None:
+        from cuda.bindings import driver
+
+        _SUCCESS = driver.CUresult.CUDA_SUCCESS
+        _RETRY_LAUNCH = (driver.CUresult.CUDA_ERROR_INVALID_CONTEXT, driver.CUresult.CUDA_ERROR_INVALID_HANDLE)
+        _driver_mod = driver
+    return _driver_mod
+
+
+def _stream(handle: int) -> Any:
+    """The ``CUstream`` wrapping a raw stream handle, made once a handle."""
+    stream = _streams.get(handle)
+    if stream is None:
+        if len(_streams) >= 256:  # bounded: a process that makes many streams does not grow it
+            _streams.clear()
+        stream = _streams[handle] = _driver().CUstream(handle)
+    return stream
 
 
 class Kernel:
@@ -449,46 +477,51 @@ class Kernel:
         base = ctypes.addressof(self._buf)
         self._ptrs = (ctypes.c_void_p * max(1, len(params)))(*[base + o for o in offsets])
         self._ptrs_addr = ctypes.addressof(self._ptrs)
+        self._pointer = [p.kind == "int" and p.size == 8 for p in params]  # may take a Tensor's device pointer
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Kernel({self.name}, params={[p.ptx_type for p in self.params]})"
 
+    def _where(self, p: KernelParam) -> str:
+        return f"kernel {self.name} parameter {p.index} ({p.ptx_type}, {p.size} bytes)"
+
     def _value(self, p: KernelParam, a: Any, device: int | None) -> Any:
-        where = f"kernel {self.name} parameter {p.index} ({p.ptx_type}, {p.size} bytes)"
         if isinstance(a, _torch.Tensor):
             if p.size != 8 or p.kind != "int":
-                raise TypeError(f"{where}: got a Tensor, which is passed as an 8-byte device pointer")
+                raise TypeError(f"{self._where(p)}: got a Tensor, which is passed as an 8-byte device pointer")
             if device is None:
                 return 0  # dry run (meta tensors have no storage)
             if not a.is_cuda or a.get_device() != device:
-                raise TypeError(f"{where}: tensor is on {a.device}, kernels run on cuda:{device}")
+                raise TypeError(f"{self._where(p)}: tensor is on {a.device}, kernels run on cuda:{device}")
             return a.data_ptr()
         if isinstance(a, int):  # bool included
             if p.kind == "float":
                 return float(a)
             if p.kind != "int":
-                raise TypeError(f"{where}: got {type(a).__name__}; pass bytes of length {p.size}")
+                raise TypeError(f"{self._where(p)}: got {type(a).__name__}; pass bytes of length {p.size}")
             lo, hi = _INT_BOUNDS[p.size]
             if not lo <= a <= hi:
-                raise TypeError(f"{where}: int {a} does not fit in {p.size} bytes")
+                raise TypeError(f"{self._where(p)}: int {a} does not fit in {p.size} bytes")
             return a & ((1 << (8 * p.size)) - 1)
         if isinstance(a, float):
             if p.kind != "float":
-                raise TypeError(f"{where}: got float {a!r} for an integer or pointer parameter")
+                raise TypeError(f"{self._where(p)}: got float {a!r} for an integer or pointer parameter")
             return a
         if isinstance(a, (bytes, bytearray)):
             if p.kind != "bytes" or len(a) != p.size:
-                raise TypeError(f"{where}: got {len(a)} bytes" + ("" if p.kind == "bytes" else " for a scalar"))
+                raise TypeError(f"{self._where(p)}: got {len(a)} bytes" + ("" if p.kind == "bytes" else " for a scalar"))
             return bytes(a)
-        raise TypeError(f"{where}: unsupported argument type {type(a).__name__} (use Tensor, int, float, bool, bytes)")
+        raise TypeError(f"{self._where(p)}: unsupported argument type {type(a).__name__} (use Tensor, int, float, bool, bytes)")
 
     def _values(self, args: Any, device: int | None) -> list[Any]:
         if not isinstance(args, (tuple, list)):
             raise TypeError(f"kernel {self.name}: args must be a tuple, got {type(args).__name__}")
         if len(args) != len(self.params):
             raise TypeError(f"kernel {self.name} takes {len(self.params)} parameters, got {len(args)} args")
-        return [self._value(p, a, device) for p, a in zip(self.params, args)]
+        tensor, pointer = _torch.Tensor, self._pointer
+        return [a.data_ptr() if ptr and type(a) is tensor and a.is_cuda and a.get_device() == device  # the common case
+                else self._value(p, a, device) for p, a, ptr in zip(self.params, args, pointer)]
 
     def __call__(self, grid: Any, block: Any, args: tuple = (), shared_mem: int = 0) -> None:
         """Launch on ``torch.cuda.current_stream()`` (asynchronous, like any CUDA launch).
@@ -521,8 +554,7 @@ class Kernel:
             with _lock:
                 _launches += 1
             return
-        from cuda.bindings import driver
-
+        driver = _driver()
         values = self._values(args, mod.device)
         if getattr(_tls, "device", None) != mod.device:  # the context is current per thread
             _context(mod.device)
@@ -531,15 +563,16 @@ class Kernel:
             attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             _check(driver.cuFuncSetAttribute(self._function, attr, smem), f"kernel {self.name}: shared_mem={smem}")
             self._smem_set = smem
-        stream = driver.CUstream(_raw_stream(mod.device))
+        stream = _stream(_raw_stream(mod.device))
         for attempt in (0, 1):
             with self._lock:  # one argument buffer a kernel; the driver copies it during cuLaunchKernel
                 self._fmt.pack_into(self._buf, 0, *values)
                 (err,) = driver.cuLaunchKernel(self._function, *grid3, *block3, smem, stream, self._ptrs_addr, 0)
-            if attempt or err not in (driver.CUresult.CUDA_ERROR_INVALID_CONTEXT, driver.CUresult.CUDA_ERROR_INVALID_HANDLE):
+            if attempt or err not in _RETRY_LAUNCH:
                 break
             _context(mod.device)  # something made another context current on this thread
-        _check((err,), f"launch of kernel {self.name} (grid={grid3}, block={block3}, shared_mem={smem})")
+        if err != _SUCCESS:
+            _check((err,), f"launch of kernel {self.name} (grid={grid3}, block={block3}, shared_mem={smem})")
         with _lock:
             _launches += 1
 
