@@ -247,16 +247,17 @@ class VerifyConfig(_Section):
         "fresh values first, so every timed call sees new data at a new or refreshed address.",
     )
     timing_window_ms: float = Field(
-        0.25, ge=0.0,
+        0.125, ge=0.0,
         description="Least GPU time (ms) in one timed window: calls shorter than this are timed k..2k-1 to a window, "
         "k = ceil(timing_window_ms / that side's call time) for the reference and the candidate each, each window's "
         "size drawn in secret and each call on fresh inputs, so the event timestamps' resolution (~1 us) is a small "
         "share; 0: one call a window. Windows end at a stream-ordered event, so the host's wake-up jitter is not timed "
-        "and a short window suffices; each call costs the host its launch time (~25 us for a Python launcher). "
-        "0.125 made the verifier ~20 % faster on one H200 (24.0-25.8 against 21.9-22.5 candidates/s with crashes, "
-        "speedup CoV <= 0.43 %, speedups within 0.7 %), but side-stream work ending within the 5-10 us outlast "
-        "margin goes untimed, which is 8 % of a 0.125 ms window against 4 % (more of the shorter windows of calls under "
-        "~4 us: k is capped at 64).",
+        "and a short window suffices; each call costs the host its launch time (~25 us for a Python launcher), spent "
+        "while the timing stage holds the GPU alone. Measured on one H200 against 0.25 (the default until 2026-12-02): "
+        "the verifier ~20 % faster (24.0-25.8 against 21.9-22.5 candidates/s with crashes), speedup CoV <= 0.43 %, "
+        "speedups within 0.7 %. The price: side-stream work ending within the 5-10 us outlast margin goes untimed, "
+        "up to 4-8 % of a 0.125 ms window against 2-4 % of a 0.25 ms one (more of the shorter windows of calls under "
+        "~2 us: k is capped at 64); side streams are refused by the static rules before that.",
     )
     output_checks: int = Field(
         5, ge=1, description="Outputs over 64 MiB: timed calls (drawn in secret, plus the last) whose outputs are checked; "

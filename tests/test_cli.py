@@ -107,7 +107,7 @@ def test_config_prints_the_resolved_config_and_describes_every_key(capsys):
     lines = capsys.readouterr().out.splitlines()
     keys = {line.split(" = ")[0] for line in lines}
     assert {"rl.steps", "verify.timing_window_ms", "cluster.num_verifiers", "run_dir"} <= keys
-    assert any(line.startswith("verify.timing_window_ms = 0.25  # Least GPU time (ms)") for line in lines)
+    assert any(line.startswith("verify.timing_window_ms = 0.125  # Least GPU time (ms)") for line in lines)
     assert main(["config", "verify.nope=1"]) == 2
     assert capsys.readouterr().err.strip() == "dice-ray: error: config: verify.nope: unknown key"
 

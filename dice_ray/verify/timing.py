@@ -11,7 +11,7 @@ One timed window (:func:`time_calls`) is::
 
 on the stream the candidate launches on (``torch.cuda.current_stream()``, which ``dice_ray.launch``
 uses), with ``k`` chosen per side (:func:`calls_per_window`: each side's window is 1-2x
-``timing_window_ms`` of its own GPU time, less for calls under ~4 us (k is capped at 64), so a slow
+``timing_window_ms`` of its own GPU time, less for calls under ~2 us (k is capped at 64), so a slow
 candidate does not stretch the fast reference's windows, nor the other way round).  The hold
 (:meth:`~dice_ray.verify.gpu_spin.FillSpin.hold`, a spin the host releases once it has queued the
 window's calls) keeps the host's launch overhead (Python: ~25 us a call for a launcher, more for a
@@ -25,7 +25,7 @@ window whose gap exceeds the reference windows' median gap by more than twice th
 to 5-10 us, :func:`outlast_limit_ms`) had work on another stream or thread that outlasted the
 launching stream: it is timed ``start -> end`` less that median instead, so such work is timed, not
 hidden.  Side-stream work that ends within that margin after ``stream_end`` (at most 10 us a
-window, 4 % of a 0.25 ms window) goes untimed.  (The empty windows this replaced measured the
+window, 8 % of a 0.125 ms window) goes untimed.  (The empty windows this replaced measured the
 host's Python between two records as well, 20-40 us on an H200: the side_stream.py corpus cheat
 then got 28.5x by CUDA events against 0.7x by the host clock, with 0.25 ms windows.)  Measured on
 an H200 (64 MB relu, windows of 8-15 calls): the per-window spread (IQR) is 0.46 % of the median
