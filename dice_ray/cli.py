@@ -64,6 +64,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         args.overrides.append(f"tasks.spec={args.tasks}")
     try:
         train(args.config, args.overrides, args.resume)
+    except KeyboardInterrupt:
+        return 130  # the trainer printed the steps done and the --resume command
     except ValidationError as exc:
         return _fail(_config_error(exc))
     except (FileNotFoundError, ValueError) as exc:
@@ -154,16 +156,42 @@ def _connect(address: str | None):
     if ray.is_initialized():  # called in-process by a driver that is already connected (tests)
         return ray
     address = address or os.environ.get("RAY_ADDRESS") or "auto"
+    found = ""
+    if address == "auto":  # Ray's own lookup: the latest cluster started on this machine, which may be gone
+        address = _latest_local_cluster()
+        found = " (the latest Ray cluster started on this machine; another may be the one you want)"
     host, sep, port = address.rpartition(":")
     if sep and "://" not in address and port.isdigit():  # HOST:PORT of a GCS: ray.init would retry for minutes
         try:
             socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
         except OSError as e:
-            raise ConnectionError(f"no Ray cluster answers at {address} ({e.strerror or e}); "
+            raise ConnectionError(f"no Ray cluster answers at {address}{found} ({e.strerror or e}); "
                                   "start one (ray start --head) or pass the head's --address HOST:6379 (for a "
-                                  "local `dice-ray train`: no --address, or the `ray HOST:PORT` it printed)") from None
+                                  "local `dice-ray train`: the `ray HOST:PORT` it printed)") from None
     connect(address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
     return ray
+
+
+def _latest_local_cluster() -> str:
+    """The GCS address Ray's ``"auto"`` means (the latest cluster started on this machine), or ``"auto"``
+    itself when this Ray cannot say, so ``ray.init`` resolves it.
+
+    Raises:
+        ConnectionError: no Ray cluster was started on this machine.
+    """
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+    except ImportError:  # another Ray: let ray.init resolve it
+        return "auto"
+    try:
+        found = canonicalize_bootstrap_address("auto")
+    except (ConnectionError, ValueError) as exc:
+        raise ConnectionError(f"no Ray cluster found on this machine ({exc}); pass --address HOST:6379 "
+                              "(for a local `dice-ray train`: the `ray HOST:PORT` it printed)") from None
+    if not found:
+        raise ConnectionError("no Ray cluster found on this machine; pass --address HOST:6379 "
+                              "(for a local `dice-ray train`: the `ray HOST:PORT` it printed)")
+    return found
 
 
 def _named(ray, name: str):
@@ -430,7 +458,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="KernelBench metrics of a policy or a solutions folder on a task set")
     ev.add_argument("--tasks", required=True, help=TASKS_HELP)
     src = ev.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", metavar="PATH", help="saved policy folder (DiffusionPolicy.save) to sample from")
+    src.add_argument("--model", metavar="PATH", help="policy to sample from: a `dice-ray train` run directory (its newest checkpoint), a saved policy "
+                     "folder (DiffusionPolicy.save, `dice-ray sft --out`), or an SDAR/LLaDA/Dream checkpoint folder or hub id")
     src.add_argument("--solutions", metavar="DIR",
                      help="solution files: DIR/<task id, '/' -> '__'>.py or DIR/<task name>.py (or a folder of .py samples)")
     ev.add_argument("--samples", type=int, default=1, help="with --model: completions a task (pass@k uses them all)")

@@ -238,7 +238,8 @@ class VerifyConfig(_Section):
         "start-up, which holds the GPU gate shared like the rest of its CUDA set-up, so its first jobs do not load them "
         "(dice_ray.verify.kernel_preload). It changes speed, never a verdict (a failed capture is reported in the "
         "worker's info and its kernels load on first use); no effect without a GPU. Measured with crashes in the mix "
-        "(replacements starting all the time): 9.35 candidates/s with it, 10.58 without, in two device calls."
+        "(one H200, --rounds 3, medians): 14.99 candidates/s with it against 13.33 without, side by side in one device "
+        "call (a spare's start then held the GPU gate 27 ms instead of 254 ms)."
     )
     # -- timing (dice_ray.verify.harness) --
     input_pool_mib: float = Field(
@@ -252,12 +253,13 @@ class VerifyConfig(_Section):
         "k = ceil(timing_window_ms / that side's call time) for the reference and the candidate each, each window's "
         "size drawn in secret and each call on fresh inputs, so the event timestamps' resolution (~1 us) is a small "
         "share; 0: one call a window. Windows end at a stream-ordered event, so the host's wake-up jitter is not timed "
-        "and a short window suffices; each call costs the host its launch time (~25 us for a Python launcher), spent "
-        "while the timing stage holds the GPU alone. Measured on one H200 against 0.25 (the default until 2026-12-02): "
-        "the verifier ~20 % faster (24.0-25.8 against 21.9-22.5 candidates/s with crashes), speedup CoV <= 0.43 %, "
-        "speedups within 0.7 %. The price: side-stream work ending within the 5-10 us outlast margin goes untimed, "
-        "up to 4-8 % of a 0.125 ms window against 2-4 % of a 0.25 ms one (more of the shorter windows of calls under "
-        "~2 us: k is capped at 64); side streams are refused by the static rules before that.",
+        "and a short window suffices; each call costs the host its launch time (10-12 us for a dice_ray.launch kernel, "
+        "more for a module of many ops), spent while the timing stage holds the GPU alone. Measured on one H200 against "
+        "0.25 (the default until 2026-12-01), with the faster launch, in one device call: the timing stage 46.5 against "
+        "64.0 ms a correct candidate, the crash mix 19.7-20.8 against 18.6-19.0 candidates/s, speedup CoV <= 0.49 %, "
+        "speedups 0.7 % apart at the median (at most 4.9 %). The price: side-stream work ending within the 5-10 us "
+        "outlast margin goes untimed, up to 8 % of a 0.125 ms window against 4 % of a 0.25 ms one (more of the shorter "
+        "windows of calls under ~2 us: k is capped at 64); the static rules refuse side streams before that.",
     )
     output_checks: int = Field(
         5, ge=1, description="Outputs over 64 MiB: timed calls (drawn in secret, plus the last) whose outputs are checked; "

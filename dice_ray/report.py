@@ -62,7 +62,8 @@ class Run:
         records: the step records of ``metrics.jsonl``, in file order.
         skipped_lines: lines of ``metrics.jsonl`` that were not a whole step record (a run still
             writing leaves at most one: its torn last line).
-        summary: ``summary.json``, or None while the run is going (or if it stopped early).
+        summary: ``summary.json``, or None while the run is going (or if it stopped early), a resumed
+            session included (the file is then an earlier session's, counting fewer steps than ``records``).
     """
 
     path: Path
@@ -145,6 +146,8 @@ def load_run(run_dir: str | Path) -> Run:
             summary = json.loads(summary_file.read_text(encoding="utf-8", errors="replace"))
         except (json.JSONDecodeError, RecursionError):
             summary = None  # being written right now: report the run as still going
+    if isinstance(summary, dict) and isinstance(summary.get("steps"), int) and summary["steps"] < len(records):
+        summary = None  # an earlier session's: a resumed session has written steps since (and has not ended)
     return Run(path, config, records, skipped, summary if isinstance(summary, dict) else None)
 
 
@@ -241,7 +244,9 @@ def markdown_report(run: Run, curves_png: str | None = "curves.png") -> str:
     else:
         metrics = run.path / "metrics.jsonl"
         age = f"; last step written {(time.time() - metrics.stat().st_mtime) / 60:.1f} min ago" if metrics.is_file() else ""
-        lines.append(f"Status: still running (no summary.json yet{age}). "
+        why = ("summary.json is an earlier session's: a resumed session has written steps since" if
+               (run.path / "summary.json").is_file() else "no summary.json yet")
+        lines.append(f"Status: still running ({why}{age}). "
                      "A run that crashed or was stopped also looks like this; `dice-ray train --resume RUN_DIR` continues it.")
     lines += ["", f"Run directory: `{run.path}`", ""]
     if curves_png:

@@ -95,6 +95,32 @@ def test_status_with_an_address_nobody_answers_fails_fast():
     assert "no Ray cluster answers" in run.stderr
 
 
+def test_status_without_an_address_names_the_cluster_ray_found_and_fails_fast(monkeypatch):
+    """No --address: Ray's "auto" is the latest cluster started on this machine, which may be gone (another
+    session's); the check is the same fast one as for an explicit address, and the error says where it looked."""
+    import socket
+    import time
+
+    import ray
+    from ray._private import services
+
+    from dice_ray import cli
+
+    with socket.socket() as probe:  # a port with nothing listening: the latest cluster is gone
+        probe.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{probe.getsockname()[1]}"
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(services, "canonicalize_bootstrap_address", lambda addr, temp_dir=None: dead)
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError, match=f"no Ray cluster answers at {dead} \\(the latest Ray cluster started"):
+        cli._connect(None)
+    assert time.monotonic() - t0 < 10
+    monkeypatch.setattr(services, "canonicalize_bootstrap_address", lambda addr, temp_dir=None: None)
+    with pytest.raises(ConnectionError, match="no Ray cluster found on this machine"):
+        cli._connect(None)
+
+
 def test_config_prints_the_resolved_config_and_describes_every_key(capsys):
     import yaml
 
@@ -218,3 +244,20 @@ def test_unknown_config_key_names_the_nearest_known_one(capsys):
     assert "rl.num_generation: unknown key (did you mean rl.num_generations?)" in err
     assert "verify.rtoll: unknown key (did you mean verify.rtol?)" in err
     assert "zzz: unknown key;" in err or err.rstrip().endswith("zzz: unknown key")
+
+
+def test_train_interrupted_says_how_far_it_got_and_how_to_resume(tmp_path, monkeypatch, capsys):
+    """Ctrl-C during `dice-ray train`: no traceback, exit 130, the steps done and the --resume command."""
+    from dice_ray.cli import main
+    from dice_ray.cluster import trainer as trainer_mod
+
+    def interrupted(self) -> dict:
+        self.run_dir.mkdir(parents=True)
+        (self.run_dir / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer_mod.Trainer, "run", interrupted)
+    assert main(["train", f"run_dir={tmp_path}", "run_name=stopped", "rl.steps=5"]) == 130
+    out = " ".join(capsys.readouterr().out.split())
+    assert "stopped (interrupted) with 2 of 5 steps done" in out
+    assert f"dice-ray train --resume {tmp_path / 'stopped'}" in out

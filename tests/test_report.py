@@ -114,6 +114,18 @@ def test_report_of_a_running_run_with_a_torn_last_line(tmp_path, capsys):
     assert "## Held-out" not in md
 
 
+def test_report_of_a_resumed_run_still_going_is_not_finished(tmp_path, capsys):
+    """`train --resume` leaves the first session's summary.json until it ends: steps written since mean running."""
+    recs = [_record(i, "infill", 1.0, 0.1 * i, 0.5) for i in range(11)]
+    run = _run_dir(tmp_path, "resumed", 12, recs, summary={"steps": 10, "seconds": 60.0})
+    rc, md, _ = _report(capsys, run, "--out", tmp_path / "out")
+    assert rc == 0 and md.startswith("# dice-ray run `resumed` (still running)")
+    assert "summary.json is an earlier session's" in md and "Status: finished" not in md
+    (run / "summary.json").write_text(json.dumps({"steps": 11, "seconds": 30.0}))  # the resumed session ended
+    _, md, _ = _report(capsys, run, "--out", tmp_path / "out")
+    assert "still running" not in md and "Status: finished, the last session in 0.5 min" in md
+
+
 def test_report_of_a_run_with_no_step_yet(tmp_path, capsys):
     run = _run_dir(tmp_path, "fresh", 5, [])
     (run / "metrics.jsonl").unlink()  # set-up done (config.yaml written), first step not finished

@@ -639,6 +639,7 @@ def train(config_path: str | None, overrides: list[str], resume: str | None, con
     """Entry point of ``dice-ray train`` and ``jobs/train.py``.
 
     Raises:
+        KeyboardInterrupt: Ctrl-C (after printing how many steps were done and the ``--resume`` command).
         pydantic.ValidationError / ValueError: a bad config key or value (before any actor starts).
         FileNotFoundError: ``--resume`` names a folder with no config or checkpoint, or ``model.path`` is neither
             a folder nor a hub id that can be had (before any actor starts), or ``tasks.spec``'s path gives
@@ -662,6 +663,11 @@ def train(config_path: str | None, overrides: list[str], resume: str | None, con
     trainer = Trainer(cfg, run_dir, resume=bool(resume), console=console)
     try:
         return trainer.run()
+    except KeyboardInterrupt:
+        done = len(read_metrics(run_dir)) if (run_dir / "metrics.jsonl").is_file() else 0
+        trainer.console.print(f"[bold]stopped[/] (interrupted) with {done} of {cfg.rl.steps} steps done; "
+                              f"continue from the last checkpoint: dice-ray train --resume {run_dir}")
+        raise
     finally:
         trainer.shutdown()
 
