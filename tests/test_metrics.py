@@ -12,7 +12,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_step_record_is_exported_at_the_metrics_port():
-    ctx = ray.init(num_cpus=1, include_dashboard=False, namespace="dice-ray-test-metrics", log_to_driver=False)
+    # Ray exports the recorded values every metrics_report_interval_ms (10 s by default): once a second here
+    ctx = ray.init(num_cpus=1, include_dashboard=False, namespace="dice-ray-test-metrics", log_to_driver=False,
+                   _system_config={"metrics_report_interval_ms": 1000})
     try:
         port = ray._private.worker.global_worker.node.metrics_export_port
         m = RunMetrics("metrics-test")
@@ -24,7 +26,7 @@ def test_step_record_is_exported_at_the_metrics_port():
             text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
             if "dice_ray_reward_mean" in text and "dice_ray_phase" in text:
                 break
-            time.sleep(2)
+            time.sleep(0.5)
         lines = [ln for ln in text.splitlines() if ln.startswith("ray_dice_ray_") or ln.startswith("dice_ray_")]
         by_name = {ln.split("{")[0].removeprefix("ray_"): float(ln.rsplit(" ", 1)[1]) for ln in lines}
         assert by_name.get("dice_ray_reward_mean") == 0.625, lines
