@@ -1,9 +1,12 @@
 """Helpers shared by several test files: waiting on a VerifierPool's status, a plain-torch engine, the
-coupled estimator's exact expectation."""
+coupled estimator's exact expectation, ``dice-ray train`` in a process of its own and the deterministic run's
+overrides."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import ray
@@ -13,6 +16,24 @@ import torch
 TINY_FAMILY_SHAPE = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                      "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 256, "block_size": 4}
 """ModelConfig fields of the tiny random LLaDA / Dream / SDAR models the family tests build (no download)."""
+
+DETERMINISTIC = [
+    "rl.prompts_per_step=2", "rl.num_generations=3", "rl.beta=0.01", "rl.logprob_estimator=coupled",
+    "phase.infill_steps=2", "phase.ramp_steps=3",  # steps 0-1 infill, 2-4 ramp (resume at 3), 5 e2e
+    "sampling.max_new_tokens=96", "sft.steps=100", "eval.heldout_tasks=0",
+    "cluster.num_verifiers=1", "tasks.max_tasks=6",  # 5 training tasks: new epochs at steps 2 and 4
+]
+"""``dice-ray train`` overrides of a deterministic 6-step CPU run (compile-only verifiers): the run conftest's
+``straight_run`` makes once, tests/test_resume_exact.py resumes and tests/test_rollout_fault.py crashes a rollout
+worker in, each to get the same per-step records."""
+
+
+def train_cli(args: list[str], env: dict, timeout: float = 600) -> str:
+    """``dice-ray train ARGS`` in a process of its own with ``env``; asserts it exits 0 and returns its stdout."""
+    proc = subprocess.run([sys.executable, "-m", "dice_ray.cli", "train", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
+    return proc.stdout
 
 
 def wait_for_pool(pool, cond, what: str = "condition", timeout: float = 60.0, poll: float = 0.2) -> dict:

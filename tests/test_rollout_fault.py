@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,8 +25,47 @@ from dice_ray.cluster.rollout import FAULT_ENV, GroupRollout, WeightsMissing
 from dice_ray.cluster.scheduler import PhaseSchedulerActor
 from dice_ray.cluster.weight_sync import WeightSync
 from dice_ray.config import PhaseConfig
+from _helpers import DETERMINISTIC, train_cli
 
 
+# ---- dice-ray train: a worker crashes mid-step, the metrics do not notice -------------------------------------
+# (ahead of the stand-in tests: their module-scoped Ray cluster, idle, would take ~15 % of 2 cores from this run)
+TIMING = {
+    "learner_step_seconds", "rollout_seconds", "verify_seconds", "learn_seconds", "sync_seconds",
+    "rollout_tokens_per_s", "verifier_throughput", "verifier_queue_depth", "verifier_pool_size", "step_seconds",
+    "idle_seconds", "checkpoint_seconds", "rollout_busy_share", "verify_busy_share", "learner_busy_share",
+    "rollout_learn_overlap_seconds", "timeline", "gpu_busy_share", "gpu_busy_share_mean", "gpu_busy_share_min",
+    "rollout_restarts",
+}
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+    return a == b
+
+
+@pytest.mark.slow
+def test_train_with_a_rollout_worker_crashing_mid_step_matches_the_clean_run(tmp_path, sft_cache, straight_run):
+    """The clean run is conftest's ``straight_run`` (the one tests/test_resume_exact.py resumes); this one is the
+    same config and steps with the rollout worker crashing mid-step."""
+    marker = tmp_path / "crashed"
+    # the worker's 3rd generate call is step 2's rollout: its re-sampled groups are what step 2 learns on
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PYTHONUNBUFFERED": "1", FAULT_ENV: f"3:{marker}"}
+    train_cli([f"run_dir={tmp_path}", "run_name=crash", f"sft.cache_dir={sft_cache}", "rl.steps=6", *DETERMINISTIC], env)
+    clean, crash = [[json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+                    for run in (straight_run, tmp_path / "crash")]
+    assert marker.exists(), "the fault hook did not fire"
+    assert [r["step"] for r in crash] == list(range(6))
+    assert [r["rollout_restarts"] for r in clean] == [0] * 6
+    assert crash[2]["rollout_restarts"] >= 1 and clean[2]["loss"] is not None  # the crashed step trained
+    assert any(r["loss"] is not None for r in clean[1:]), "no learner step after the crash: a weak comparison"
+    diffs = [(r["step"], k, r.get(k), s.get(k)) for r, s in zip(clean, crash)
+             for k in sorted((set(r) | set(s)) - TIMING) if not _same(r.get(k), s.get(k))]
+    assert not diffs, "the crash changed the run (step, field, clean, crashed):\n" + "\n".join(map(str, diffs))
+
+
+# ---- StepPipeline and WeightSync with restartable stand-in workers --------------------------------------------
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
 class CrashingRollout:
     """A stand-in rollout worker: its candidates are ``"w{weights}:s{seed}:{j}"``. It crashes (``os._exit``)
@@ -246,71 +283,3 @@ def test_only_worker_deaths_and_missing_weights_are_recovered():
     assert recoverable(ray.exceptions.ActorDiedError()) and recoverable(ray.exceptions.ActorUnavailableError("x", b"0" * 16))
     assert recoverable(WeightsMissing("restarted"))
     assert not recoverable(KeyError("task")) and not recoverable(ray.exceptions.GetTimeoutError())
-
-
-# ---- dice-ray train: a worker crashes mid-step, the metrics do not notice -------------------------------------
-RUN = [
-    "rl.steps=4", "rl.prompts_per_step=2", "rl.num_generations=3", "phase.infill_steps=2", "phase.ramp_steps=3",
-    "sampling.max_new_tokens=96", "sft.steps=100", "eval.heldout_tasks=0", "cluster.num_verifiers=1",
-    "tasks.max_tasks=6",  # the SFT cache of tests/test_resume_exact.py
-]
-TIMING = {
-    "learner_step_seconds", "rollout_seconds", "verify_seconds", "learn_seconds", "sync_seconds",
-    "rollout_tokens_per_s", "verifier_throughput", "verifier_queue_depth", "verifier_pool_size", "step_seconds",
-    "idle_seconds", "checkpoint_seconds", "rollout_busy_share", "verify_busy_share", "learner_busy_share",
-    "rollout_learn_overlap_seconds", "timeline", "gpu_busy_share", "gpu_busy_share_mean", "gpu_busy_share_min",
-    "rollout_restarts",
-}
-
-
-def _train_both(runs: dict[str, dict], tmp: Path, args: list[str]) -> dict[str, list[dict]]:
-    """``dice-ray train`` once for each ``name -> env``, each started once the one before it has its warm start
-    (so they share its SFT cache entry, and overlap their set-up and steps); their records."""
-    procs = {}
-    try:
-        for name, env in runs.items():
-            if procs:  # wait for the previous run's warm start (a cold cache is filled once)
-                prev, log = procs[list(procs)[-1]]
-                deadline = time.monotonic() + 400
-                while prev.poll() is None and " M params, " not in log.read_text() and time.monotonic() < deadline:
-                    time.sleep(0.5)
-            log = tmp / f"{name}.log"
-            with log.open("w") as f:
-                cmd = [sys.executable, "-m", "dice_ray.cli", "train", f"run_dir={tmp}", f"run_name={name}", *args]
-                procs[name] = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, text=True), log
-        out = {}
-        for name, (proc, log) in procs.items():
-            proc.wait(timeout=400)
-            assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{log.read_text()[-6000:]}"
-            out[name] = [json.loads(x) for x in (tmp / name / "metrics.jsonl").read_text().splitlines()]
-        return out
-    finally:
-        for proc, _ in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, float) and isinstance(b, float):
-        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
-    return a == b
-
-
-@pytest.mark.slow
-def test_train_with_a_rollout_worker_crashing_mid_step_matches_the_clean_run(tmp_path, request):
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", FAULT_ENV)} | {"PYTHONUNBUFFERED": "1"}
-    pytest_cache = getattr(request.config, "cache", None)
-    cache = pytest_cache.mkdir("dice-ray-sft") if pytest_cache else tmp_path / "sft"
-    marker = tmp_path / "crashed"
-    # the worker's 3rd generate call is step 2's rollout: its re-sampled groups are what step 2 learns on
-    runs = _train_both({"clean": env, "crash": env | {FAULT_ENV: f"3:{marker}"}}, tmp_path, [f"sft.cache_dir={cache}", *RUN])
-    clean, crash = runs["clean"], runs["crash"]
-    assert marker.exists(), "the fault hook did not fire"
-    assert [r["step"] for r in crash] == [0, 1, 2, 3]
-    assert [r["rollout_restarts"] for r in clean] == [0, 0, 0, 0]
-    assert crash[2]["rollout_restarts"] >= 1 and clean[2]["loss"] is not None  # the crashed step trained
-    assert any(r["loss"] is not None for r in clean[1:]), "no learner step after the crash: a weak comparison"
-    diffs = [(r["step"], k, r.get(k), s.get(k)) for r, s in zip(clean, crash)
-             for k in sorted((set(r) | set(s)) - TIMING) if not _same(r.get(k), s.get(k))]
-    assert not diffs, "the crash changed the run (step, field, clean, crashed):\n" + "\n".join(map(str, diffs))
