@@ -184,12 +184,11 @@ def _latest_local_cluster() -> str:
     except ImportError:  # another Ray: let ray.init resolve it
         return "auto"
     try:
-        found = canonicalize_bootstrap_address("auto")
+        found, why = canonicalize_bootstrap_address("auto"), ""
     except (ConnectionError, ValueError) as exc:
-        raise ConnectionError(f"no Ray cluster found on this machine ({exc}); pass --address HOST:6379 "
-                              "(for a local `dice-ray train`: the `ray HOST:PORT` it printed)") from None
+        found, why = None, f" ({exc})"
     if not found:
-        raise ConnectionError("no Ray cluster found on this machine; pass --address HOST:6379 "
+        raise ConnectionError(f"no Ray cluster found on this machine{why}; pass --address HOST:6379 "
                               "(for a local `dice-ray train`: the `ray HOST:PORT` it printed)")
     return found
 
