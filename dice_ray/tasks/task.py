@@ -16,6 +16,7 @@ Sources are untrusted (DICE records, user files): validation here only parses th
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -283,6 +284,7 @@ def _shape_constant_node(tree: ast.Module) -> ast.Assign | None:
     return None
 
 
+@functools.lru_cache(maxsize=256)
 def shape_constant(reference_src: str) -> tuple[str, int] | None:
     """The size constant of a reference that can change without changing the model.
 
@@ -292,7 +294,8 @@ def shape_constant(reference_src: str) -> tuple[str, int] | None:
     it to fit a memory budget (:func:`scale_down_inputs`, KernelBench#146).  Parses only.
 
     Returns:
-        ``(name, value)``, or None when there is no such constant or ``reference_src`` does not parse.
+        ``(name, value)``, or None when there is no such constant or ``reference_src`` does not parse
+        (cached by source: the verifier asks once a candidate, 1 ms a parse).
     """
     try:
         node = _shape_constant_node(ast.parse(reference_src))
