@@ -188,7 +188,8 @@ def estimator_seed(base: int, step: int, group: int) -> int:
 
 def learner_env(use_gpu: bool) -> dict:
     """Environment for a learner rank: DeepSpeed's CPU accelerator without GPUs, and a persistent
-    ``TORCH_EXTENSIONS_DIR`` so DeepSpeed's JIT ops (shm comm: ~30 s) build once per machine."""
+    ``TORCH_EXTENSIONS_DIR`` so DeepSpeed's JIT ops, if any, build once per machine (on a CPU none: see
+    ``dice_ray.policy.sft.deepspeed_initialize``)."""
     from dice_ray.policy.sft import DEEPSPEED_OPS_DIR
 
     env = {"TORCH_EXTENSIONS_DIR": os.path.expanduser(DEEPSPEED_OPS_DIR)}

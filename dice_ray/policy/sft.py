@@ -46,7 +46,6 @@ stepped by plain torch or through a one-process DeepSpeed engine. Two callers:
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import math
 import os
@@ -360,32 +359,31 @@ DEEPSPEED_OPS_DIR = "~/.cache/dice-ray/torch_extensions"
 
 
 def deepspeed_initialize(**kwargs: Any) -> tuple[Any, ...]:
-    """``deepspeed.initialize(**kwargs)`` without DeepSpeed's op-build notice on stdout.
-
-    On a CPU accelerator DeepSpeed prints ``DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built
-    successfully`` with ``print`` (``deepspeed/comm/torch.py``) when it loads its shared-memory
-    collective op, a line the console of every run would show. That line is dropped; anything else
-    DeepSpeed prints goes to stdout as before.
+    """``deepspeed.initialize(**kwargs)``, on a CPU accelerator without DeepSpeed's shared-memory collective op
+    (:func:`_skip_shm_comm_op`: no JIT build at a machine's first run).
 
     Returns:
         what ``deepspeed.initialize`` returns (engine, optimizer, dataloader, scheduler).
     Raises:
-        whatever ``deepspeed.initialize`` raises (its printed lines are written out first).
+        whatever ``deepspeed.initialize`` raises.
     """
     import deepspeed
 
-    out = io.StringIO()
-    try:
-        with redirect_stdout(out):
-            return deepspeed.initialize(**kwargs)
-    finally:
-        sys.stdout.write(without_build_notices(out.getvalue()))
+    _skip_shm_comm_op()
+    return deepspeed.initialize(**kwargs)
 
 
-def without_build_notices(text: str) -> str:
-    """``text`` without DeepSpeed's ``DeepSpeed <op> built successfully`` lines (other lines kept, in order)."""
-    return "".join(line for line in text.splitlines(keepends=True)
-                   if not (line.startswith("DeepSpeed ") and line.rstrip().endswith(" built successfully")))
+def _skip_shm_comm_op() -> None:
+    """On DeepSpeed's CPU accelerator, mark its shared-memory collective op (``deepspeed_shm_comm``) unavailable,
+    so its communication backend reduces through ``torch.distributed`` (gloo) instead of JIT-building the op at
+    the first ``deepspeed.initialize`` of a machine: 30-50 s on a 2-core machine, the first run's longest wait.
+    dice-ray's CPU learner and SFT are single-host, test-sized runs that gain nothing from it.  No effect on a GPU
+    (NCCL).  DeepSpeed keeps the probed op table in ``deepspeed.ops.__compatible_ops__`` (edits persist)."""
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().device_name() == "cpu":
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def init_single_process_group() -> str:
@@ -395,7 +393,7 @@ def init_single_process_group() -> str:
     destroyed and re-created group would break its next engine. Like ``Learner.init_engine`` it sets
     ``MASTER_ADDR`` / ``MASTER_PORT`` (a free local port) / ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK``; like
     ``dice_ray.cluster.learner.learner_env`` (unless already set) ``DS_ACCELERATOR=cpu`` without a GPU and a
-    persistent ``TORCH_EXTENSIONS_DIR`` (DeepSpeed's JIT shm-comm op builds once per machine).
+    persistent ``TORCH_EXTENSIONS_DIR`` (DeepSpeed's JIT ops, if any, build once per machine).
 
     Returns:
         the group's backend.
