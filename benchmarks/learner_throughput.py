@@ -191,8 +191,9 @@ def init_distributed(device: torch.device) -> None:
 
 
 def make_engine(model, args: argparse.Namespace, device: torch.device):
-    """DeepSpeed engine around ``model`` with the learner's optimizer (client AdamW), ZeRO ``--zero-stage``."""
-    import deepspeed
+    """DeepSpeed engine around ``model`` with the learner's optimizer (client AdamW), ZeRO ``--zero-stage``, made
+    as the learner makes it (``dice_ray.policy.sft.deepspeed_initialize``: no JIT op built on a CPU)."""
+    from dice_ray.policy.sft import deepspeed_initialize
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
     config = {
@@ -205,7 +206,7 @@ def make_engine(model, args: argparse.Namespace, device: torch.device):
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    engine, _, _, _ = deepspeed_initialize(model=model, optimizer=optimizer, config=config)
     return engine
 
 
