@@ -4,10 +4,13 @@ overrides."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 import time
+from pathlib import Path
+from types import ModuleType
 
 import ray
 import torch
@@ -26,6 +29,17 @@ DETERMINISTIC = [
 """``dice-ray train`` overrides of a deterministic 6-step CPU run (compile-only verifiers): the run conftest's
 ``straight_run`` makes once, tests/test_resume_exact.py resumes and tests/test_rollout_fault.py crashes a rollout
 worker in, each to get the same per-step records."""
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` as a module (the benchmarks are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def train_cli(args: list[str], env: dict, timeout: float = 600) -> str:

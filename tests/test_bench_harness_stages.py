@@ -3,7 +3,6 @@ fast-format built-in task, with the kernels their sources name), and its exit wi
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -11,21 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from _helpers import load_benchmark
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "harness_stage_costs.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("harness_stage_costs", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_jobs_are_a_correct_and_an_incorrect_variant_of_each_fast_task():
     from dice_ray.tasks.loaders import load_tasks
 
     fast = [t for t in load_tasks("builtin").tasks if t.solution_format == "fast"]
-    work = _load().jobs()
+    work = load_benchmark("harness_stage_costs").jobs()
     assert [k for k, _ in work] == ["correct", "incorrect"] * len(fast)
     for (kind, job), task in zip(work, [t for t in fast for _ in range(2)]):
         assert job["reference_src"] == task.reference_src

@@ -5,7 +5,6 @@ the ``--pool`` argument's rules."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,19 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from _helpers import load_benchmark
 from dice_ray.config import VerifyConfig
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "verifier_throughput.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("verifier_throughput", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bench = _load()
+bench = load_benchmark("verifier_throughput")
 
 
 def test_pool_sizes_parse_and_reject_bad_lists():
