@@ -261,3 +261,40 @@ def test_train_interrupted_says_how_far_it_got_and_how_to_resume(tmp_path, monke
     out = " ".join(capsys.readouterr().out.split())
     assert "stopped (interrupted) with 2 of 5 steps done" in out
     assert f"dice-ray train --resume {tmp_path / 'stopped'}" in out
+
+
+def _finished_run(tmp_path: Path, steps_done: int) -> Path:
+    """A run folder as `dice-ray train` leaves it: the resolved config and a checkpoint of ``steps_done`` steps."""
+    import yaml
+
+    from dice_ray.config import DiceConfig
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / f"step_{steps_done:06d}").mkdir(parents=True)
+    (run / "checkpoints" / f"step_{steps_done:06d}" / "state.json").write_text(json.dumps({"step": steps_done}))
+    (run / "config.yaml").write_text(yaml.safe_dump(DiceConfig().model_dump(mode="json"), sort_keys=False))
+    return run
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["rl.steps=5"], "rl.steps=5, and its newest checkpoint (step_000007) already holds 7 steps: nothing to do; "
+                     "pass rl.steps=8 or more"),
+    (["rl.steps=7"], "nothing to do"),
+    (["rl.steps=11", "model.hidden_size=64"], "model.hidden_size cannot change on resume (the run has 128, asked 64)"),
+    (["rl.steps=11", "tasks.max_tasks=3"], "tasks.max_tasks cannot change on resume"),
+])
+def test_resume_refuses_what_it_cannot_do_before_starting_anything(tmp_path, monkeypatch, capsys, overrides, says):
+    """A resume with nothing left to do, or with another policy shape or task list, fails in the CLI with one line
+    and leaves the run folder as it was (it used to start Ray, then fail in the learner's checkpoint load with a
+    traceback, having written the new shape into config.yaml, so every later resume failed too)."""
+    from dice_ray.cli import main
+    from dice_ray.cluster import trainer as trainer_mod
+
+    run = _finished_run(tmp_path, 7)
+    before = (run / "config.yaml").read_text()
+    monkeypatch.setattr(trainer_mod, "Trainer", lambda *a, **k: pytest.fail("a Trainer was made"))
+    assert main(["train", "--resume", str(run), *overrides]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"dice-ray: error: --resume {run}: " in err and says in err, err
+    assert (run / "config.yaml").read_text() == before
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.yaml"]

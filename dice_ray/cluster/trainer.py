@@ -636,12 +636,53 @@ def new_run_dir(cfg: DiceConfig) -> Path:
     return Path(cfg.run_dir).expanduser().resolve() / name
 
 
+#: config sections a resume cannot change: the checkpoint's policy (family, shape, weights) and the task list whose
+#: order and split the phase scheduler's saved position indexes
+RESUME_FIXED = ("model", "tasks")
+
+
+def resume_config(run_dir: Path, overrides: list[str]) -> DiceConfig:
+    """The config of ``dice-ray train --resume RUN_DIR key=value ...``: the run's ``config.yaml`` with the overrides,
+    checked against the run before anything is started or written.
+
+    Raises:
+        FileNotFoundError: ``run_dir`` has no ``config.yaml`` (not a dice-ray run directory).
+        pydantic.ValidationError / ValueError: a bad key or value; an override of a :data:`RESUME_FIXED` section
+            (naming the field, its value in the run and the one asked for); ``rl.steps`` not above the steps the
+            run's newest checkpoint holds (nothing to do).
+    """
+    cfg_file = run_dir / "config.yaml"
+    if not cfg_file.exists():
+        raise FileNotFoundError(f"--resume {run_dir}: no config.yaml (not a dice-ray run directory)")
+    saved, cfg = load_config(cfg_file, []), load_config(cfg_file, overrides)
+    for section in RESUME_FIXED:
+        was, now = getattr(saved, section).model_dump(), getattr(cfg, section).model_dump()
+        changed = [k for k in now if now[k] != was.get(k)]
+        if changed:
+            k = changed[0]
+            raise ValueError(f"--resume {run_dir}: {section}.{k} cannot change on resume (the run has {was.get(k)!r}, "
+                             f"asked {now[k]!r}): the checkpoint's policy and the scheduler's task position depend on "
+                             f"the {section} section; start a new run for another")
+    if cfg.storage_path:
+        tag = CheckpointStore(run_store_url(cfg.storage_path, run_dir.name)).latest()
+    else:
+        state = latest_checkpoint(run_dir / "checkpoints")
+        tag = state.parent.name if state is not None else None
+    done = int(tag.removeprefix("step_")) if tag and tag.removeprefix("step_").isdigit() else None
+    if done is not None and cfg.rl.steps <= done:
+        raise ValueError(f"--resume {run_dir}: rl.steps={cfg.rl.steps}, and its newest checkpoint ({tag}) already holds "
+                         f"{done} steps: nothing to do; pass rl.steps={done + 1} or more to train longer")
+    return cfg
+
+
 def train(config_path: str | None, overrides: list[str], resume: str | None, console: Console | None = None) -> dict:
     """Entry point of ``dice-ray train`` and ``jobs/train.py``.
 
     Raises:
         KeyboardInterrupt: Ctrl-C (after printing how many steps were done and the ``--resume`` command).
         pydantic.ValidationError / ValueError: a bad config key or value (before any actor starts).
+        ValueError: ``--resume`` with an override of the ``model`` or ``tasks`` section, or with ``rl.steps`` not
+            above the steps already done (:func:`resume_config`; before anything starts or is written).
         FileNotFoundError: ``--resume`` names a folder with no config or checkpoint, or ``model.path`` is neither
             a folder nor a hub id that can be had (before any actor starts), or ``tasks.spec``'s path gives
             no data file (before the run folder or Ray is started).
@@ -650,10 +691,7 @@ def train(config_path: str | None, overrides: list[str], resume: str | None, con
     """
     if resume:
         run_dir = Path(resume).expanduser().resolve()
-        cfg_file = run_dir / "config.yaml"
-        if not cfg_file.exists():
-            raise FileNotFoundError(f"--resume {run_dir}: no config.yaml (not a dice-ray run directory)")
-        cfg = load_config(cfg_file, overrides)
+        cfg = resume_config(run_dir, overrides)
     else:
         cfg = load_config(config_path, overrides)
         run_dir = new_run_dir(cfg)
