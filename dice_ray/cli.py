@@ -43,13 +43,13 @@ def _config_error(exc) -> str:
     key with the nearest known one, when one is close)."""
     parts = []
     for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        loc = ".".join(str(x) for x in err["loc"])  # empty: a rule across fields, whose message names them
         if err["type"] == "extra_forbidden":
             near = _nearest_key(tuple(err["loc"]))
             msg = "unknown key" + (f" (did you mean {near}?)" if near else "")
         else:
             msg = err["msg"].removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg}")
+        parts.append(f"{loc}: {msg}" if loc else msg)
     return "config: " + "; ".join(parts)
 
 

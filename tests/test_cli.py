@@ -50,7 +50,9 @@ def test_train_bad_config_fails_before_any_actor():
 @pytest.mark.parametrize("args, says", [(["rl.bogus=1"], "rl.bogus: unknown key"), (["--config", "/no/such.yaml"], "no such file"),
                                         (["model.path=dice-test/absent"], "'dice-test/absent': no local folder"),
                                         (["model.path=/no/such/policy"], "not a hub id"),
-                                        (["cluster.fused_kernels=liger"], "needs a GPU learner")])
+                                        (["cluster.fused_kernels=liger"], "needs a GPU learner"),
+                                        (["sampling.max_new_tokens=30"],  # a rule across fields: no "(top level)"
+                                         "error: config: sampling.max_new_tokens=30 must be a multiple of model.block_size")])
 def test_config_errors_are_one_line(args, says, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a hub id not in the cache fails at once, before Ray starts
     proc = _cli("train", *args)
