@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+from _helpers import load_benchmark
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_fault_stall.py"
-spec = importlib.util.spec_from_file_location("gpu_fault_stall", BENCH)
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+bench = load_benchmark("gpu_fault_stall")
 
 
 def test_longest_iteration_counts_every_iteration_that_overlaps_the_window():

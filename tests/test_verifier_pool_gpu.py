@@ -5,9 +5,6 @@ Every candidate gets exactly one verdict, and the same verdict it gets alone fro
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import ray
 import torch
@@ -16,7 +13,7 @@ from dice_ray.cluster.verifier_pool import VerifierPool
 from dice_ray.config import RewardConfig, VerifyConfig
 from dice_ray.tasks.loaders import load_tasks
 from dice_ray.verify.verifier import Verifier
-from _helpers import wait_for_pool
+from _helpers import load_benchmark, wait_for_pool
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -27,11 +24,7 @@ KINDS = ("correct", "incorrect", "compile_error")
 
 def _variants():
     """The benchmark's candidate builder (benchmarks/verifier_throughput.py ``variants``)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "verifier_throughput.py"
-    spec = importlib.util.spec_from_file_location("verifier_throughput_for_gpu_test", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.variants
+    return load_benchmark("verifier_throughput").variants
 
 
 @pytest.fixture(scope="module")

@@ -323,16 +323,16 @@ class Trainer:
         con.print(f"[bold]warm start[/] {describe_warm_start(report, cfg.sft.steps, cfg.sft.target_loss)}")
 
     def _restore(self) -> None:
+        tag = newest_checkpoint_tag(self.store, self.ckpt_dir)
         if self.store is not None:
-            tag = self.store.latest()
             if tag is None:
                 raise FileNotFoundError(f"--resume {self.run_dir}: no complete checkpoint under {self.store.url}")
             state_path = self.store.fetch(tag, self.ckpt_dir) / "state.json"
             self.console.print(f"[bold]storage[/] fetched {tag} from {self.store.url}")
-        else:
-            state_path = latest_checkpoint(self.ckpt_dir)
-        if state_path is None:
+        elif tag is None:
             raise FileNotFoundError(f"--resume {self.run_dir}: no checkpoint under {self.ckpt_dir}")
+        else:
+            state_path = self.ckpt_dir / tag / "state.json"
         state = json.loads(state_path.read_text())
         info = ray.get(self.learner.init_engine.remote())
         ray.get(self.learner.load.remote(str(self.ckpt_dir), state_path.parent.name))
@@ -630,6 +630,15 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     return states[-1] if states else None
 
 
+def newest_checkpoint_tag(store: CheckpointStore | None, ckpt_dir: Path) -> str | None:
+    """Tag (``step_NNNNNN``, NNNNNN steps done) of a run's newest complete checkpoint: in ``store`` for a run with
+    ``storage_path``, else under ``ckpt_dir``; None when there is none."""
+    if store is not None:
+        return store.latest()
+    state = latest_checkpoint(ckpt_dir)
+    return state.parent.name if state is not None else None
+
+
 def new_run_dir(cfg: DiceConfig) -> Path:
     """``cfg.run_dir / (run_name or a timestamp)``."""
     name = cfg.run_name or datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -663,11 +672,8 @@ def resume_config(run_dir: Path, overrides: list[str]) -> DiceConfig:
             raise ValueError(f"--resume {run_dir}: {section}.{k} cannot change on resume (the run has {was.get(k)!r}, "
                              f"asked {now[k]!r}): the checkpoint's policy and the scheduler's task position depend on "
                              f"the {section} section; start a new run for another")
-    if cfg.storage_path:
-        tag = CheckpointStore(run_store_url(cfg.storage_path, run_dir.name)).latest()
-    else:
-        state = latest_checkpoint(run_dir / "checkpoints")
-        tag = state.parent.name if state is not None else None
+    store = CheckpointStore(run_store_url(cfg.storage_path, run_dir.name)) if cfg.storage_path else None
+    tag = newest_checkpoint_tag(store, run_dir / "checkpoints")
     done = int(tag.removeprefix("step_")) if tag and tag.removeprefix("step_").isdigit() else None
     if done is not None and cfg.rl.steps <= done:
         raise ValueError(f"--resume {run_dir}: rl.steps={cfg.rl.steps}, and its newest checkpoint ({tag}) already holds "
