@@ -1,6 +1,7 @@
 """``dice-ray`` command line: train, sft, eval, curate, verify, scaffold, config, report, status, verifiers.
 
-Exit status: 0 on success; 2 for unusable input (bad config, unreadable file), with a one-line error.
+Exit status: 0 on success; 2 for unusable input (bad config, unreadable file), with a one-line error; 1 when an actor
+of ``train`` failed (its traceback above, streamed by Ray; a one-line summary last).
 """
 
 from __future__ import annotations
@@ -8,11 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import sys
 from typing import Any
 
 USAGE_ERROR = 2
+RUN_FAILED = 1
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)(\(\w+\))?: ")
 TASKS_HELP = ("task set: 'builtin', 'dice:PATH' (DICE JSON file or folder), 'kernelbench:DIR', "
               "'kernelbench-json:PATH', 'alpaca:PATH' (CuKe / Alpaca pairs) or 'jsonl:PATH'")
 
@@ -20,6 +25,29 @@ TASKS_HELP = ("task set: 'builtin', 'dice:PATH' (DICE JSON file or folder), 'ker
 def _fail(msg: str) -> int:
     print(f"dice-ray: error: {msg}", file=sys.stderr)
     return USAGE_ERROR
+
+
+def actor_error(exc: BaseException) -> str:
+    """One line for an error a Ray actor or task raised: where it was raised (``Learner.__init__``) and the
+    exception it ended with (``FileNotFoundError: checkpoint ...: missing tokenizer.json``), without Ray's
+    traceback, its ``(Actor pid=N)`` prefixes or colour codes. Ray has already streamed the actor's own
+    traceback to the console; this is the summary a user reads last.
+
+    Args:
+        exc: a ``ray.exceptions.RayError`` (``RayTaskError``: its ``cause`` is the actor's exception;
+            ``ActorDiedError``: its message holds the creation task's traceback, or why the process died).
+    """
+    text = _ANSI.sub("", str(getattr(exc, "error_msg", "") or exc))
+    where = re.search(r"ray::([\w.]+)\(", text)
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        words = _ANSI.sub("", str(cause)).strip().splitlines()
+        what = f"{type(cause).__name__}: {words[0]}" if words else type(cause).__name__
+    else:
+        lines = [x.strip() for x in text.splitlines() if x.strip()]
+        raised = [x for x in lines if _EXC_LINE.match(x)]
+        what = raised[-1] if raised else (lines[0] if lines else type(exc).__name__)
+    return f"{where.group(1) if where else 'a Ray actor'} failed: {what}"
 
 
 def _nearest_key(loc: tuple) -> str | None:
@@ -62,10 +90,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         args.overrides.append(f"cluster.address={args.address}")
     if args.tasks:
         args.overrides.append(f"tasks.spec={args.tasks}")
+    import ray
+
     try:
         train(args.config, args.overrides, args.resume)
     except KeyboardInterrupt:
         return 130  # the trainer printed the steps done and the --resume command
+    except ray.exceptions.RayError as exc:  # before ValueError: a RayTaskError(ValueError) is one
+        print(f"dice-ray: error: {actor_error(exc)}", file=sys.stderr)
+        return RUN_FAILED
     except ValidationError as exc:
         return _fail(_config_error(exc))
     except (FileNotFoundError, ValueError) as exc:

@@ -300,3 +300,72 @@ def test_resume_refuses_what_it_cannot_do_before_starting_anything(tmp_path, mon
     assert f"dice-ray: error: --resume {run}: " in err and says in err, err
     assert (run / "config.yaml").read_text() == before
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.yaml"]
+
+
+def test_train_refuses_a_broken_model_folder_before_starting_anything(tmp_path, capsys):
+    """``model.path`` naming a folder that lacks a file (here tokenizer.json) is one line and exit 2 from the CLI,
+    before Ray or the run folder exist (it used to start Ray and fail in the learner's and every rollout worker's
+    constructor, ~100 lines of interleaved tracebacks with colour codes)."""
+    import ray
+
+    from dice_ray.cli import main
+    from dice_ray.config import ModelConfig
+    from dice_ray.policy.policy import DiffusionPolicy
+
+    from _helpers import TINY_FAMILY_SHAPE
+
+    DiffusionPolicy.build(ModelConfig(**TINY_FAMILY_SHAPE)).save_checkpoint(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "tokenizer.json").unlink()
+    assert main(["train", f"run_dir={tmp_path / 'runs'}", f"model.path={tmp_path / 'ckpt'}", "rl.steps=1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"dice-ray: error: checkpoint {tmp_path / 'ckpt'}: missing tokenizer.json"
+    assert not ray.is_initialized() and not (tmp_path / "runs").exists()
+
+
+@pytest.fixture
+def local_ray():
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, namespace="dice-ray-test-cli", log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_an_actor_failure_ends_train_with_one_line_naming_the_actor_and_its_error(local_ray, monkeypatch, capsys):
+    """Whatever an actor raises (in its constructor or a method, or by dying) ends ``dice-ray train`` with exit 1
+    and a last line that names the actor's method and the exception, without Ray's traceback or colour codes."""
+    from dice_ray.cli import actor_error, main
+    from dice_ray.cluster import trainer as trainer_mod
+
+    @local_ray.remote(num_cpus=0)
+    class Learner:
+        def __init__(self, fail: bool = False):
+            if fail:
+                raise FileNotFoundError("checkpoint /x: missing tokenizer.json")
+
+        def train_step(self):
+            raise ValueError("batch of 0 groups\nsecond line")
+
+        def ping(self):
+            return 1
+
+    def raised(call) -> BaseException:
+        try:
+            local_ray.get(call())
+        except local_ray.exceptions.RayError as e:
+            return e
+        pytest.fail("no error")
+
+    died_in_init = raised(lambda: Learner.remote(True).ping.remote())
+    assert actor_error(died_in_init) == "Learner.__init__ failed: FileNotFoundError: checkpoint /x: missing tokenizer.json"
+    in_method = raised(lambda: Learner.remote().train_step.remote())
+    assert isinstance(in_method, ValueError)  # a RayTaskError(ValueError): the CLI must not print it as a bad input
+    assert actor_error(in_method) == "Learner.train_step failed: ValueError: batch of 0 groups"
+
+    def train(*_a, **_k):
+        raise in_method
+
+    monkeypatch.setattr(trainer_mod, "train", train)
+    assert main(["train"]) == 1
+    err = capsys.readouterr().err
+    assert err == "dice-ray: error: Learner.train_step failed: ValueError: batch of 0 groups\n"

@@ -240,3 +240,60 @@ def test_hub_id_loads_from_the_local_hub_cache_without_network(tmp_path, monkeyp
         DiffusionPolicy.load("dice-test/absent")
     with pytest.raises(FileNotFoundError, match="not a hub id"):
         DiffusionPolicy.load(str(tmp_path / "no" / "such" / "folder"))
+
+
+def _break_json(name: str, text: str):
+    return lambda d: (d / name).write_text(text)
+
+
+def _retype(d):
+    raw = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**raw, "model_type": "gpt2"}))
+
+
+# how a saved folder is broken -> (which format, the error, what it must say)
+BROKEN_FOLDERS = {
+    "checkpoint without tokenizer.json": ("checkpoint", lambda d: (d / "tokenizer.json").unlink(), FileNotFoundError,
+                                          "missing tokenizer.json"),
+    "checkpoint without weights": ("checkpoint", lambda d: [f.unlink() for f in d.glob("*.safetensors")],
+                                   FileNotFoundError, r"no \*\.safetensors file"),
+    "config.json not JSON": ("checkpoint", _break_json("config.json", "{model_type: sdar"), ValueError,
+                             "config.json is not valid JSON"),
+    "config.json a list": ("checkpoint", _break_json("config.json", "[1, 2]"), ValueError, "holds a list, not a JSON object"),
+    "unknown model_type": ("checkpoint", _retype, ValueError, "model_type 'gpt2' is not one of"),
+    "policy without weights": ("policy", lambda d: (d / "model.safetensors").unlink(), FileNotFoundError,
+                               "missing model.safetensors"),
+    "model_config.json not JSON": ("policy", _break_json("model_config.json", "{"), ValueError,
+                                   "model_config.json is not a valid model config"),
+    "model_config.json bad field": ("policy", _break_json("model_config.json", '{"hidden_size": "big"}'), ValueError,
+                                    "model_config.json is not a valid model config .*hidden_size"),
+    "neither format": ("policy", lambda d: [f.unlink() for f in d.iterdir()], FileNotFoundError,
+                       "neither a dice-ray policy folder .* nor an SDAR / LLaDA / Dream checkpoint folder"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_FOLDERS))
+def test_a_broken_policy_folder_is_named_by_check_path_and_load_alike(tmp_path, case):
+    """``DiffusionPolicy.check_path`` (what ``dice-ray train`` runs on ``model.path`` before any actor starts) refuses
+    a folder for the same reason, with the same words, as :meth:`DiffusionPolicy.load` would in every actor."""
+    fmt, breaks, error, says = BROKEN_FOLDERS[case]
+    folder = tmp_path / fmt
+    if fmt == "checkpoint":
+        _policy("sdar").save_checkpoint(folder)
+    else:
+        DiffusionPolicy.build(ModelConfig(**TINY), seed=0).save(folder)
+    assert DiffusionPolicy.check_path(folder) == folder  # intact, it passes
+    breaks(folder)
+    with pytest.raises(error, match=says):
+        DiffusionPolicy.check_path(folder)
+    with pytest.raises(error, match=says):
+        DiffusionPolicy.load(folder)
+
+
+def test_check_path_names_the_family_a_checkpoint_needs(tmp_path):
+    _policy("sdar").save_checkpoint(tmp_path / "s")
+    with pytest.raises(ValueError, match="model.family='llada' but checkpoint .* holds a 'sdar' model.*set model.family=sdar"):
+        DiffusionPolicy.check_path(tmp_path / "s", ModelConfig(family="llada"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(FileNotFoundError, match="not a folder"):
+        DiffusionPolicy.check_path(tmp_path / "file")

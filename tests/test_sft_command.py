@@ -51,7 +51,7 @@ def test_sft_writes_the_trainers_warm_start_policy_and_metrics(tmp_path, capsys)
     # the trainer starts from it: model.path loads the policy and skips its own warm start
     cfg = load_config(None, [*SMALL, "sft.steps=4", f"model.path={out}"])
     loaded = DiffusionPolicy.from_config(cfg.model)
-    assert Trainer(cfg, tmp_path / "run")._warm_start() is None  # returns before touching the learner
+    assert Trainer(cfg, tmp_path / "run")._warm_start() is False  # returns before touching the learner
 
     # the weights are those of the trainer's warm start on the same pairs, config and seed
     cfg.model.path = None

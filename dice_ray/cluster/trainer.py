@@ -17,6 +17,8 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -32,7 +34,7 @@ from dice_ray.cluster.learner import LearnerGroup, TrainGroup, learner_env, make
 from dice_ray.cluster.metrics import GpuBusySampler, RunMetrics, StageTimeline
 from dice_ray.cluster.pipeline import Flight, StepPipeline, staleness_stats, verify_items
 from dice_ray.cluster.rollout import ROLLOUT_MAX_RESTARTS, GroupRollout, RolloutWorker, tasks_of
-from dice_ray.cluster.scheduler import NAMESPACE, SCHEDULER_NAME, PhaseSchedulerActor
+from dice_ray.cluster.scheduler import NAMESPACE, SCHEDULER_NAME, PhaseSchedulerActor, PromptRequest
 from dice_ray.cluster.storage import CheckpointStore, run_store_url
 from dice_ray.cluster.verifier_pool import POOL_NAME, VerifierPool
 from dice_ray.cluster.weight_sync import WeightSync, resolve_mode
@@ -298,29 +300,37 @@ class Trainer:
         ray.get(self.pool.status.remote())
 
         if self.resume:
-            self._restore()
+            with waiting(con, "resume: the learner starts, then loads the newest checkpoint"):
+                self._restore()
         else:
-            self._warm_start()
-            con.print(f"[bold]learner[/] {describe_learner(ray.get(self.learner.init_engine.remote()))}")
+            if self._warm_start():
+                info = ray.get(self.learner.init_engine.remote())
+            else:
+                with waiting(con, "learner: starting (policy, DeepSpeed engine)"):
+                    info = ray.get(self.learner.init_engine.remote())
+            con.print(f"[bold]learner[/] {describe_learner(info)}")
         self._sync_weights()
 
-    def _warm_start(self) -> None:
-        """Masked-diffusion SFT of the learner's policy on the training tasks' reference solutions."""
+    def _warm_start(self) -> bool:
+        """Masked-diffusion SFT of the learner's policy on the training tasks' reference solutions; returns whether it
+        ran (and so waited for the learner actor to start)."""
         from dice_ray.tasks.prompts import sft_pairs
 
         cfg, con = self.cfg, self.console
         if cfg.model.path:
             con.print(f"[bold]warm start[/] skipped: the policy comes from model.path={cfg.model.path}")
-            return
+            return False
         if not cfg.sft.enabled:
-            return
+            return False
         pairs = [p for t in self.train_tasks if t.solution_src for p in sft_pairs(t, cfg.tasks.prompt_template)]
         if not pairs:
             con.print("[bold]warm start[/] skipped: no training task has a reference solution to learn from")
-            return
-        with con.status(f"warm start: masked-diffusion SFT on {len(pairs)} pairs (cached after the first run)"):
+            return False
+        with waiting(con, f"warm start: the learner starts, then masked-diffusion SFT on {len(pairs)} pairs (cached "
+                          f"after the first run)"):
             report = ray.get(self.learner.warm_start.remote(pairs))
         con.print(f"[bold]warm start[/] {describe_warm_start(report, cfg.sft.steps, cfg.sft.target_loss)}")
+        return True
 
     def _restore(self) -> None:
         tag = newest_checkpoint_tag(self.store, self.ckpt_dir)
@@ -481,31 +491,33 @@ class Trainer:
     # ---- held-out report -----------------------------------------------------------------------------
     def heldout_eval(self, when: str) -> dict | None:
         """Compile (and, on GPUs, correct) rates of samples on held-out tasks, per phase."""
-        from dice_ray.cluster.scheduler import PromptRequest
-
         tasks = self.heldout[: self.cfg.eval.heldout_tasks]
         if not tasks:
             return None
         out = {}
-        for phase in ("infill", "e2e"):
-            eligible = [t for t in tasks if phase == "e2e" or t.solution_format == "fast"]
-            if not eligible:
-                continue
-            reqs = [PromptRequest(f"eval-{when}-{phase}-{i}", t.task_id, phase, 7919 + i) for i, t in enumerate(eligible)]
-            n = len(self.rollout_workers)
-            refs = [w.generate.remote(reqs[i::n], self.cfg.eval.samples, tasks_of(reqs[i::n], self.tasks))
-                    for i, w in enumerate(self.rollout_workers) if reqs[i::n]]
-            groups = [g for part in ray.get(refs) for g in part]
-            verdicts = self.verify(groups)
-            out[phase] = {
-                "candidates": len(verdicts),
-                "tasks": len(eligible),
-                "compile_rate": sum(v.compiled for v in verdicts) / max(len(verdicts), 1),
-                "correct_rate": correct_rate(verdicts),
-                "compile_only": bool(verdicts) and all(v.mode == "compile_only" for v in verdicts),
-            }
+        with waiting(self.console, f"held-out ({when}): sampling and verifying {len(tasks)} task(s)"):
+            for phase in ("infill", "e2e"):
+                out.update(self._heldout_phase(when, phase, tasks))
         self.console.print(f"[bold]held-out ({when})[/] {describe_heldout(out)}")
         return out
+
+    def _heldout_phase(self, when: str, phase: str, tasks: list) -> dict:
+        """``{phase: rates}`` of :meth:`heldout_eval` for one phase (empty when no task is eligible)."""
+        eligible = [t for t in tasks if phase == "e2e" or t.solution_format == "fast"]
+        if not eligible:
+            return {}
+        reqs = [PromptRequest(f"eval-{when}-{phase}-{i}", t.task_id, phase, 7919 + i) for i, t in enumerate(eligible)]
+        n = len(self.rollout_workers)
+        refs = [w.generate.remote(reqs[i::n], self.cfg.eval.samples, tasks_of(reqs[i::n], self.tasks))
+                for i, w in enumerate(self.rollout_workers) if reqs[i::n]]
+        verdicts = self.verify([g for part in ray.get(refs) for g in part])
+        return {phase: {
+            "candidates": len(verdicts),
+            "tasks": len(eligible),
+            "compile_rate": sum(v.compiled for v in verdicts) / max(len(verdicts), 1),
+            "correct_rate": correct_rate(verdicts),
+            "compile_only": bool(verdicts) and all(v.mode == "compile_only" for v in verdicts),
+        }}
 
     # ---- the loop --------------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -639,6 +651,18 @@ def newest_checkpoint_tag(store: CheckpointStore | None, ckpt_dir: Path) -> str 
     return state.parent.name if state is not None else None
 
 
+@contextmanager
+def waiting(console: Console, what: str) -> Iterator[None]:
+    """Say what the run waits for: a spinner with ``what`` on a terminal; elsewhere (a log, ``ray job logs``) the
+    line ``what ...`` once, so a log does not go silent while actors start (~10-20 s on a 2-core machine)."""
+    if console.is_terminal:
+        with console.status(what):
+            yield
+    else:
+        console.print(f"{what} ...")
+        yield
+
+
 def new_run_dir(cfg: DiceConfig) -> Path:
     """``cfg.run_dir / (run_name or a timestamp)``."""
     name = cfg.run_name or datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -689,8 +713,9 @@ def train(config_path: str | None, overrides: list[str], resume: str | None, con
         pydantic.ValidationError / ValueError: a bad config key or value (before any actor starts).
         ValueError: ``--resume`` with an override of the ``model`` or ``tasks`` section, or with ``rl.steps`` not
             above the steps already done (:func:`resume_config`; before anything starts or is written).
-        FileNotFoundError: ``--resume`` names a folder with no config or checkpoint, or ``model.path`` is neither
-            a folder nor a hub id that can be had (before any actor starts), or ``tasks.spec``'s path gives
+        FileNotFoundError / ValueError: ``--resume`` names a folder with no config or checkpoint, or ``model.path``
+            is not a policy or checkpoint folder with the files it needs nor a hub id that can be had
+            (:meth:`DiffusionPolicy.check_path`, before anything starts), or ``tasks.spec``'s path gives
             no data file (before the run folder or Ray is started).
         ValueError: ``tasks.spec`` is malformed or no task of it is accepted (before the run folder or Ray
             is started; the message counts the rejections by rule).
@@ -701,10 +726,10 @@ def train(config_path: str | None, overrides: list[str], resume: str | None, con
     else:
         cfg = load_config(config_path, overrides)
         run_dir = new_run_dir(cfg)
-    if cfg.model.path:  # a missing folder or an unreachable hub id fails here, not in every actor (the cache is filled)
-        from dice_ray.policy.families import resolve_checkpoint
+    if cfg.model.path:  # a broken folder or an unreachable hub id fails here, not in every actor (the cache is filled)
+        from dice_ray.policy.policy import DiffusionPolicy
 
-        resolve_checkpoint(cfg.model.path)
+        DiffusionPolicy.check_path(cfg.model.path, cfg.model)
     trainer = Trainer(cfg, run_dir, resume=bool(resume), console=console)
     try:
         return trainer.run()

@@ -286,6 +286,8 @@ def evaluate(
         EvalInputError: neither or both sources, ``out_dir`` cannot be created, no task, bad phase /
             samples, unreadable solution.
         FileNotFoundError: the tasks path, the model or the solutions folder does not exist.
+        FileNotFoundError / ValueError: the model folder lacks a file its format needs or has a bad config
+            (:meth:`~dice_ray.policy.policy.DiffusionPolicy.check_path`).
         RuntimeError: ``verify.mode == "gpu"`` without a GPU.
     """
     if (model is None) == (solutions is None):
@@ -299,9 +301,9 @@ def evaluate(
     failed: dict[str, str] = {}
     unmatched: list[str] = []
     if model is not None:
-        from dice_ray.policy.families import resolve_checkpoint
+        from dice_ray.policy.policy import DiffusionPolicy
 
-        model = resolve_checkpoint(policy_path(model))  # a missing folder or unknown hub id fails here, before sampling
+        model = DiffusionPolicy.check_path(policy_path(model))  # a broken folder or unknown hub id fails here, before sampling
         log(f"sampling {samples} completion(s) a task from {model} ({phase}) on {len(tasks)} task(s)")
         cands, skipped, failed = model_candidates(tasks, model, samples, phase, cfg)
         source = f"model {model} ({phase}, {samples} sample(s) a task)"

@@ -330,6 +330,38 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+def check_checkpoint_folder(folder: Path, model_cfg: ModelConfig | None = None) -> tuple[dict, str]:
+    """Check a checkpoint folder the way :func:`load_checkpoint` needs it, without reading its weights (a driver
+    checks ``model.path`` with this before any actor starts).
+
+    Returns:
+        (``config.json`` as a dict, the family it describes).
+
+    Raises:
+        FileNotFoundError: no ``config.json``, ``tokenizer.json`` or ``*.safetensors`` file.
+        ValueError: ``config.json`` is not a JSON object, its ``model_type`` is not a known family's, or the
+            family is not ``model_cfg.family``.
+    """
+    for f in ("config.json", "tokenizer.json"):
+        if not (folder / f).is_file():
+            raise FileNotFoundError(f"checkpoint {folder}: missing {f}")
+    if not any(folder.glob("*.safetensors")):
+        raise FileNotFoundError(f"checkpoint {folder}: no *.safetensors file")
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"checkpoint {folder}: config.json is not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"checkpoint {folder}: config.json holds a {type(raw).__name__}, not a JSON object")
+    family = _family_of_folder(raw, folder)
+    if model_cfg is not None and model_cfg.family != family:
+        raise ValueError(
+            f"model.family={model_cfg.family!r} but checkpoint {folder} holds a {family!r} model (config.json "
+            f"model_type {raw.get('model_type')!r}): set model.family={family}"
+        )
+    return raw, family
+
+
 def load_checkpoint(path: str | Path, model_cfg: ModelConfig | None = None):
     """Load an SDAR / LLaDA / Dream checkpoint folder into its transformers-native class (no remote code).
 
@@ -347,21 +379,11 @@ def load_checkpoint(path: str | Path, model_cfg: ModelConfig | None = None):
         (model, :class:`FolderTokenizer`, :class:`ModelConfig` describing the loaded model, ``path`` set).
 
     Raises:
-        FileNotFoundError: no ``config.json``, ``tokenizer.json`` or safetensors file.
-        ValueError: unknown ``model_type``, a family other than ``model_cfg.family``, LLaDA options Llama cannot
-            express, unknown or missing tensors, or no mask token.
+        FileNotFoundError, ValueError: what :func:`check_checkpoint_folder` refuses.
+        ValueError: LLaDA options Llama cannot express, unknown or missing tensors, or no mask token.
     """
     folder = Path(path)
-    for f in ("config.json", "tokenizer.json"):
-        if not (folder / f).is_file():
-            raise FileNotFoundError(f"checkpoint {folder}: missing {f}")
-    raw = json.loads((folder / "config.json").read_text())
-    family = _family_of_folder(raw, folder)
-    if model_cfg is not None and model_cfg.family != family:
-        raise ValueError(
-            f"model.family={model_cfg.family!r} but checkpoint {folder} holds a {family!r} model (config.json "
-            f"model_type {raw.get('model_type')!r}): set model.family={family}"
-        )
+    raw, family = check_checkpoint_folder(folder, model_cfg)
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     pad_id, mask_id, eos_id = _special_ids(raw, tok, folder)
     if family == "llada":

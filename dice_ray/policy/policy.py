@@ -101,18 +101,52 @@ class DiffusionPolicy:
             FileNotFoundError: ``path`` lacks one of the files, or is a hub id that cannot be had.
             ValueError: see :func:`~dice_ray.policy.families.load_checkpoint`.
         """
-        path = families.resolve_checkpoint(path)
-        if not (path / _CONFIG_FILE).is_file() and families.is_checkpoint_folder(path):
+        path = cls.check_path(path, model_cfg)
+        if not (path / _CONFIG_FILE).is_file():
             model, tok, cfg = families.load_checkpoint(path, model_cfg)
             return cls(model, tok, cfg)
-        for f in (_CONFIG_FILE, _WEIGHTS_FILE, _TOKENIZER_FILE):
-            if not (path / f).is_file():
-                raise FileNotFoundError(f"policy folder {path}: missing {f}")
         cfg = ModelConfig.model_validate(json.loads((path / _CONFIG_FILE).read_text()))
         tok = DiceTokenizer.load(path / _TOKENIZER_FILE)
         model = build_model(cfg, tok.vocab_size, tok.pad_id)
         load_model(model, str(path / _WEIGHTS_FILE))
         return cls(model, tok, cfg.model_copy(update={"path": str(path)}))
+
+    @staticmethod
+    def check_path(path: str | Path, model_cfg: ModelConfig | None = None) -> Path:
+        """The folder :meth:`load` would read for ``path``, checked without reading weights: a driver calls this on
+        ``model.path`` before it starts any actor, so a broken folder is one error, not a traceback from every actor.
+
+        A folder with ``model_config.json`` must hold this project's three files and a valid model config; one with
+        ``config.json`` is checked by :func:`~dice_ray.policy.families.check_checkpoint_folder`; a hub id is
+        resolved first (:func:`~dice_ray.policy.families.resolve_checkpoint`).
+
+        Raises:
+            FileNotFoundError: ``path`` is neither an existing folder nor a hub id that can be had, is neither
+                format, or lacks one of its format's files.
+            ValueError: a ``model_config.json`` or ``config.json`` that does not parse or names an unknown or
+                other family (the message names the file and the field).
+        """
+        path = families.resolve_checkpoint(path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"model path {path}: not a folder")
+        if not (path / _CONFIG_FILE).is_file():
+            if families.is_checkpoint_folder(path):
+                families.check_checkpoint_folder(path, model_cfg)
+                return path
+            raise FileNotFoundError(
+                f"model path {path}: neither a dice-ray policy folder ({_CONFIG_FILE}, {_WEIGHTS_FILE}, "
+                f"{_TOKENIZER_FILE}: dice-ray sft --out, a run's checkpoints/step_*/policy) nor an SDAR / LLaDA / "
+                f"Dream checkpoint folder (config.json, *.safetensors, tokenizer.json)")
+        for f in (_WEIGHTS_FILE, _TOKENIZER_FILE):
+            if not (path / f).is_file():
+                raise FileNotFoundError(f"policy folder {path}: missing {f}")
+        try:
+            ModelConfig.model_validate_json((path / _CONFIG_FILE).read_text())
+        except ValueError as e:  # pydantic's ValidationError (JSON syntax included) is a ValueError
+            lines = [x.strip() for x in str(e).splitlines()]
+            said = [x for x in lines[1:] if x and not x.startswith("For further information")][:2] or lines[:1]
+            raise ValueError(f"policy folder {path}: {_CONFIG_FILE} is not a valid model config ({'; '.join(said)})") from None
+        return path
 
     @property
     def device(self) -> torch.device:
