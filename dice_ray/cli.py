@@ -1,7 +1,7 @@
 """``dice-ray`` command line: train, sft, eval, curate, verify, scaffold, config, report, status, verifiers.
 
-Exit status: 0 on success; 2 for unusable input (bad config, unreadable file), with a one-line error; 1 when an actor
-of ``train`` failed (its traceback above, streamed by Ray; a one-line summary last).
+Exit status: 0 on success; 2 for unusable input (bad config, unreadable file), with a one-line error; 1 when a Ray
+actor of ``train``, ``eval`` or ``curate`` failed (its traceback above, streamed by Ray; a one-line summary last).
 """
 
 from __future__ import annotations
@@ -50,6 +50,18 @@ def actor_error(exc: BaseException) -> str:
     return f"{where.group(1) if where else 'a Ray actor'} failed: {what}"
 
 
+def _actor_errors() -> tuple[type[BaseException], ...]:
+    """``(ray.exceptions.RayError,)`` once Ray is loaded (an actor of the command may have raised), else ``()``:
+    evaluated in an ``except`` clause when an exception is matched, so a command that never used Ray never imports it."""
+    mod = sys.modules.get("ray.exceptions")
+    return (mod.RayError,) if mod is not None else ()
+
+
+def _actor_failed(exc: BaseException) -> int:
+    print(f"dice-ray: error: {actor_error(exc)}", file=sys.stderr)
+    return RUN_FAILED
+
+
 def _nearest_key(loc: tuple) -> str | None:
     """The config key nearest to the unknown key ``loc`` (``("rl", "num_generation")`` ->
     ``"rl.num_generations"``) among its section's keys (difflib's ratio >= 0.6), or None."""
@@ -90,15 +102,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         args.overrides.append(f"cluster.address={args.address}")
     if args.tasks:
         args.overrides.append(f"tasks.spec={args.tasks}")
-    import ray
-
     try:
         train(args.config, args.overrides, args.resume)
     except KeyboardInterrupt:
         return 130  # the trainer printed the steps done and the --resume command
-    except ray.exceptions.RayError as exc:  # before ValueError: a RayTaskError(ValueError) is one
-        print(f"dice-ray: error: {actor_error(exc)}", file=sys.stderr)
-        return RUN_FAILED
+    except _actor_errors() as exc:  # first: a RayTaskError(ValueError) is a ValueError
+        return _actor_failed(exc)
     except ValidationError as exc:
         return _fail(_config_error(exc))
     except (FileNotFoundError, ValueError) as exc:
@@ -389,6 +398,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         cfg = _eval_config(args)
         result = evaluate(args.tasks, cfg, args.out, model=args.model, solutions=args.solutions,
                           samples=args.samples, phase=args.phase, log=lambda s: print(f"dice-ray eval: {s}", file=sys.stderr))
+    except _actor_errors() as exc:  # a GPU verifier pool's actor (first: a RayTaskError(ValueError) is a ValueError)
+        return _actor_failed(exc)
     except ValidationError as exc:
         return _fail(_config_error(exc))
     except (EvalInputError, FileNotFoundError, ValueError) as exc:
@@ -408,6 +419,8 @@ def cmd_curate(args: argparse.Namespace) -> int:
         cfg = _eval_config(args)
         summary = curate(args.tasks, cfg, args.min_speedup, args.out, args.allow_compile_only,
                          log=lambda s: print(f"dice-ray curate: {s}", file=sys.stderr))
+    except _actor_errors() as exc:
+        return _actor_failed(exc)
     except ValidationError as exc:
         return _fail(_config_error(exc))
     except (NoGpuVerifier, EvalInputError, FileNotFoundError, ValueError) as exc:

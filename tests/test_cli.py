@@ -332,10 +332,11 @@ def local_ray():
 
 
 def test_an_actor_failure_ends_train_with_one_line_naming_the_actor_and_its_error(local_ray, monkeypatch, capsys):
-    """Whatever an actor raises (in its constructor or a method, or by dying) ends ``dice-ray train`` with exit 1
+    """Whatever an actor raises (in its constructor or a method) ends ``dice-ray train`` (and ``eval``) with exit 1
     and a last line that names the actor's method and the exception, without Ray's traceback or colour codes."""
     from dice_ray.cli import actor_error, main
     from dice_ray.cluster import trainer as trainer_mod
+    from dice_ray.eval import run as eval_mod
 
     @local_ray.remote(num_cpus=0)
     class Learner:
@@ -369,3 +370,6 @@ def test_an_actor_failure_ends_train_with_one_line_naming_the_actor_and_its_erro
     assert main(["train"]) == 1
     err = capsys.readouterr().err
     assert err == "dice-ray: error: Learner.train_step failed: ValueError: batch of 0 groups\n"
+    monkeypatch.setattr(eval_mod, "evaluate", train)  # eval's GPU verifier pool is an actor too
+    assert main(["eval", "--tasks", "builtin", "--solutions", "x"]) == 1
+    assert capsys.readouterr().err.endswith("Learner.train_step failed: ValueError: batch of 0 groups\n")
