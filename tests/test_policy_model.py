@@ -224,5 +224,5 @@ def test_policy_build_save_load(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such folder"):
         DiffusionPolicy.load(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="missing"):
+    with pytest.raises(FileNotFoundError, match="neither a dice-ray policy folder .* nor an SDAR / LLaDA / Dream checkpoint folder"):
         DiffusionPolicy.load(tmp_path / "empty")
