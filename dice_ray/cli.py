@@ -507,9 +507,11 @@ def build_parser() -> argparse.ArgumentParser:
                      "folder (DiffusionPolicy.save, `dice-ray sft --out`), or an SDAR/LLaDA/Dream checkpoint folder or hub id")
     src.add_argument("--solutions", metavar="DIR",
                      help="solution files: DIR/<task id, '/' -> '__'>.py or DIR/<task name>.py (or a folder of .py samples)")
-    ev.add_argument("--samples", type=int, default=1, help="with --model: completions a task (pass@k uses them all)")
-    ev.add_argument("--phase", choices=["e2e", "infill"], default="e2e", help="with --model: which prompt to pose")
-    ev.add_argument("--out", default="eval_out", help="folder for results.json, results.md, results.png")
+    ev.add_argument("--samples", type=int, default=1,
+                    help="with --model: completions a task (pass@k uses them all; default 1)")
+    ev.add_argument("--phase", choices=["e2e", "infill"], default="e2e",
+                    help="with --model: which prompt to pose (default e2e: the whole solution)")
+    ev.add_argument("--out", default="eval_out", help="folder for results.json, results.md, results.png (default eval_out)")
     ev.add_argument("--config", help="YAML config (tasks, sampling, verify, reward, cluster sections apply)")
     ev.add_argument("overrides", nargs="*", metavar="key=value")
     ev.set_defaults(fn=cmd_eval)

@@ -31,6 +31,9 @@ STAGES = [("rollout_seconds", "rollout"), ("verify_seconds", "verify"), ("learn_
           ("idle_seconds", "idle (nothing in flight)")]  # rl.max_staleness > 0: the first four overlap
 BUSY = [("rollout_busy_share", "rollout"), ("verify_busy_share", "verify"), ("learner_busy_share", "learner"),
         ("gpu_busy_share_mean", "GPUs (NVML, mean)"), ("gpu_busy_share_min", "least busy GPU")]
+#: written into a run directory by ``dice-ray train`` when a session ends early (Ctrl-C or an error), removed when
+#: a session starts: how it ended (``reason``), ``steps_done`` of ``steps``, ``time`` (s since the epoch)
+STOPPED_FILE = "stopped.json"
 PHASE_COLOURS = {"infill": "tab:blue", "ramp": "tab:orange", "e2e": "tab:green"}
 # (record key, label, format) of the Markdown "Rates" table; None values print as n/a
 RATES = [
@@ -64,6 +67,8 @@ class Run:
             writing leaves at most one: its torn last line).
         summary: ``summary.json``, or None while the run is going (or if it stopped early), a resumed
             session included (the file is then an earlier session's, counting fewer steps than ``records``).
+        stopped: ``stopped.json`` (:data:`STOPPED_FILE`): how the last session ended early (``reason``:
+            ``interrupted`` or the error's line, ``steps_done``, ``steps``, ``time``), None when it did not or is going.
     """
 
     path: Path
@@ -71,11 +76,18 @@ class Run:
     records: list[dict]
     skipped_lines: int
     summary: dict | None
+    stopped: dict | None = None
 
     @property
     def name(self) -> str:
         """The run directory's name (also the ``run`` tag of its Ray metrics)."""
         return self.path.resolve().name
+
+    @property
+    def state(self) -> str:
+        """``finished`` (``summary.json``), ``stopped`` (``stopped.json``: the last session ended early) or
+        ``still running`` (neither: going, or its process was killed without a word)."""
+        return "finished" if self.summary else "stopped" if self.stopped is not None else "still running"
 
     @property
     def planned_steps(self) -> int | None:
@@ -148,7 +160,14 @@ def load_run(run_dir: str | Path) -> Run:
             summary = None  # being written right now: report the run as still going
     if isinstance(summary, dict) and isinstance(summary.get("steps"), int) and summary["steps"] < len(records):
         summary = None  # an earlier session's: a resumed session has written steps since (and has not ended)
-    return Run(path, config, records, skipped, summary if isinstance(summary, dict) else None)
+    stopped = None
+    if (path / STOPPED_FILE).is_file():
+        try:
+            stopped = json.loads((path / STOPPED_FILE).read_text(encoding="utf-8", errors="replace"))
+        except (json.JSONDecodeError, RecursionError):
+            stopped = None
+    return Run(path, config, records, skipped, summary if isinstance(summary, dict) else None,
+               stopped if isinstance(stopped, dict) else None)
 
 
 def _dotted(d: dict, key: str):
@@ -236,7 +255,7 @@ def markdown_report(run: Run, curves_png: str | None = "curves.png") -> str:
         the report text; a run without ``summary.json`` is marked "(still running)".
     """
     recs = run.records
-    lines = [f"# dice-ray run `{run.name}`" + ("" if run.summary else " (still running)"), ""]
+    lines = [f"# dice-ray run `{run.name}` ({run.state})" if run.state != "finished" else f"# dice-ray run `{run.name}`", ""]
     if run.summary:
         secs = run.summary.get("seconds")
         lines.append("Status: finished" + (f", the last session in {secs / 60:.1f} min" if _num(secs) else "")
@@ -246,8 +265,15 @@ def markdown_report(run: Run, curves_png: str | None = "curves.png") -> str:
         age = f"; last step written {(time.time() - metrics.stat().st_mtime) / 60:.1f} min ago" if metrics.is_file() else ""
         why = ("summary.json is an earlier session's: a resumed session has written steps since" if
                (run.path / "summary.json").is_file() else "no summary.json yet")
-        lines.append(f"Status: still running ({why}{age}). "
-                     "A run that crashed or was stopped also looks like this; `dice-ray train --resume RUN_DIR` continues it.")
+        if run.stopped is not None:
+            st = run.stopped
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(st["time"])) if _num(st.get("time")) else "?"
+            lines.append(f"Status: stopped ({st.get('reason', '?')}) at {when} with {st.get('steps_done', '?')} of "
+                         f"{st.get('steps', '?')} steps done ({STOPPED_FILE}); `dice-ray train --resume {run.path}` "
+                         "continues it from its last checkpoint.")
+        else:
+            lines.append(f"Status: still running ({why}{age}). A run whose process was killed also looks like this; "
+                         "`dice-ray train --resume RUN_DIR` continues it.")
     lines += ["", f"Run directory: `{run.path}`", ""]
     if curves_png:
         lines += [f"![curves]({curves_png})", ""]
@@ -343,7 +369,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[Pa
     run = load_run(run_dir)
     out_dir = Path(out).expanduser() if out is not None else run.path
     out_dir.mkdir(parents=True, exist_ok=True)
-    png = plot_curves(run.records, out_dir / "curves.png", title=f"dice-ray {run.name}" + ("" if run.summary else " (still running)"))
+    png = plot_curves(run.records, out_dir / "curves.png",
+                      title=f"dice-ray {run.name}" + ("" if run.state == "finished" else f" ({run.state})"))
     text = markdown_report(run, png.name)
     md = out_dir / "report.md"
     md.write_text(text)

@@ -263,6 +263,30 @@ def test_train_interrupted_says_how_far_it_got_and_how_to_resume(tmp_path, monke
     out = " ".join(capsys.readouterr().out.split())
     assert "stopped (interrupted) with 2 of 5 steps done" in out
     assert f"dice-ray train --resume {tmp_path / 'stopped'}" in out
+    # dice-ray report says so, not "still running" (a fresh user's report of a run stopped minutes before)
+    from dice_ray.report import load_run, markdown_report
+
+    stopped = json.loads((tmp_path / "stopped" / "stopped.json").read_text())
+    assert stopped["reason"] == "interrupted" and (stopped["steps_done"], stopped["steps"]) == (2, 5)
+    report = markdown_report(load_run(tmp_path / "stopped"))
+    assert report.startswith("# dice-ray run `stopped` (stopped)") and "still running" not in report
+    assert "Status: stopped (interrupted) at " in report and "with 2 of 5 steps done" in report
+
+
+def test_train_that_fails_leaves_the_reason_for_report(tmp_path, monkeypatch, capsys):
+    from dice_ray.cli import main
+    from dice_ray.cluster import trainer as trainer_mod
+    from dice_ray.report import load_run
+
+    def fails(self) -> dict:
+        self.run_dir.mkdir(parents=True)
+        (self.run_dir / "metrics.jsonl").write_text('{"step": 0}\n')
+        raise ValueError("verifier pool gone\nmore")
+
+    monkeypatch.setattr(trainer_mod.Trainer, "run", fails)
+    assert main(["train", f"run_dir={tmp_path}", "run_name=r", "rl.steps=5"]) == 2
+    run = load_run(tmp_path / "r")
+    assert run.state == "stopped" and run.stopped["reason"] == "ValueError: verifier pool gone"
 
 
 def _finished_run(tmp_path: Path, steps_done: int) -> Path:

@@ -125,7 +125,7 @@ def test_report_files_written_and_parseable(tmp_path):
     assert len(data["candidates"]) == 6
     md = paths["md"].read_text()
     assert "| Level 1 | 2 | 4 | 100.0% | 100.0% |" in md and "| Overall | 4 | 6 | 75.0% | 50.0% |" in md
-    assert "not measured" not in md
+    assert "not measured" not in md and "compile-only: `ok`" not in md
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -137,6 +137,7 @@ def test_report_compile_only_says_not_measured():
     assert "NOT measured" in md
     assert "| Overall | 2 | 2 | 50.0% | not measured | not measured |" in md
     assert "| 0.0%" not in md  # no unmeasured metric printed as a measured 0
+    assert "Verdicts: compile_error 1, ok 1\n(compile-only: `ok` means compiled, rule-abiding" in md  # not "correct"
 
 
 # -- CLI end to end (compile-only, forced so that a GPU machine runs the same path) -------------------
@@ -170,7 +171,7 @@ def test_eval_needs_one_source(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["eval", "--tasks", "builtin", "--out", str(tmp_path)])
     assert e.value.code == 2
-    assert main(["eval", "--tasks", "builtin", "--solutions", str(tmp_path / "none")]) == 2
+    assert main(["eval", "--tasks", "builtin", "--solutions", str(tmp_path / "none"), "--out", str(tmp_path / "out")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 
@@ -270,7 +271,7 @@ def test_curate_min_speedup_must_be_finite_and_positive(tmp_path, capsys, no_ray
 
 def test_model_may_name_a_train_run_directory(tmp_path, capsys, no_ray):
     """--model RUN_DIR takes the newest checkpoint's policy; a run with none fails in one line before sampling."""
-    from dice_ray.eval.run import policy_path
+    from dice_ray.policy.policy import run_policy as policy_path
 
     run = tmp_path / "run"
     for step in ("step_000003", "step_000010"):
@@ -284,5 +285,5 @@ def test_model_may_name_a_train_run_directory(tmp_path, capsys, no_ray):
     (empty / "checkpoints").mkdir(parents=True)
     rc = main(["eval", "--tasks", "builtin", "--model", str(empty), "--out", str(tmp_path / "out"), "verify.mode=compile_only"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and err[-1].startswith("dice-ray: error: --model") and "a run directory with no checkpoint" in err[-1]
+    assert rc == 2 and err[-1].startswith("dice-ray: error: model path") and "a dice-ray run directory with no checkpoint" in err[-1]
     assert not any("sampling" in line for line in err)

@@ -256,7 +256,7 @@ BROKEN_FOLDERS = {
     "checkpoint without tokenizer.json": ("checkpoint", lambda d: (d / "tokenizer.json").unlink(), FileNotFoundError,
                                           "missing tokenizer.json"),
     "checkpoint without weights": ("checkpoint", lambda d: [f.unlink() for f in d.glob("*.safetensors")],
-                                   FileNotFoundError, r"no \*\.safetensors file"),
+                                   FileNotFoundError, r"missing \*\.safetensors$"),
     "config.json not JSON": ("checkpoint", _break_json("config.json", "{model_type: sdar"), ValueError,
                              "config.json is not valid JSON"),
     "config.json a list": ("checkpoint", _break_json("config.json", "[1, 2]"), ValueError, "holds a list, not a JSON object"),
@@ -269,6 +269,17 @@ BROKEN_FOLDERS = {
                                     "model_config.json is not a valid model config .*hidden_size"),
     "neither format": ("policy", lambda d: [f.unlink() for f in d.iterdir()], FileNotFoundError,
                        "neither a dice-ray policy folder .* nor an SDAR / LLaDA / Dream checkpoint folder"),
+    # every problem in one error, not one a run (a fresh user fixed a folder in three rounds)
+    "only a config.json, not JSON": ("checkpoint", lambda d: [f.unlink() for f in d.iterdir() if f.name != "config.json"]
+                                     and (d / "config.json").write_text("not json"), FileNotFoundError,
+                                     r"missing tokenizer.json, \*\.safetensors; config.json is not valid JSON"),
+    "only a config.json, empty": ("checkpoint", lambda d: [f.unlink() for f in d.iterdir() if f.name != "config.json"]
+                                  and (d / "config.json").write_text("{}"), FileNotFoundError,
+                                  r"missing tokenizer.json, \*\.safetensors; config.json model_type None is not one of"),
+    "policy without weights, bad config": ("policy", lambda d: (d / "model.safetensors").unlink()
+                                           or (d / "model_config.json").write_text('{"hidden_size": "big"}'),
+                                           FileNotFoundError, "missing model.safetensors; model_config.json is not a "
+                                           "valid model config .*hidden_size"),
 }
 
 
@@ -292,8 +303,17 @@ def test_a_broken_policy_folder_is_named_by_check_path_and_load_alike(tmp_path, 
 
 def test_check_path_names_the_family_a_checkpoint_needs(tmp_path):
     _policy("sdar").save_checkpoint(tmp_path / "s")
-    with pytest.raises(ValueError, match="model.family='llada' but checkpoint .* holds a 'sdar' model.*set model.family=sdar"):
+    with pytest.raises(ValueError, match="checkpoint .*: model.family='llada' but it holds a 'sdar' model.*set model.family=sdar"):
         DiffusionPolicy.check_path(tmp_path / "s", ModelConfig(family="llada"))
     (tmp_path / "file").write_text("x")
     with pytest.raises(FileNotFoundError, match="not a folder"):
         DiffusionPolicy.check_path(tmp_path / "file")
+
+
+def test_a_train_run_directory_stands_for_its_newest_policy(tmp_path):
+    """``model.path`` (train) and ``--model`` (eval) may name a run directory: both load its newest checkpoint's policy."""
+    run = tmp_path / "run"
+    DiffusionPolicy.build(ModelConfig(**TINY), seed=0).save(run / "checkpoints" / "step_000002" / "policy")
+    (run / "checkpoints" / "step_000004").mkdir()  # being written: no policy yet
+    assert DiffusionPolicy.check_path(run) == run / "checkpoints" / "step_000002" / "policy"
+    assert DiffusionPolicy.load(run).model_cfg.path == str(run / "checkpoints" / "step_000002" / "policy")

@@ -47,6 +47,7 @@ def test_train_covers_both_phases_then_resumes(tmp_path):
     assert sorted(p.name for p in (store / "r").iterdir()) == ["step_000002", "step_000003"]
     assert (store / "r" / "step_000003" / "state.json").is_file()
     shutil.rmtree(run / "checkpoints")  # resume must fetch the newest checkpoint from storage_path
+    (run / "stopped.json").write_text('{"reason": "interrupted"}')  # as a Ctrl-C leaves it: a new session clears it
 
     out2 = _train(["--resume", str(run), "rl.steps=4"], env)
     assert "resumed" in out2 and "step_000003" in out2
@@ -55,6 +56,7 @@ def test_train_covers_both_phases_then_resumes(tmp_path):
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     assert records[-1]["phase"] == "e2e"
     assert records[-1]["weights_version"] == 4
+    assert not (run / "stopped.json").exists()
     resumed = json.loads((run / "summary.json").read_text())
     assert resumed["steps"] == 4 and resumed["heldout_start"] == summary["heldout_start"]
     assert "warm start" in out and "SFT steps on" in out and "cache_hit" not in out  # trained now, said in words

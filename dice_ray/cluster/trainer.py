@@ -39,7 +39,7 @@ from dice_ray.cluster.storage import CheckpointStore, run_store_url
 from dice_ray.cluster.verifier_pool import POOL_NAME, VerifierPool
 from dice_ray.cluster.weight_sync import WeightSync, resolve_mode
 from dice_ray.config import DiceConfig, load_config
-from dice_ray.report import plot_curves, read_metrics
+from dice_ray.report import STOPPED_FILE, plot_curves, read_metrics
 from dice_ray.rl.advantages import group_advantages
 from dice_ray.tasks.loaders import load_tasks
 from dice_ray.tasks.prompts import can_infill
@@ -248,6 +248,7 @@ class Trainer:
         if not tasks:
             raise ValueError(f"tasks.spec={cfg.tasks.spec!r}: no task accepted ({report.summary()})")
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / STOPPED_FILE).unlink(missing_ok=True)  # a session starts: the last one's early end is history
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         self.ray_info = start_ray(cfg.cluster.address)
         con.print(f"[bold]ray[/] {self.ray_info['address']}  dashboard: {self.ray_info['dashboard']}")
@@ -734,10 +735,28 @@ def train(config_path: str | None, overrides: list[str], resume: str | None, con
     try:
         return trainer.run()
     except KeyboardInterrupt:
-        done = len(read_metrics(run_dir)) if (run_dir / "metrics.jsonl").is_file() else 0
+        done = mark_stopped(run_dir, "interrupted", cfg.rl.steps)
         trainer.console.print(f"[bold]stopped[/] (interrupted) with {done} of {cfg.rl.steps} steps done; "
                               f"continue from the last checkpoint: dice-ray train --resume {run_dir}")
         raise
+    except Exception as e:
+        from dice_ray.cli import actor_error
+
+        mark_stopped(run_dir, actor_error(e) if isinstance(e, ray.exceptions.RayError) else
+                     f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}", cfg.rl.steps)
+        raise
     finally:
         trainer.shutdown()
+
+
+def mark_stopped(run_dir: Path, reason: str, steps: int) -> int:
+    """Write ``run_dir/stopped.json`` (:data:`~dice_ray.report.STOPPED_FILE`, read by ``dice-ray report``): the
+    session ended early for ``reason`` (``interrupted``, or the error's line). Returns the steps done (records of
+    ``metrics.jsonl``). Nothing is written where the run folder was never made (set-up failed before it)."""
+    if not run_dir.is_dir():
+        return 0
+    done = len(read_metrics(run_dir)) if (run_dir / "metrics.jsonl").is_file() else 0
+    (run_dir / STOPPED_FILE).write_text(json.dumps({"reason": reason, "steps_done": done, "steps": steps,
+                                                    "time": time.time()}, indent=1))
+    return done
 

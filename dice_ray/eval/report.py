@@ -96,8 +96,10 @@ def markdown(result: dict[str, Any]) -> str:
     counts: dict[str, int] = {}
     for c in result["candidates"]:
         counts[c["verdict"]["verdict"]] = counts.get(c["verdict"]["verdict"], 0) + 1
-    lines += ["", "Verdicts: " + (", ".join(f"{k} {n}" for k, n in sorted(counts.items())) or "none"), ""]
-    return "\n".join(lines)
+    lines += ["", "Verdicts: " + (", ".join(f"{k} {n}" for k, n in sorted(counts.items())) or "none")]
+    if counts.get("ok") and not metrics["overall"]["measured"]:
+        lines.append("(compile-only: `ok` means compiled, rule-abiding and dry-run on meta tensors, not run)")
+    return "\n".join([*lines, ""])
 
 
 def plot(result: dict[str, Any], out_png: str | Path) -> Path:

@@ -3,7 +3,7 @@
 Candidates come from one of two sources:
 
 * ``--model PATH`` (a folder written by :meth:`DiffusionPolicy.save`, a checkpoint folder or hub id, or a
-  ``dice-ray train`` run directory: its newest checkpoint's policy, :func:`policy_path`): for every task, the prompt
+  ``dice-ray train`` run directory: its newest checkpoint's policy, :func:`~dice_ray.policy.policy.run_policy`): for every task, the prompt
   of ``phase`` (:func:`dice_ray.tasks.prompts.build_prompt`, template ``tasks.prompt_template``),
   ``samples`` completions (:func:`dice_ray.policy.sampler.sample_group`, ``sampling`` section,
   seed ``rl.seed + task index``), each turned into a candidate by
@@ -134,25 +134,6 @@ def solution_candidates(tasks: list[Task], folder: str | Path) -> tuple[list[Can
                 src = raw  # not text: its own verdict, not the end of the run
             out.append(Candidate(task, j, src, str(path)))
     return out, unmatched
-
-
-def policy_path(model: str | Path) -> str | Path:
-    """What ``--model`` names, as :meth:`DiffusionPolicy.load` takes it: a ``dice-ray train`` run directory
-    (``checkpoints/`` and no policy of its own) gives the policy folder of its newest checkpoint
-    (``checkpoints/step_NNNNNN/policy``); anything else, a ``dice-ray sft --out`` folder included (its final
-    policy beside its ``checkpoints/``), is returned as it is.
-
-    Raises:
-        FileNotFoundError: a run directory with no checkpoint that holds a policy.
-    """
-    ckpts = Path(model) / "checkpoints"
-    if not ckpts.is_dir() or any((Path(model) / f).is_file() for f in ("model_config.json", "config.json")):
-        return model
-    policies = sorted(ckpts.glob("step_*/policy"))
-    if not policies:
-        raise FileNotFoundError(f"--model {model}: a run directory with no checkpoint holding a policy "
-                                f"({ckpts}/step_*/policy)")
-    return policies[-1]
 
 
 def model_candidates(
@@ -303,7 +284,7 @@ def evaluate(
     if model is not None:
         from dice_ray.policy.policy import DiffusionPolicy
 
-        model = DiffusionPolicy.check_path(policy_path(model))  # a broken folder or unknown hub id fails here, before sampling
+        model = DiffusionPolicy.check_path(model)  # a broken folder or unknown hub id fails here, before sampling
         log(f"sampling {samples} completion(s) a task from {model} ({phase}) on {len(tasks)} task(s)")
         cands, skipped, failed = model_candidates(tasks, model, samples, phase, cfg)
         source = f"model {model} ({phase}, {samples} sample(s) a task)"

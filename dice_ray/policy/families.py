@@ -258,17 +258,6 @@ def _special_ids(raw: dict, tok: Tokenizer, folder: Path) -> tuple[int, int, int
     return (eos_id if pad_id is None else pad_id), mask_id, eos_id
 
 
-def _family_of_folder(raw: dict, folder: Path) -> str:
-    """The family a ``config.json`` describes, from its ``model_type``."""
-    model_type = str(raw.get("model_type", "")).lower()
-    if model_type not in _FAMILY_OF_MODEL_TYPE:
-        raise ValueError(
-            f"checkpoint {folder}: config.json model_type {raw.get('model_type')!r} is not one of "
-            f"{sorted(set(_FAMILY_OF_MODEL_TYPE))} (SDAR / Qwen3, LLaDA, Dream / Qwen2)"
-        )
-    return _FAMILY_OF_MODEL_TYPE[model_type]
-
-
 def _llada_to_llama_config(raw: dict, folder: Path) -> LlamaConfig:
     """``LlamaConfig`` equal to a LLaDA ``config.json``; refuses LLaDA options Llama cannot express."""
     unsupported = {
@@ -332,33 +321,42 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 def check_checkpoint_folder(folder: Path, model_cfg: ModelConfig | None = None) -> tuple[dict, str]:
     """Check a checkpoint folder the way :func:`load_checkpoint` needs it, without reading its weights (a driver
-    checks ``model.path`` with this before any actor starts).
+    checks ``model.path`` with this before any actor starts).  Every problem found is in the one error.
 
     Returns:
         (``config.json`` as a dict, the family it describes).
 
     Raises:
-        FileNotFoundError: no ``config.json``, ``tokenizer.json`` or ``*.safetensors`` file.
+        FileNotFoundError: no ``config.json``, ``tokenizer.json`` or ``*.safetensors`` file (the message also
+            names what is wrong with a ``config.json`` that is there).
         ValueError: ``config.json`` is not a JSON object, its ``model_type`` is not a known family's, or the
             family is not ``model_cfg.family``.
     """
-    for f in ("config.json", "tokenizer.json"):
-        if not (folder / f).is_file():
-            raise FileNotFoundError(f"checkpoint {folder}: missing {f}")
+    missing = [f for f in ("config.json", "tokenizer.json") if not (folder / f).is_file()]
     if not any(folder.glob("*.safetensors")):
-        raise FileNotFoundError(f"checkpoint {folder}: no *.safetensors file")
-    try:
-        raw = json.loads((folder / "config.json").read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"checkpoint {folder}: config.json is not valid JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"checkpoint {folder}: config.json holds a {type(raw).__name__}, not a JSON object")
-    family = _family_of_folder(raw, folder)
-    if model_cfg is not None and model_cfg.family != family:
-        raise ValueError(
-            f"model.family={model_cfg.family!r} but checkpoint {folder} holds a {family!r} model (config.json "
-            f"model_type {raw.get('model_type')!r}): set model.family={family}"
-        )
+        missing.append("*.safetensors")
+    problems = [f"missing {', '.join(missing)}"] if missing else []
+    raw: dict = {}
+    family = ""
+    if (folder / "config.json").is_file():
+        parsed = None
+        try:
+            parsed = json.loads((folder / "config.json").read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            problems.append(f"config.json is not valid JSON ({e})")
+        if parsed is not None and not isinstance(parsed, dict):
+            problems.append(f"config.json holds a {type(parsed).__name__}, not a JSON object")
+        elif isinstance(parsed, dict):
+            raw = parsed
+            family = _FAMILY_OF_MODEL_TYPE.get(str(raw.get("model_type", "")).lower(), "")
+            if not family:
+                problems.append(f"config.json model_type {raw.get('model_type')!r} is not one of "
+                                f"{sorted(set(_FAMILY_OF_MODEL_TYPE))} (SDAR / Qwen3, LLaDA, Dream / Qwen2)")
+            elif model_cfg is not None and model_cfg.family != family:
+                problems.append(f"model.family={model_cfg.family!r} but it holds a {family!r} model (config.json "
+                                f"model_type {raw.get('model_type')!r}): set model.family={family}")
+    if problems:
+        raise (FileNotFoundError if missing else ValueError)(f"checkpoint {folder}: {'; '.join(problems)}")
     return raw, family
 
 

@@ -113,20 +113,23 @@ class DiffusionPolicy:
 
     @staticmethod
     def check_path(path: str | Path, model_cfg: ModelConfig | None = None) -> Path:
-        """The folder :meth:`load` would read for ``path``, checked without reading weights: a driver calls this on
-        ``model.path`` before it starts any actor, so a broken folder is one error, not a traceback from every actor.
+        """The folder :meth:`load` reads for ``path``, checked without reading weights: a driver calls this on
+        ``model.path`` before it starts any actor, so a broken folder is one error naming every problem, not a
+        traceback from every actor.
 
-        A folder with ``model_config.json`` must hold this project's three files and a valid model config; one with
-        ``config.json`` is checked by :func:`~dice_ray.policy.families.check_checkpoint_folder`; a hub id is
-        resolved first (:func:`~dice_ray.policy.families.resolve_checkpoint`).
+        ``path`` may be a ``dice-ray train`` run directory (its newest checkpoint's policy, :func:`run_policy`), a
+        folder with ``model_config.json`` (this project's three files and a valid model config), one with
+        ``config.json`` (:func:`~dice_ray.policy.families.check_checkpoint_folder`) or a hub id (resolved first,
+        :func:`~dice_ray.policy.families.resolve_checkpoint`).
 
         Raises:
-            FileNotFoundError: ``path`` is neither an existing folder nor a hub id that can be had, is neither
-                format, or lacks one of its format's files.
+            FileNotFoundError: ``path`` is neither an existing folder nor a hub id that can be had, is a run
+                directory with no checkpoint, is neither format, or lacks one of its format's files (the message
+                also names a bad config beside them).
             ValueError: a ``model_config.json`` or ``config.json`` that does not parse or names an unknown or
                 other family (the message names the file and the field).
         """
-        path = families.resolve_checkpoint(path)
+        path = families.resolve_checkpoint(run_policy(path))
         if not path.is_dir():
             raise FileNotFoundError(f"model path {path}: not a folder")
         if not (path / _CONFIG_FILE).is_file():
@@ -135,17 +138,19 @@ class DiffusionPolicy:
                 return path
             raise FileNotFoundError(
                 f"model path {path}: neither a dice-ray policy folder ({_CONFIG_FILE}, {_WEIGHTS_FILE}, "
-                f"{_TOKENIZER_FILE}: dice-ray sft --out, a run's checkpoints/step_*/policy) nor an SDAR / LLaDA / "
-                f"Dream checkpoint folder (config.json, *.safetensors, tokenizer.json)")
-        for f in (_WEIGHTS_FILE, _TOKENIZER_FILE):
-            if not (path / f).is_file():
-                raise FileNotFoundError(f"policy folder {path}: missing {f}")
+                f"{_TOKENIZER_FILE}: dice-ray sft --out, a run's checkpoints/step_*/policy), a dice-ray run directory "
+                f"(checkpoints/step_*/policy) nor an SDAR / LLaDA / Dream checkpoint folder (config.json, "
+                f"*.safetensors, tokenizer.json)")
+        missing = [f for f in (_WEIGHTS_FILE, _TOKENIZER_FILE) if not (path / f).is_file()]
+        problems = [f"missing {', '.join(missing)}"] if missing else []
         try:
             ModelConfig.model_validate_json((path / _CONFIG_FILE).read_text())
         except ValueError as e:  # pydantic's ValidationError (JSON syntax included) is a ValueError
             lines = [x.strip() for x in str(e).splitlines()]
             said = [x for x in lines[1:] if x and not x.startswith("For further information")][:2] or lines[:1]
-            raise ValueError(f"policy folder {path}: {_CONFIG_FILE} is not a valid model config ({'; '.join(said)})") from None
+            problems.append(f"{_CONFIG_FILE} is not a valid model config ({'; '.join(said)})")
+        if problems:
+            raise (FileNotFoundError if missing else ValueError)(f"policy folder {path}: {'; '.join(problems)}")
         return path
 
     @property
@@ -194,3 +199,21 @@ def _contiguous_cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         seen.add(key)
         out[name] = t.detach().to("cpu", copy=True).contiguous()
     return out
+
+
+def run_policy(path: str | Path) -> str | Path:
+    """The policy folder a ``dice-ray train`` run directory stands for (``checkpoints/`` and no policy of its own):
+    its newest checkpoint's (``checkpoints/step_NNNNNN/policy``); anything else, a ``dice-ray sft --out`` folder
+    included (its final policy beside its ``checkpoints/``) or a hub id, is returned as it is.
+
+    Raises:
+        FileNotFoundError: a run directory with no checkpoint that holds a policy.
+    """
+    ckpts = Path(path) / "checkpoints"
+    if not ckpts.is_dir() or any((Path(path) / f).is_file() for f in (_CONFIG_FILE, "config.json")):
+        return path
+    policies = sorted(ckpts.glob("step_*/policy"))
+    if not policies:
+        raise FileNotFoundError(f"model path {path}: a dice-ray run directory with no checkpoint holding a policy "
+                                f"({ckpts}/step_*/policy)")
+    return policies[-1]
