@@ -90,7 +90,8 @@ class DiffusionPolicy:
 
     @classmethod
     def load(cls, path: str | Path, model_cfg: ModelConfig | None = None) -> "DiffusionPolicy":
-        """Load a policy written by :meth:`save`, or an SDAR / LLaDA / Dream checkpoint folder or hub id.
+        """Load a policy written by :meth:`save`, an SDAR / LLaDA / Dream checkpoint folder or hub id, or the newest
+        checkpoint's policy of a ``dice-ray train`` run directory (:func:`run_policy`).
 
         A folder with ``model_config.json`` is this project's format (``model_cfg`` is not read); one with only a
         ``config.json`` is a checkpoint loaded by :func:`dice_ray.policy.families.load_checkpoint` (``model_cfg``
@@ -98,8 +99,8 @@ class DiffusionPolicy:
         resolved to its cached or downloaded snapshot first (:func:`~dice_ray.policy.families.resolve_checkpoint`).
 
         Raises:
-            FileNotFoundError: ``path`` lacks one of the files, or is a hub id that cannot be had.
-            ValueError: see :func:`~dice_ray.policy.families.load_checkpoint`.
+            FileNotFoundError / ValueError: what :meth:`check_path` refuses (run first, with the same words), and
+                :func:`~dice_ray.policy.families.load_checkpoint`'s tensor and token errors.
         """
         path = cls.check_path(path, model_cfg)
         if not (path / _CONFIG_FILE).is_file():
