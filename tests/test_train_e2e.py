@@ -25,6 +25,7 @@ def _train(args, env, timeout=600):
     assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
     # restartable actors take no constructor arguments Ray keeps in its object store (ray#53727)
     assert "constructor arguments in the object store" not in proc.stdout + proc.stderr
+    assert "Token authentication is enabled" not in proc.stdout + proc.stderr  # Ray's notice on the safe default: not shown
     return proc.stdout
 
 

@@ -11,6 +11,7 @@ step records its stage timings, busy shares and sample staleness (:mod:`dice_ray
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -53,6 +54,17 @@ COLUMNS = [
 ]
 
 
+#: the logger of Ray's (>= 2.60) notices about token authentication on a local cluster it starts
+_RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def _drop_token_auth_on_notice(record: logging.LogRecord) -> bool:
+    """A logging filter: drops Ray's WARNING that the local cluster it starts has token authentication on (the safe
+    default; the first line of every run, which new users read as a problem: README, Troubleshooting, says what it
+    means for ``ray job submit``); its warning that authentication is *off* still shows."""
+    return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
+
+
 def start_ray(address: str | None) -> dict:
     """Connect to ``address`` (or ``RAY_ADDRESS``), else ``ray.init()``: the cluster ``ray start`` runs on
     this machine, or a new local one with the dashboard (``started`` is True for both).
@@ -72,6 +84,7 @@ def start_ray(address: str | None) -> dict:
         ctx = connect(address, namespace=NAMESPACE, log_to_driver=True, logging_level="WARNING")  # Ray >= 2.60's token
         started = False
     else:
+        logging.getLogger(_RAY_AUTH_LOGGER).addFilter(_drop_token_auth_on_notice)
         ctx = ray.init(namespace=NAMESPACE, include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=True,
                        logging_level="WARNING")
         started = True
