@@ -9,15 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import socket
 import sys
 from typing import Any
 
 USAGE_ERROR = 2
 RUN_FAILED = 1
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)(\(\w+\))?: ")
 TASKS_HELP = ("task set: 'builtin', 'dice:PATH' (DICE JSON file or folder), 'kernelbench:DIR', "
               "'kernelbench-json:PATH', 'alpaca:PATH' (CuKe / Alpaca pairs) or 'jsonl:PATH'")
 
@@ -25,29 +22,6 @@ TASKS_HELP = ("task set: 'builtin', 'dice:PATH' (DICE JSON file or folder), 'ker
 def _fail(msg: str) -> int:
     print(f"dice-ray: error: {msg}", file=sys.stderr)
     return USAGE_ERROR
-
-
-def actor_error(exc: BaseException) -> str:
-    """One line for an error a Ray actor or task raised: where it was raised (``Learner.__init__``) and the
-    exception it ended with (``FileNotFoundError: checkpoint ...: missing tokenizer.json``), without Ray's
-    traceback, its ``(Actor pid=N)`` prefixes or colour codes. Ray has already streamed the actor's own
-    traceback to the console; this is the summary a user reads last.
-
-    Args:
-        exc: a ``ray.exceptions.RayError`` (``RayTaskError``: its ``cause`` is the actor's exception;
-            ``ActorDiedError``: its message holds the creation task's traceback, or why the process died).
-    """
-    text = _ANSI.sub("", str(getattr(exc, "error_msg", "") or exc))
-    where = re.search(r"ray::([\w.]+)\(", text)
-    cause = getattr(exc, "cause", None)
-    if isinstance(cause, BaseException):
-        words = _ANSI.sub("", str(cause)).strip().splitlines()
-        what = f"{type(cause).__name__}: {words[0]}" if words else type(cause).__name__
-    else:
-        lines = [x.strip() for x in text.splitlines() if x.strip()]
-        raised = [x for x in lines if _EXC_LINE.match(x)]
-        what = raised[-1] if raised else (lines[0] if lines else type(exc).__name__)
-    return f"{where.group(1) if where else 'a Ray actor'} failed: {what}"
 
 
 def _actor_errors() -> tuple[type[BaseException], ...]:
@@ -58,7 +32,9 @@ def _actor_errors() -> tuple[type[BaseException], ...]:
 
 
 def _actor_failed(exc: BaseException) -> int:
-    print(f"dice-ray: error: {actor_error(exc)}", file=sys.stderr)
+    from dice_ray.cluster.errors import error_line
+
+    print(f"dice-ray: error: {error_line(exc)}", file=sys.stderr)
     return RUN_FAILED
 
 

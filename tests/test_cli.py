@@ -358,7 +358,8 @@ def local_ray():
 def test_an_actor_failure_ends_train_with_one_line_naming_the_actor_and_its_error(local_ray, monkeypatch, capsys):
     """Whatever an actor raises (in its constructor or a method) ends ``dice-ray train`` (and ``eval``) with exit 1
     and a last line that names the actor's method and the exception, without Ray's traceback or colour codes."""
-    from dice_ray.cli import actor_error, main
+    from dice_ray.cli import main
+    from dice_ray.cluster.errors import error_line
     from dice_ray.cluster import trainer as trainer_mod
     from dice_ray.eval import run as eval_mod
 
@@ -382,10 +383,10 @@ def test_an_actor_failure_ends_train_with_one_line_naming_the_actor_and_its_erro
         pytest.fail("no error")
 
     died_in_init = raised(lambda: Learner.remote(True).ping.remote())
-    assert actor_error(died_in_init) == "Learner.__init__ failed: FileNotFoundError: checkpoint /x: missing tokenizer.json"
+    assert error_line(died_in_init) == "Learner.__init__ failed: FileNotFoundError: checkpoint /x: missing tokenizer.json"
     in_method = raised(lambda: Learner.remote().train_step.remote())
     assert isinstance(in_method, ValueError)  # a RayTaskError(ValueError): the CLI must not print it as a bad input
-    assert actor_error(in_method) == "Learner.train_step failed: ValueError: batch of 0 groups"
+    assert error_line(in_method) == "Learner.train_step failed: ValueError: batch of 0 groups"
 
     def train(*_a, **_k):
         raise in_method

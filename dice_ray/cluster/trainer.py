@@ -31,6 +31,7 @@ from rich.rule import Rule
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dice_ray.cluster.auth import connect
+from dice_ray.cluster.errors import error_line
 from dice_ray.cluster.learner import LearnerGroup, TrainGroup, learner_env, make_train_group
 from dice_ray.cluster.metrics import GpuBusySampler, RunMetrics, StageTimeline
 from dice_ray.cluster.pipeline import Flight, StepPipeline, staleness_stats, verify_items
@@ -753,10 +754,7 @@ def train(config_path: str | None, overrides: list[str], resume: str | None, con
                               f"continue from the last checkpoint: dice-ray train --resume {run_dir}")
         raise
     except Exception as e:
-        from dice_ray.cli import actor_error
-
-        mark_stopped(run_dir, actor_error(e) if isinstance(e, ray.exceptions.RayError) else
-                     f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}", cfg.rl.steps)
+        mark_stopped(run_dir, error_line(e), cfg.rl.steps)
         raise
     finally:
         trainer.shutdown()
