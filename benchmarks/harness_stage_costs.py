@@ -57,13 +57,17 @@ def jobs() -> list[tuple[str, dict]]:
     return out
 
 
-def run_job(h: Harness, job: dict, syncs: list[int]) -> tuple[str, dict[str, float], int]:
+def run_job(h: Harness, job: dict, syncs: list[int], facts: dict[str, dict]) -> tuple[str, dict[str, float], int]:
     """Verify ``job``; returns its verdict, the seconds of each stage (the worker's stage boundaries; their sum
     under ``total``) and of each harness part (``cleanup``, ``timing.*``), and the synchronizes it made (counted
-    in ``syncs[0]``)."""
+    in ``syncs[0]``).  ``facts``: reference source -> the facts its first job measured, passed with the later
+    ones as a Verifier does (:mod:`dice_ray.verify.reference_facts`)."""
     marks = [("pre", time.perf_counter())]
     before = syncs[0]
-    result = h.run(job, lambda name: marks.append((name, time.perf_counter())))
+    result = h.run({**job, "reference_facts": facts.get(job["reference_src"])},
+                   lambda name: marks.append((name, time.perf_counter())))
+    if result.reference_facts is not None:
+        facts.setdefault(job["reference_src"], result.reference_facts)
     marks.append(("end", time.perf_counter()))
     seconds: dict[str, float] = {}
     for (name, t0), (_, t1) in zip(marks, marks[1:]):
@@ -92,13 +96,14 @@ def main() -> None:
 
     harness_module._synchronize = counted
     work = jobs()
-    for _, job in work:  # warm: NVRTC compiles cached, kernels loaded
-        run_job(h, job, syncs)
+    facts: dict[str, dict] = {}
+    for _, job in work:  # warm: NVRTC compiles cached, kernels loaded, the references' facts measured
+        run_job(h, job, syncs, facts)
     gc.collect()
     gc.freeze()  # as a worker does after its start-up
     report = {}
     for kind in KINDS:
-        rows = [run_job(h, job, syncs) for k, job in work if k == kind]
+        rows = [run_job(h, job, syncs, facts) for k, job in work if k == kind]
         stages = sorted({s for _, sec, _ in rows for s in sec} - {"total"})
         report[kind] = {
             "jobs": len(rows),

@@ -17,7 +17,9 @@ candidates/s for each size and its ratio to one actor (targets: >= 1.9x at 2 GPU
 
 Before each timed round the verifier stays idle until its spares are ready (they start in its idle
 time, as between RL steps); the line of each round says how long that took and how many of its
-crashes found no ready spare.
+crashes found no ready spare.  The first round also measures each task's reference facts (two
+reference runs and a float64 one, :mod:`dice_ray.verify.reference_facts`); later rounds, like an
+RL run's later steps on tasks it has seen, come with them (each round's line counts those jobs).
 
     python benchmarks/verifier_throughput.py [--workers 0] [--spare-workers N] [--spares-timeout-s S] [--timing-window-ms MS]
         [--crash-every 4] [--cheat-every 3] [--repeats 5] [--inline 3] [--torch-inline 1] [--dice-data DIR]
@@ -290,7 +292,8 @@ def crash_cost(verifier: Verifier, tasks: list, args: argparse.Namespace, jobs: 
 
     Args:
         jobs, verdicts: every timed round's ``(task, kind, source)`` and verdicts, in order.
-        mix_s: median seconds of a timed round (with its crashes).
+        mix_s: median seconds of the timed rounds (with their crashes) after the first, whose jobs came with their
+            references' facts (measured in round 1) as the crash-free round's do; of the only round when there is one.
 
     Returns:
         The figures printed (seconds, ms, candidates/s), ``{}`` when no crash was timed.
@@ -443,7 +446,7 @@ def main() -> None:
     for r in range(args.rounds):
         round_jobs = build_jobs(tasks, args.crash_every, args.cheat_every, r) if r else jobs
         idle_s.append(spares_idle(verifier, args.spares_timeout_s))
-        restarts0, promoted0 = verifier.restarts, verifier.promoted
+        restarts0, promoted0, facts0 = verifier.restarts, verifier.promoted, verifier.reference_facts_used
         gate0 = verifier.stats()["gpu_gate_s"]
         t0 = time.perf_counter()
         verdicts += verifier.verify_many([(task, src, f"{task.task_id}:{kind}:{r}") for task, kind, src in round_jobs])
@@ -455,7 +458,8 @@ def main() -> None:
         spares = (f", {verifier.promoted - promoted0} of them found no ready spare; before it the verifier was idle "
                   f"{idle_s[-1]:.1f} s while its spares started" if verifier.mode == "gpu" else "")
         print(f"end to end{f' (round {r + 1})' if args.rounds > 1 else ''}: {len(round_jobs)} candidates in {seconds:.1f} s "
-              f"= {rates[-1]:.2f} candidates/s ({verifier.restarts - restarts0} worker replacements{spares})")
+              f"= {rates[-1]:.2f} candidates/s ({verifier.restarts - restarts0} worker replacements{spares}; "
+              f"{verifier.reference_facts_used - facts0} jobs came with their reference's facts)")
     rate = statistics.median(rates)
     if args.rounds > 1:
         print(f"median of {args.rounds} rounds: {rate:.2f} candidates/s (range {min(rates):.2f}-{max(rates):.2f})")
@@ -513,7 +517,8 @@ def main() -> None:
     print("honest candidates, median a stage" + (" (timing.* are the timing stage's parts)" if gate else "") + ": "
           + ", ".join(f"{k} {statistics.median(v) * 1000:.1f} ms" for k, v in stages.items()))
 
-    cost = crash_cost(verifier, tasks, args, jobs, verdicts, statistics.median(round_s)) if args.crash_cost else {}
+    # the crash-free round's references have their facts (measured in round 1): compared with the rounds that had them too
+    cost = crash_cost(verifier, tasks, args, jobs, verdicts, statistics.median(round_s[1:] or round_s)) if args.crash_cost else {}
 
     repeat: dict[str, list[float]] = {}
     if verifier.mode != "gpu" or not args.repeats:

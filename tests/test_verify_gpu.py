@@ -284,3 +284,27 @@ def test_torch_compile_baseline_is_reported():
     with Verifier(cfg, RewardConfig(), device=0) as v:
         verdict = check(v, HONEST, "ok")
     assert verdict.compiled_ref_ms > 0 and verdict.speedup_compiled > 0 and "torch.compile" in verdict.reason
+
+
+NONDETERMINISTIC_REF = RELU_REF.replace("return torch.relu(x)", "return torch.relu(x) + torch.rand_like(x)")
+
+
+def test_reference_facts_are_measured_once_and_used_after():
+    """The first job of a reference runs it twice and in float64; the facts come with later jobs, which
+    run it once and bound the precision error instead (a downgrade still gets the exact check)."""
+    assert NONDETERMINISTIC_REF != RELU_REF
+    cfg = VerifyConfig(mode="gpu", workers=1, spare_workers=0, compile_timeout_s=60.0, run_timeout_s=8.0,
+                       timing_trials=10)
+    with Verifier(cfg, RewardConfig(), device=0) as v:
+        first = check(v, HONEST, "ok")
+        assert v.stats()["reference_facts"] == 1 and v.reference_facts_used == 0
+        assert "fp32 error vs float64" in first.reason and "at most" in first.reason
+        second = check(v, HONEST, "ok")
+        assert v.reference_facts_used == 1 and "fp32 error vs float64 at most" in second.reason
+        trunc = "if (i < n) { float v = __int_as_float(__float_as_int(x[i]) & 0xFFFF0000); y[i] = v > 0.f ? v : 0.f; }"
+        cheat = check(v, mutate(BODY, trunc), "cheat")
+        assert cheat.rule == "precision-downgrade" and v.reference_facts_used == 2
+        bad = Task("test/relu-nondeterministic", "relu", 1, NONDETERMINISTIC_REF)
+        for _ in range(2):  # no facts kept for a reference that failed: each job checks it again
+            assert check(v, HONEST, "invalid_input", task=bad).rule == "reference-nondeterministic"
+        assert v.stats()["reference_facts"] == 1 and v.reference_facts_used == 2

@@ -19,7 +19,9 @@ with the run-time anti-cheat rules added:
   type), so a candidate that returns ``torch.empty`` memory, or leaves elements unwritten, reads NaN;
 * trials: ``correctness_trials`` seeds, then the inputs at another scale (``scaled_trial``), then a
   size constant of ``get_inputs`` doubled (:func:`shape_constant`): hard-coded shapes fail;
-* fp32 outputs are compared with a float64 run of the reference: ``precision-downgrade``;
+* fp32 outputs are compared with a float64 run of the reference: ``precision-downgrade`` (from the
+  second job of a reference on, a bound from its facts, :mod:`dice_ray.verify.reference_facts`,
+  clears an honest output without the float64 run);
 * timing (:mod:`dice_ray.verify.timing`): windows of ``k..2k-1`` calls (sizes secret) long enough
   that host jitter does not matter, fresh inputs every call, the timed calls' outputs compared with
   the reference's (caching, batch-and-skip, deferring work and behaving differently once timed give
@@ -52,8 +54,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dice_ray import launch
 from dice_ray.tasks.task import shape_constant
-from dice_ray.verify import gpu_spin, inline, mismatch_kernel, timing
+from dice_ray.verify import gpu_spin, inline, mismatch_kernel, reference_facts, timing
 from dice_ray.verify.correctness import Comparison, compare_outputs, count_mismatches_batch, flatten_outputs
+from dice_ray.verify.reference_facts import ReferenceFacts
 from dice_ray.verify.rules import check_cuda_source, import_allowed
 
 __all__ = ["ALLOWED_ATEN_OPS", "Harness", "JobResult", "RuleBroken", "warm_imports"]
@@ -157,6 +160,9 @@ class JobResult:
     # the GPU-wide fault) and ``run.after_raise`` (the error to this result)
     parts_s: dict[str, float] | None = None
     fatal: bool = False  # the worker must be replaced (sticky CUDA error)
+    # what this job learnt about the task's reference (ReferenceFacts.to_dict), for the verifier to pass to later
+    # jobs of the same reference; None when it had them already or the reference stage did not finish
+    reference_facts: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -444,6 +450,7 @@ class Harness:
         bad candidate or reference."""
         result = JobResult("crash")
         self._error_at: float | None = None  # when the candidate's forward raised (_trial)
+        self._learnt: ReferenceFacts | None = None  # measured by this job (_check_reference)
         try:
             result = self._run(job, stage)
         except RuleBroken as e:
@@ -459,6 +466,8 @@ class Harness:
                 self._restore_torch_state()
             except Exception:  # noqa: BLE001
                 result.fatal = True
+        if self._learnt is not None:
+            result.reference_facts = self._learnt.to_dict()
         if not self.cuda_healthy():
             result.fatal = True
             if result.verdict == "ok":
@@ -506,8 +515,12 @@ class Harness:
         if bad:
             return JobResult("compile_error", compiled=True, reason=bad, rule="unknown-kernel")
 
-        # 2. reference: module, init inputs
+        # 2. reference: module, init inputs; the torch flags and the GPU as the job found them (the candidate
+        # module ran at load: a flag it set or a kernel it left running would change what the reference computes)
         stage("reference")
+        self._restore_torch_state()
+        if self.mode == "gpu":
+            _synchronize(self.device)
         try:
             ref = exec_source(job["reference_src"], "<reference>", guarded=False)
             _seed(s["seed"])
@@ -517,7 +530,9 @@ class Harness:
         if self.mode == "compile_only":
             stage("run")
             return self._compile_only(cand, ref, init_inputs, refs)
-        return self._gpu(cand, ref, init_inputs, refs, stage, job["reference_src"])
+        facts = job.get("reference_facts")
+        return self._gpu(cand, ref, init_inputs, refs, stage, job["reference_src"],
+                         None if facts is None else ReferenceFacts.from_dict(facts))
 
     @staticmethod
     def _unknown_kernels(refs: dict[str, set[str]], ns: dict[str, Any], model: Any) -> str:
@@ -627,7 +642,8 @@ class Harness:
 
     # -- GPU ------------------------------------------------------------------------------------
     def _gpu(self, cand: dict, ref: dict, init_inputs: list, refs: dict[str, set[str]],
-             stage: Callable[[str], None], reference_src: str) -> JobResult:
+             stage: Callable[[str], None], reference_src: str, facts: ReferenceFacts | None) -> JobResult:
+        """The GPU stages of a job; ``facts``: the reference's, from an earlier job (None: measured here)."""
         s = self.settings
         dev = self.dev
         try:
@@ -638,7 +654,7 @@ class Harness:
             raise ReferenceError_("reference-build", f"Model(*get_init_inputs()) failed: {_error_text(e)}") from None
         seeds = [s["seed"] + 1 + i for i in range(s["correctness_trials"])]
         inputs0 = self._inputs(ref, seeds[0], dev)
-        ref_mutates, expected0 = self._check_reference(ref_model, inputs0)
+        ref_mutates, expected0, facts = self._check_reference(ref_model, inputs0, facts)
 
         stage("run")
         _seed(s["seed"])
@@ -656,8 +672,8 @@ class Harness:
         for n, (label, make) in enumerate(self._trials(ref, seeds, inputs0, reference_src, notes)):
             if n:
                 stage("run")  # between trials: a worker waiting to time goes first (runner.GpuGate)
-            failed = self._trial(model, ref_model, make, label, ref_mutates, precision=n == 0, notes=notes,
-                                 expected=expected0 if n == 0 else None)
+            failed = self._trial(model, ref_model, make, label, ref_mutates, precision=facts if n == 0 else None,
+                                 notes=notes, expected=expected0 if n == 0 else None)
             expected0 = None
             if failed is not None:
                 return failed
@@ -673,17 +689,21 @@ class Harness:
         notes.append(t.pop("note"))
         return JobResult("ok", compiled=True, correct=True, reason="; ".join(notes), **t)
 
-    def _check_reference(self, ref_model: Any, inputs0: list[Any]) -> tuple[bool, Any]:
-        """Run the reference twice on trial 0's inputs: it must run, return tensors, be finite and
-        deterministic.  Returns whether it modifies its own inputs (then mutation is not checked) and
-        its first output, trial 0's expected output (trial 0 does not run the reference a third time).
+    def _check_reference(self, ref_model: Any, inputs0: list[Any],
+                         facts: ReferenceFacts | None) -> tuple[bool, Any, ReferenceFacts]:
+        """Run the reference on trial 0's inputs: it must run, return tensors and be finite; without
+        ``facts`` (the first job of this reference) it runs twice, must be deterministic, and its
+        precision facts are measured (:func:`~dice_ray.verify.reference_facts.measure`: a float64 run)
+        and returned with the result.  Returns whether it modifies its own inputs (then mutation is not
+        checked), its first output (trial 0's expected output: trial 0 does not run the reference
+        again) and the facts.
 
         Raises:
             ReferenceError_: ``reference-run``, ``reference-output``, ``reference-nonfinite``,
                 ``reference-nondeterministic``.
         """
         outs = []
-        for _ in range(2):
+        for _ in range(1 if facts is not None else 2):
             args = [_clone(x) for x in inputs0]
             try:
                 with torch.no_grad():
@@ -696,9 +716,13 @@ class Harness:
             raise ReferenceError_("reference-output", f"Model.forward returned {type(outs[0]).__name__}, not Tensor(s)")
         if not _finite(outs[0]):
             raise ReferenceError_("reference-nonfinite", "the reference output has NaN/inf values")
-        if not self._compare(outs[1], outs[0]).ok:
-            raise ReferenceError_("reference-nondeterministic", "two reference runs on the same inputs differ")
-        return not all(_same(a, b) for a, b in zip(args, inputs0)), outs[0]
+        mutates = not all(_same(a, b) for a, b in zip(args, inputs0))
+        if facts is None:
+            if not self._compare(outs[1], outs[0]).ok:
+                raise ReferenceError_("reference-nondeterministic", "two reference runs on the same inputs differ")
+            facts = self._learnt = reference_facts.measure(ref_model, inputs0, outs[0],
+                                                           float(self.settings.get("precision_rtol", 0.0)))
+        return mutates, outs[0], facts
 
     def _trials(self, ref: dict, seeds: list[int], inputs0: list[Any], reference_src: str,
                 notes: list[str]) -> list[tuple[str, Callable[[], list[Any] | None]]]:
@@ -741,10 +765,12 @@ class Harness:
         return trials
 
     def _trial(self, model: Any, ref_model: Any, make: Callable[[], list[Any] | None], label: str,
-               ref_mutates: bool, precision: bool, notes: list[str], expected: Any = None) -> JobResult | None:
+               ref_mutates: bool, precision: ReferenceFacts | None, notes: list[str],
+               expected: Any = None) -> JobResult | None:
         """One correctness trial: the reference first (its outputs stay alive; ``expected``: its output on
         these inputs, already computed), then the candidate on NaN-poisoned free memory with cloned
-        inputs; returns a failing verdict or None.
+        inputs; returns a failing verdict or None.  ``precision``: the reference's facts on these
+        inputs (trial 0), to check the candidate's precision with (:meth:`_check_precision`).
 
         Seeded trials must run the reference; a scaled or shape trial the reference cannot run (it
         raises or gives NaN/inf) is skipped with a note.
@@ -786,55 +812,57 @@ class Harness:
         cmp = self._compare(out, expected)
         if not cmp.ok:
             return JobResult("incorrect", compiled=True, correct=False, reason=f"{label}: {cmp.reason}")
-        if precision:
-            note = self._check_precision(ref_model, pristine, expected, out)
+        if precision is not None:
+            note = self._check_precision(ref_model, pristine, expected, out, precision)
             if note:
                 notes.append(note)
         if not seeded:
             notes.append(f"{label} correct")
         return None
 
-    def _check_precision(self, ref_model: Any, inputs: list[Any], expected: Any, out: Any) -> str:
+    def _check_precision(self, ref_model: Any, inputs: list[Any], expected: Any, out: Any,
+                         facts: ReferenceFacts) -> str:
         """Compare fp32 outputs with a float64 run of the reference (``precision_rtol``).
 
         The candidate's relative RMS error may not exceed ``max(precision_rtol, 10 x the fp32
         reference's own)``: computing an fp32 task in fp16/bf16/TF32 passes allclose at 1e-2 but
-        fails here.  Returns a note; the check is skipped (noted) when the reference has no fp32
-        outputs or does not run in float64.
+        fails here.  ``facts`` (:mod:`~dice_ray.verify.reference_facts`: the reference's own error and
+        the float64 output's scale on these inputs) bound the error without a float64 run; an output
+        the bound cannot clear gets the exact check, with one.  Returns a note; the check is skipped
+        (noted) when the reference has no fp32 outputs or does not run in float64.
 
         Raises:
             RuleBroken: ``precision-downgrade``.
         """
         bound = float(self.settings.get("precision_rtol", 0.0))
-        refs = flatten_outputs(expected)
-        if bound <= 0 or not any(isinstance(r, torch.Tensor) and r.dtype == torch.float32 for r in refs):
-            return ""
-        try:
-            with torch.no_grad():
-                model64 = copy.deepcopy(ref_model).double()
-                gt = flatten_outputs(model64(*[x.double() if isinstance(x, torch.Tensor) and x.is_floating_point()
-                                               else _clone(x) for x in inputs]))
-            del model64
-        except Exception as e:  # noqa: BLE001
-            return f"precision check skipped (the reference does not run in float64: {type(e).__name__})"
-        worst = 0.0
-        for i, (o, r, g) in enumerate(zip(flatten_outputs(out), refs, gt)):
-            if not (isinstance(r, torch.Tensor) and r.dtype == torch.float32 and isinstance(g, torch.Tensor)):
+        if bound <= 0 or facts.note or not facts.outputs:
+            return facts.note if bound > 0 else ""
+        outs, refs = flatten_outputs(out), flatten_outputs(expected)
+        worst, exact = 0.0, []
+        for p in facts.outputs:
+            limit = max(bound, 10.0 * p.ref_error)
+            if p.scale == 0.0:
                 continue
-            fin = torch.isfinite(g) & torch.isfinite(r)
-            g64 = torch.where(fin, g.double(), 0.0)
-            scale = float(g64.square().mean().sqrt())
-            if scale == 0.0:
-                continue
-            e_ref = float((torch.where(fin, r.double(), 0.0) - g64).square().mean().sqrt()) / scale
-            e_cand = float((torch.where(fin, o.double(), 0.0) - g64).square().mean().sqrt()) / scale
-            limit = max(bound, 10.0 * e_ref)
-            if e_cand > limit:
-                raise RuleBroken("precision-downgrade",
-                                 f"output {i}: relative RMS error {e_cand:.2e} against a float64 run of the reference; "
-                                 f"the fp32 reference's own is {e_ref:.2e}, the bound max({bound:g}, 10x that) = {limit:.2e}")
-            worst = max(worst, e_cand)
-        return f"fp32 error vs float64 {worst:.1e}"
+            upper = reference_facts.error_bound(outs[p.index], refs[p.index], p)
+            if upper <= limit:
+                worst = max(worst, upper)
+            else:
+                exact.append((p, limit))
+        if exact:
+            try:
+                gt = reference_facts.float64_outputs(ref_model, inputs)
+            except Exception as e:  # noqa: BLE001
+                return f"precision check skipped (the reference does not run in float64: {type(e).__name__})"
+            for p, limit in exact:
+                o, r, g = outs[p.index], refs[p.index], gt[p.index]
+                e_cand = reference_facts.relative_rms(o, g, p.scale, torch.isfinite(g) & torch.isfinite(r))
+                if e_cand > limit:
+                    raise RuleBroken("precision-downgrade",
+                                     f"output {p.index}: relative RMS error {e_cand:.2e} against a float64 run of the "
+                                     f"reference; the fp32 reference's own is {p.ref_error:.2e}, the bound "
+                                     f"max({bound:g}, 10x that) = {limit:.2e}")
+                worst = max(worst, e_cand)
+        return f"fp32 error vs float64 {'at most ' if not exact else ''}{worst:.1e}"
 
     def _measure(self, ref: dict, ref_model: Any, model: Any, ref_mutates: bool,
                  stage: Callable[[str], None]) -> dict[str, Any] | JobResult:

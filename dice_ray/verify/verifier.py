@@ -8,9 +8,11 @@ Pipeline for one candidate (every call returns exactly one :class:`Verdict`):
    parallel limited compilers) and the worker only imports the prebuilt extension;
 2. in the persistent sandboxed worker (:mod:`dice_ray.verify.runner`, one per Verifier):
    ``load`` (execute the candidate module: NVRTC compiles, limit ``compile_timeout_s``),
-   ``reference`` (execute the reference, build it and run it twice on trial 0: it must run, be
-   deterministic and finite, limit ``run_timeout_s``), ``run`` (``correctness_trials`` seeded
-   trials, then CUDA-event timing of reference and candidate, limit ``run_timeout_s``);
+   ``reference`` (execute the reference, build it and run it on trial 0: it must run and be finite;
+   the first job of a reference runs it twice (deterministic) and in float64, and the facts it
+   measured come with every later job, :mod:`dice_ray.verify.reference_facts`; limit ``run_timeout_s``),
+   ``run`` (``correctness_trials`` seeded trials, then CUDA-event timing of reference and candidate,
+   limit ``run_timeout_s``);
    see :mod:`dice_ray.verify.harness` for the run-time anti-cheat rules;
 3. the reward (:func:`dice_ray.verify.reward.compute_reward`).
 
@@ -21,6 +23,7 @@ CPU, checks the kernels named in the source exist, and dry-runs ``forward`` on m
 
 from __future__ import annotations
 
+import hashlib
 import math
 import queue
 import threading
@@ -44,6 +47,9 @@ _MAX_REASON = 8000
 AUTO_GPU_WORKERS = 6
 #: most spare workers a compile-only verifier keeps (``VerifyConfig.spare_workers`` counts on a GPU)
 COMPILE_ONLY_SPARES = 2
+#: most references whose facts (:mod:`dice_ray.verify.reference_facts`) a Verifier keeps (~200 bytes each);
+#: the oldest is dropped first
+MAX_REFERENCE_FACTS = 100_000
 
 
 def _task_problem(task: Any) -> str | None:
@@ -131,6 +137,10 @@ class Verifier:
             self._spares = [self._spare() for _ in range(self._spare_target)]
         self.promoted = 0  # replacements that found no ready spare (one still starting, or a new worker)
         self.restarts = 0
+        # reference (sha256 of its source) -> its facts, measured by the first job that ran it; only trusted
+        # while the static rules run (without them a candidate can forge its worker's result frame)
+        self._reference_facts: dict[str, dict[str, Any]] = {}
+        self.reference_facts_used = 0  # jobs sent with their reference's facts
         self._retired: list[tuple[float | None, float, bool, float, float]] = []  # stats() rows of closed workers
         self._boot_phases: list[dict[str, float]] = []
 
@@ -212,7 +222,8 @@ class Verifier:
         so far, s; forked and cold separately), ``boot_gate_s_forked`` (of each forked worker's start,
         the seconds it held the GPU gate in all and in its longest part), ``ready_wait_s`` (job time spent waiting for a
         worker to become ready, s), ``spares`` / ``spares_ready`` (alive / started), ``promoted``
-        (replacements that found no ready spare) and, on a GPU, ``gpu_gate_s``: wall seconds the GPU gate was held
+        (replacements that found no ready spare), ``reference_facts`` / ``reference_facts_used`` (references
+        whose facts are kept, :mod:`~dice_ray.verify.reference_facts`; jobs sent with them) and, on a GPU, ``gpu_gate_s``: wall seconds the GPU gate was held
         exclusive (timing), draining (shared holders finishing while a timing stage waits), shared
         (references, trials, checks) or idle since the Verifier started
         (:meth:`~dice_ray.verify.runner.GpuGate.held_seconds`)."""
@@ -229,6 +240,7 @@ class Verifier:
             "ready_wait_s": round(sum(w for _, w, _, _, _ in rows), 2),
             "spares": len(spares), "spares_ready": sum(w.ready for w in spares), "promoted": self.promoted,
             "forked_boot_phases_s": list(self._boot_phases),
+            "reference_facts": len(self._reference_facts), "reference_facts_used": self.reference_facts_used,
             "gpu_gate_s": self._gate.held_seconds() if self._gate is not None else {},
         }
 
@@ -321,9 +333,14 @@ class Verifier:
         inline = self._prepare_inline(candidate_src)  # None: fast format; verdict fields, or the prebuilt modules
         if inline is not None and "verdict" in inline:
             return inline
+        ref_key = hashlib.sha256(task.reference_src.encode()).hexdigest()
+        with self._lock:
+            facts = self._reference_facts.get(ref_key) if self.verify_cfg.static_rules else None
+            self.reference_facts_used += facts is not None
         job = {
             "task_id": task.task_id,
             "reference_src": task.reference_src,
+            "reference_facts": facts,
             "candidate_src": candidate_src,
             "kernel_refs": {k: sorted(v) for k, v in (report.kernel_refs if report else {}).items()},
             "cpu_budget_s": self.verify_cfg.compile_timeout_s + 4 * self.verify_cfg.run_timeout_s + 30,
@@ -343,6 +360,7 @@ class Verifier:
                 return {"verdict": "crash", "reason": f"sandbox worker failed: {e}"}
             if not worker.alive():
                 worker = self._swap(worker)
+            self._keep_facts(ref_key, outcome)
             return self._from_outcome(outcome)
         finally:
             with self._lock:
@@ -352,6 +370,16 @@ class Verifier:
                 worker.close()
             else:
                 self._idle.put(worker)
+
+    def _keep_facts(self, ref_key: str, outcome: JobOutcome) -> None:
+        """Keep the reference facts a job measured (the first job of its reference), for later jobs."""
+        learnt = (outcome.result or {}).get("reference_facts") if outcome.kind == "result" else None
+        if not isinstance(learnt, dict) or not self.verify_cfg.static_rules:
+            return
+        with self._lock:
+            if len(self._reference_facts) >= MAX_REFERENCE_FACTS:
+                self._reference_facts.pop(next(iter(self._reference_facts)))
+            self._reference_facts.setdefault(ref_key, learnt)
 
     def _prepare_inline(self, candidate_src: str) -> dict[str, Any] | None:
         """Build a load_inline candidate's extensions before it goes to a worker.
