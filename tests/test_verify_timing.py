@@ -172,6 +172,26 @@ def test_worker_start_up_self_test_takes_the_gate():
         worker.kill()
 
 
+def test_a_killed_worker_is_dead_at_once_and_reaped_by_close():
+    """kill(wait=False) (a crashed worker: the verdict does not wait for its CUDA context's teardown)
+    makes alive() False at once; close() waits for the exit and removes the worker's folder."""
+    import os
+
+    from dice_ray.verify.runner import WorkerProcess
+
+    cfg = VerifyConfig(mode="compile_only", workers=1)
+    worker = WorkerProcess({**cfg.model_dump(), "mode": "compile_only", "device": None})
+    try:
+        worker.wait_ready(120)
+        assert worker.alive()
+        worker.kill(wait=False)
+        assert not worker.alive()
+        worker.close()
+        assert worker.proc.poll() is not None and not os.path.exists(worker.workdir)
+    finally:
+        worker.kill()
+
+
 def test_gpu_gate_background_waits_for_an_idle_verifier_unless_promoted():
     """A background acquisition (a spare's start-up) waits while any verify call is in progress, shared or
     exclusive; it goes IDLE_GRACE_S after the last call ended, or when it is promoted; a background holder yielding between

@@ -268,6 +268,7 @@ class WorkerProcess:
         self.boot_gate_part_s = 0.0  # the longest of those parts: what a timing stage may wait for it
         self.ready_wait_s = 0.0  # time jobs waited for it to become ready (s)
         self._boot_error: str | None = None
+        self._killed = False  # SIGKILL sent (its exit may still be under way: kill(wait=False))
         self._booting = threading.Thread(target=self._boot, daemon=True, name=f"boot-{self.pid}")
         self._booting.start()
 
@@ -276,7 +277,8 @@ class WorkerProcess:
         return self.proc.pid
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        """The process runs and was not killed (a killed one may take ~0.1 s more to exit)."""
+        return not self._killed and self.proc.poll() is None
 
     @property
     def ready(self) -> bool:
@@ -456,29 +458,33 @@ class WorkerProcess:
                 elif msg.get("type") == "result":
                     if msg.get("fatal"):
                         # the fault that broke the context stalled the whole GPU (~150 ms on an H200) and is
-                        # over; tearing the context down (~65 ms) does not stall other contexts (measured):
-                        # the gate goes back first
+                        # over; tearing the context down (~65-130 ms) does not stall other contexts (measured):
+                        # the gate goes back first, and the verdict does not wait for the exit (close() reaps it)
                         held = self._switch_gate(held, None)
-                        self.kill()
+                        self.kill(wait=False)
                     return outcome("result", result=msg)
         finally:
             self._switch_gate(held, None)
 
-    def kill(self) -> None:
-        """Kill the worker's process group (SIGKILL) and wait for it."""
+    def kill(self, wait: bool = True) -> None:
+        """Kill the worker's process group (SIGKILL); ``wait``: until it exited (at most 30 s), else
+        return at once (``alive()`` is False from now on; :meth:`close` reaps it)."""
         if self.proc.poll() is None:
+            self._killed = True
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 self.proc.kill()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
+            if not wait:
+                return
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
 
     def close(self) -> None:
         """Ask the worker to exit, kill it if it does not within 5 s, remove its folder."""
-        if self.proc.poll() is None:
+        if self.alive():
             try:
                 write_frame(self._w, {"op": "exit"})
                 self.proc.wait(timeout=5)

@@ -140,6 +140,8 @@ class Verifier:
         # reference (sha256 of its source) -> its facts, measured by the first job that ran it; only trusted
         # while the static rules run (without them a candidate can forge its worker's result frame)
         self._reference_facts: dict[str, dict[str, Any]] = {}
+        self._refills: list[threading.Thread] = []  # _refill threads (joined by close)
+        self._forking = 0  # spares _refill threads are forking now
         self.reference_facts_used = 0  # jobs sent with their reference's facts
         self._retired: list[tuple[float | None, float, bool, float, float]] = []  # stats() rows of closed workers
         self._boot_phases: list[dict[str, float]] = []
@@ -162,8 +164,10 @@ class Verifier:
         return WorkerProcess(self._settings, self._zygote, self._gate, background=True)
 
     def _replacement(self, old: WorkerProcess) -> WorkerProcess:
-        """Close ``old`` and return a ready spare (else a starting one, promoted, else a new worker);
-        fork spares up to ``spare_workers``.
+        """Return a ready spare for ``old`` (else a starting one, promoted, else a new worker); a
+        background thread (:meth:`_refill`) closes ``old`` and forks spares up to ``spare_workers``, so
+        the job that lost its worker waits for neither (a crashed worker's exit, its CUDA context torn
+        down, takes ~0.1 s; a fork from the zygote tens of ms).
 
         In compile-only mode spares start at the first replacement, so a Verifier that never sees a
         crash runs ``workers`` processes (on a GPU they start with the Verifier); a crash costs a swap instead of a cold start
@@ -177,16 +181,13 @@ class Verifier:
         needed before that is promoted and starts at once, holding up timing stages for its set-up's
         parts (~0.8-1.5 s in all on an H200).
         """
-        old.close()
         with self._lock:
             self.restarts += 1
             self._retired.append((old.boot_s, old.ready_wait_s, old.forked, old.boot_gate_s, old.boot_gate_part_s))
             if old.info and old.forked:
                 self._boot_phases.append(old.info.get("boot_phases_s", {}))
             alive = [w for w in self._spares if w.alive()]
-            for w in self._spares:
-                if not w.alive():
-                    w.close()
+            dead = [w for w in self._spares if not w.alive()]
             ready = [w for w in alive if w.ready]
             if ready:
                 new = ready[0]
@@ -195,10 +196,32 @@ class Verifier:
                 self.promoted += 1
                 new = alive.pop(0) if alive else WorkerProcess(self._settings, self._zygote, self._gate)
                 new.promote()
-            while len(alive) < self._spare_target:
-                alive.append(self._spare())
             self._spares = alive
+            forks = max(0, self._spare_target - len(alive) - self._forking)
+            self._forking += forks
+            refill = threading.Thread(target=self._refill, args=([old, *dead], forks), daemon=True,
+                                      name="verifier-refill")
+            self._refills = [t for t in self._refills if t.is_alive()] + [refill]
+        refill.start()
         return new
+
+    def _refill(self, retired: list[WorkerProcess], forks: int) -> None:
+        """Close ``retired`` workers (reaping killed ones, removing their folders) and fork ``forks`` spares."""
+        for w in retired:
+            w.close()
+        fresh: list[WorkerProcess] = []
+        try:
+            for _ in range(forks):
+                fresh.append(self._spare())
+        finally:
+            with self._lock:
+                self._forking -= forks
+                closed = self._closed
+                if not closed:
+                    self._spares.extend(fresh)
+            if closed:
+                for w in fresh:
+                    w.close()
 
     def spares_ready(self) -> int:
         """How many spare workers are started and ready to replace a worker at once."""
@@ -206,13 +229,13 @@ class Verifier:
             return sum(w.ready and w.alive() for w in self._spares)
 
     def wait_for_spares(self, timeout_s: float) -> float:
-        """Block until every spare is ready, or ``timeout_s`` (s) passed; returns the seconds waited.
+        """Block until every spare is forked and ready, or ``timeout_s`` (s) passed; returns the seconds waited.
         Spares start only while no verify call is in progress, so call it between batches."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout_s:
             with self._lock:
-                spares = list(self._spares)
-            if all(w.ready or not w.alive() for w in spares):
+                spares, forking = list(self._spares), self._forking
+            if not forking and all(w.ready or not w.alive() for w in spares):
                 break
             time.sleep(0.02)
         return time.monotonic() - t0
@@ -250,6 +273,9 @@ class Verifier:
             self._closed = True
             workers = list(self._idle.queue) + list(self._busy) + self._spares
             self._spares = []
+            refills = list(self._refills)
+        for t in refills:  # they close what they retired and the spares they fork
+            t.join(timeout=60)
         for worker in workers:
             worker.close()
         if self._zygote is not None:
