@@ -384,7 +384,7 @@ def main() -> None:
                     help="verify.timing_window_ms (None: the config's; 0: one call a timed window)")
     ap.add_argument("--no-preload-kernels", action="store_true",
                     help="verify.preload_kernels=false: workers load kernels lazily, under the GPU gate (for comparison)")
-    ap.add_argument("--crash-every", type=int, default=4, help="one crashing candidate every N tasks (0: none; a crash's fault stalls the whole GPU ~150 ms)")
+    ap.add_argument("--crash-every", type=int, default=4, help="one crashing candidate every N tasks (0: none; a crash's fault stalls the whole GPU ~170 ms on an H200)")
     ap.add_argument("--cheat-every", type=int, default=3, help="one cheating candidate every N tasks (0: none)")
     ap.add_argument("--repeats", type=int, default=5,
                     help="verifications of each --cov-tasks task for the speedup's CoV (GPU only)")
@@ -456,10 +456,10 @@ def main() -> None:
         all_jobs += round_jobs
         rates.append(len(round_jobs) / seconds)
         spares = (f", {verifier.promoted - promoted0} of them found no ready spare; before it the verifier was idle "
-                  f"{idle_s[-1]:.1f} s while its spares started" if verifier.mode == "gpu" else "")
+                  f"{idle_s[-1]:.1f} s while its spares started; {verifier.reference_facts_used - facts0} jobs came "
+                  f"with their reference's facts" if verifier.mode == "gpu" else "")
         print(f"end to end{f' (round {r + 1})' if args.rounds > 1 else ''}: {len(round_jobs)} candidates in {seconds:.1f} s "
-              f"= {rates[-1]:.2f} candidates/s ({verifier.restarts - restarts0} worker replacements{spares}; "
-              f"{verifier.reference_facts_used - facts0} jobs came with their reference's facts)")
+              f"= {rates[-1]:.2f} candidates/s ({verifier.restarts - restarts0} worker replacements{spares})")
     rate = statistics.median(rates)
     if args.rounds > 1:
         print(f"median of {args.rounds} rounds: {rate:.2f} candidates/s (range {min(rates):.2f}-{max(rates):.2f})")
