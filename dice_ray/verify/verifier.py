@@ -361,7 +361,7 @@ class Verifier:
             return inline
         ref_key = hashlib.sha256(task.reference_src.encode()).hexdigest()
         with self._lock:
-            facts = self._reference_facts.get(ref_key) if self.verify_cfg.static_rules else None
+            facts = self._reference_facts.get(ref_key)  # none kept without the static rules (_keep_facts)
             self.reference_facts_used += facts is not None
         job = {
             "task_id": task.task_id,
