@@ -174,7 +174,8 @@ def test_worker_start_up_self_test_takes_the_gate():
 
 def test_a_killed_worker_is_dead_at_once_and_reaped_by_close():
     """kill(wait=False) (a crashed worker: the verdict does not wait for its CUDA context's teardown)
-    makes alive() False at once; close() waits for the exit and removes the worker's folder."""
+    makes alive() False at once; close() waits for the exit and removes the worker's folder, and only its
+    first call acts (a retired worker closed twice once closed pipes other workers had just opened)."""
     import os
 
     from dice_ray.verify.runner import WorkerProcess
@@ -188,6 +189,16 @@ def test_a_killed_worker_is_dead_at_once_and_reaped_by_close():
         assert not worker.alive()
         worker.close()
         assert worker.proc.poll() is not None and not os.path.exists(worker.workdir)
+        # its pipe descriptor numbers are free again: a second close() must not close what reuses them
+        reused = os.pipe()
+        try:
+            assert worker._w in reused or worker._reader.fd in reused
+            worker.close()
+            for fd in reused:
+                os.fstat(fd)  # EBADF if the second close() closed it
+        finally:
+            for fd in reused:
+                os.close(fd)
     finally:
         worker.kill()
 

@@ -269,6 +269,8 @@ class WorkerProcess:
         self.ready_wait_s = 0.0  # time jobs waited for it to become ready (s)
         self._boot_error: str | None = None
         self._killed = False  # SIGKILL sent (its exit may still be under way: kill(wait=False))
+        self._closing = threading.Lock()
+        self._closed = False  # close() ran: its pipe descriptors are closed
         self._booting = threading.Thread(target=self._boot, daemon=True, name=f"boot-{self.pid}")
         self._booting.start()
 
@@ -483,7 +485,12 @@ class WorkerProcess:
             pass
 
     def close(self) -> None:
-        """Ask the worker to exit, kill it if it does not within 5 s, remove its folder."""
+        """Ask the worker to exit, kill it if it does not within 5 s, remove its folder.  Only the first
+        call acts (a second would close pipe descriptor numbers another thread may have reused)."""
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
         if self.alive():
             try:
                 write_frame(self._w, {"op": "exit"})
