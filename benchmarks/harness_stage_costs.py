@@ -64,10 +64,15 @@ def run_job(h: Harness, job: dict, syncs: list[int], facts: dict[str, dict]) -> 
     ones as a Verifier does (:mod:`dice_ray.verify.reference_facts`)."""
     marks = [("pre", time.perf_counter())]
     before = syncs[0]
-    result = h.run({**job, "reference_facts": facts.get(job["reference_src"])},
-                   lambda name: marks.append((name, time.perf_counter())))
-    if result.reference_facts is not None:
-        facts.setdefault(job["reference_src"], result.reference_facts)
+
+    def stage(name: str, reference_facts: dict | None = None) -> dict:
+        marks.append((name, time.perf_counter()))
+        if reference_facts is not None:  # measured by this job
+            facts.setdefault(job["reference_src"], reference_facts)
+        known = facts.get(job["reference_src"]) if name == "reference" else None
+        return {} if known is None else {"reference_facts": known}
+
+    result = h.run(job, stage)
     marks.append(("end", time.perf_counter()))
     seconds: dict[str, float] = {}
     for (name, t0), (_, t1) in zip(marks, marks[1:]):

@@ -446,7 +446,7 @@ def main() -> None:
     for r in range(args.rounds):
         round_jobs = build_jobs(tasks, args.crash_every, args.cheat_every, r) if r else jobs
         idle_s.append(spares_idle(verifier, args.spares_timeout_s))
-        restarts0, promoted0, facts0 = verifier.restarts, verifier.promoted, verifier.reference_facts_used
+        restarts0, promoted0, facts0 = verifier.restarts, verifier.promoted, verifier.stats()["reference_facts_used"]
         gate0 = verifier.stats()["gpu_gate_s"]
         t0 = time.perf_counter()
         verdicts += verifier.verify_many([(task, src, f"{task.task_id}:{kind}:{r}") for task, kind, src in round_jobs])
@@ -456,8 +456,8 @@ def main() -> None:
         all_jobs += round_jobs
         rates.append(len(round_jobs) / seconds)
         spares = (f", {verifier.promoted - promoted0} of them found no ready spare; before it the verifier was idle "
-                  f"{idle_s[-1]:.1f} s while its spares started; {verifier.reference_facts_used - facts0} jobs came "
-                  f"with their reference's facts" if verifier.mode == "gpu" else "")
+                  f"{idle_s[-1]:.1f} s while its spares started; {verifier.stats()['reference_facts_used'] - facts0} jobs "
+                  f"reached their reference stage with its facts known" if verifier.mode == "gpu" else "")
         print(f"end to end{f' (round {r + 1})' if args.rounds > 1 else ''}: {len(round_jobs)} candidates in {seconds:.1f} s "
               f"= {rates[-1]:.2f} candidates/s ({verifier.restarts - restarts0} worker replacements{spares})")
     rate = statistics.median(rates)

@@ -297,14 +297,29 @@ def test_reference_facts_are_measured_once_and_used_after():
                        timing_trials=10)
     with Verifier(cfg, RewardConfig(), device=0) as v:
         first = check(v, HONEST, "ok")
-        assert v.stats()["reference_facts"] == 1 and v.reference_facts_used == 0
+        assert v.stats()["reference_facts"] == 1 and v.stats()["reference_facts_used"] == 0
         assert "fp32 error vs float64" in first.reason and "at most" in first.reason
         second = check(v, HONEST, "ok")
-        assert v.reference_facts_used == 1 and "fp32 error vs float64 at most" in second.reason
+        assert v.stats()["reference_facts_used"] == 1 and "fp32 error vs float64 at most" in second.reason
         trunc = "if (i < n) { float v = __int_as_float(__float_as_int(x[i]) & 0xFFFF0000); y[i] = v > 0.f ? v : 0.f; }"
         cheat = check(v, mutate(BODY, trunc), "cheat")
-        assert cheat.rule == "precision-downgrade" and v.reference_facts_used == 2
+        assert cheat.rule == "precision-downgrade" and v.stats()["reference_facts_used"] == 2
         bad = Task("test/relu-nondeterministic", "relu", 1, NONDETERMINISTIC_REF)
         for _ in range(2):  # no facts kept for a reference that failed: each job checks it again
             assert check(v, HONEST, "invalid_input", task=bad).rule == "reference-nondeterministic"
-        assert v.stats()["reference_facts"] == 1 and v.reference_facts_used == 2
+        assert v.stats()["reference_facts"] == 1 and v.stats()["reference_facts_used"] == 2
+
+
+def test_a_group_of_one_reference_measures_its_facts_once():
+    """Candidates of one task verified at once (an RL group): one job measures the reference's facts, the
+    others wait for them at their reference stage (dice_ray.verify.facts_book) instead of measuring too."""
+    cfg = VerifyConfig(mode="gpu", workers=4, spare_workers=0, compile_timeout_s=60.0, run_timeout_s=8.0,
+                       timing_trials=10)
+    with Verifier(cfg, RewardConfig(), device=0) as v:
+        v.verify_many([(RELU, HONEST, f"warm-{i}") for i in range(4)])  # workers booted (and the facts measured)
+        group = Task("test/relu-group", "relu", 1, RELU_REF + "\n# a reference new to the verifier\n")
+        used = v.stats()["reference_facts_used"]
+        verdicts = v.verify_many([(group, HONEST, f"g{i}") for i in range(4)])
+        assert [x.verdict for x in verdicts] == ["ok"] * 4, [x.reason for x in verdicts]
+        # one measured; each other one found them known or waited for them (never measured too)
+        assert v.stats()["reference_facts_used"] - used == 3 and v.stats()["reference_facts"] == 2

@@ -160,9 +160,6 @@ class JobResult:
     # the GPU-wide fault) and ``run.after_raise`` (the error to this result)
     parts_s: dict[str, float] | None = None
     fatal: bool = False  # the worker must be replaced (sticky CUDA error)
-    # what this job learnt about the task's reference (ReferenceFacts.to_dict), for the verifier to pass to later
-    # jobs of the same reference; None when it had them already or the reference stage did not finish
-    reference_facts: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -340,7 +337,7 @@ class Harness:
         if settings.get("static_rules", True):
             launch.configure(source_check=_check_cuda_source)
 
-    def self_test(self, stage: Callable[[str], None] = lambda _s: None, timing: bool = True) -> str:
+    def self_test(self, stage: Callable[..., Any] = lambda *_a, **_k: None, timing: bool = True) -> str:
         """Verify a built-in relu candidate once (warms every path); returns its verdict and reason.
         ``stage`` is the job's stage callback (the worker's start takes the GPU gate through it);
         ``timing=False`` stops after the correctness trial (no exclusive stage)."""
@@ -444,13 +441,16 @@ class Harness:
         return compare_outputs(out, ref, **tol)
 
     # -- the job ------------------------------------------------------------------------------
-    def run(self, job: dict[str, Any], stage: Callable[[str], None]) -> JobResult:
-        """Verify one candidate; ``stage(name)`` is called at each stage boundary ("load",
-        "reference", "run") so the parent can apply that stage's time limit.  Never raises for a
-        bad candidate or reference."""
+    def run(self, job: dict[str, Any], stage: Callable[..., Any]) -> JobResult:
+        """Verify one candidate; ``stage(name, **extra)`` is called at each stage boundary ("load",
+        "reference", "run", "timing", "check") so the parent can take the GPU gate and apply that
+        stage's time limit.  The reference facts (:mod:`~dice_ray.verify.reference_facts`) travel
+        through it: ``stage("reference")`` may return ``{"reference_facts": {...}}`` (the parent's go:
+        known facts, then the reference runs once), and a job that measured them passes them on as
+        ``stage("run", reference_facts={...})``, before its candidate's model is built.  Never raises
+        for a bad candidate or reference."""
         result = JobResult("crash")
         self._error_at: float | None = None  # when the candidate's forward raised (_trial)
-        self._learnt: ReferenceFacts | None = None  # measured by this job (_check_reference)
         try:
             result = self._run(job, stage)
         except RuleBroken as e:
@@ -466,8 +466,6 @@ class Harness:
                 self._restore_torch_state()
             except Exception:  # noqa: BLE001
                 result.fatal = True
-        if self._learnt is not None:
-            result.reference_facts = self._learnt.to_dict()
         if not self.cuda_healthy():
             result.fatal = True
             if result.verdict == "ok":
@@ -488,7 +486,7 @@ class Harness:
         result.parts_s = {**(result.parts_s or {}), "cleanup": round(_perf() - t_cleanup, 5)}
         return result
 
-    def _run(self, job: dict[str, Any], stage: Callable[[str], None]) -> JobResult:
+    def _run(self, job: dict[str, Any], stage: Callable[..., Any]) -> JobResult:
         s = self.settings
         guarded = bool(s.get("static_rules", True))
         # 1. load: execute the candidate module (this is where NVRTC compiles)
@@ -517,7 +515,7 @@ class Harness:
 
         # 2. reference: module, init inputs; the torch flags and the GPU as the job found them (the candidate
         # module ran at load: a flag it set or a kernel it left running would change what the reference computes)
-        stage("reference")
+        go = stage("reference")
         self._restore_torch_state()
         if self.mode == "gpu":
             _synchronize(self.device)
@@ -530,7 +528,7 @@ class Harness:
         if self.mode == "compile_only":
             stage("run")
             return self._compile_only(cand, ref, init_inputs, refs)
-        facts = job.get("reference_facts")
+        facts = go.get("reference_facts") if isinstance(go, dict) else None
         return self._gpu(cand, ref, init_inputs, refs, stage, job["reference_src"],
                          None if facts is None else ReferenceFacts.from_dict(facts))
 
@@ -642,8 +640,9 @@ class Harness:
 
     # -- GPU ------------------------------------------------------------------------------------
     def _gpu(self, cand: dict, ref: dict, init_inputs: list, refs: dict[str, set[str]],
-             stage: Callable[[str], None], reference_src: str, facts: ReferenceFacts | None) -> JobResult:
-        """The GPU stages of a job; ``facts``: the reference's, from an earlier job (None: measured here)."""
+             stage: Callable[..., Any], reference_src: str, facts: ReferenceFacts | None) -> JobResult:
+        """The GPU stages of a job; ``facts``: the reference's, from an earlier job (None: measured here
+        and passed on with the ``run`` stage's announcement)."""
         s = self.settings
         dev = self.dev
         try:
@@ -654,9 +653,10 @@ class Harness:
             raise ReferenceError_("reference-build", f"Model(*get_init_inputs()) failed: {_error_text(e)}") from None
         seeds = [s["seed"] + 1 + i for i in range(s["correctness_trials"])]
         inputs0 = self._inputs(ref, seeds[0], dev)
-        ref_mutates, expected0, facts = self._check_reference(ref_model, inputs0, facts)
+        ref_mutates, expected0, learnt = self._check_reference(ref_model, inputs0, facts)
 
-        stage("run")
+        stage("run", **({} if learnt is facts else {"reference_facts": learnt.to_dict()}))
+        facts = learnt
         _seed(s["seed"])
         try:
             with dev:
@@ -693,10 +693,10 @@ class Harness:
                          facts: ReferenceFacts | None) -> tuple[bool, Any, ReferenceFacts]:
         """Run the reference on trial 0's inputs: it must run, return tensors and be finite; without
         ``facts`` (the first job of this reference) it runs twice, must be deterministic, and its
-        precision facts are measured (:func:`~dice_ray.verify.reference_facts.measure`: a float64 run)
-        and returned with the result.  Returns whether it modifies its own inputs (then mutation is not
-        checked), its first output (trial 0's expected output: trial 0 does not run the reference
-        again) and the facts.
+        precision facts are measured (:func:`~dice_ray.verify.reference_facts.measure`: a float64 run).
+        Returns whether it modifies its own inputs (then mutation is not checked), its first output
+        (trial 0's expected output: trial 0 does not run the reference again) and the facts (``facts``
+        itself when given, else the new ones).
 
         Raises:
             ReferenceError_: ``reference-run``, ``reference-output``, ``reference-nonfinite``,
@@ -720,8 +720,7 @@ class Harness:
         if facts is None:
             if not self._compare(outs[1], outs[0]).ok:
                 raise ReferenceError_("reference-nondeterministic", "two reference runs on the same inputs differ")
-            facts = self._learnt = reference_facts.measure(ref_model, inputs0, outs[0],
-                                                           float(self.settings.get("precision_rtol", 0.0)))
+            facts = reference_facts.measure(ref_model, inputs0, outs[0], float(self.settings.get("precision_rtol", 0.0)))
         return mutates, outs[0], facts
 
     def _trials(self, ref: dict, seeds: list[int], inputs0: list[Any], reference_src: str,
@@ -865,7 +864,7 @@ class Harness:
         return f"fp32 error vs float64 {'at most ' if not exact else ''}{worst:.1e}"
 
     def _measure(self, ref: dict, ref_model: Any, model: Any, ref_mutates: bool,
-                 stage: Callable[[str], None]) -> dict[str, Any] | JobResult:
+                 stage: Callable[..., Any]) -> dict[str, Any] | JobResult:
         """Time reference and candidate on one :class:`~dice_ray.verify.timing.InputSchedule`,
         audit large speedups, then (stage ``check``: the GPU shared again) compare the timed
         calls' outputs with the reference's (:class:`TimedOutputChecks`); returns the JobResult

@@ -404,13 +404,19 @@ class WorkerProcess:
         assert self.info is not None
         return self.info
 
-    def run(self, job: dict[str, Any], limits: dict[str, float]) -> JobOutcome:
+    def run(self, job: dict[str, Any], limits: dict[str, float],
+            on_stage: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None) -> JobOutcome:
         """Send a job and wait for its result.  At each stage the worker announces, the gate access
         of :data:`STAGE_ACCESS` is taken (waiting does not count), the worker is told to go, and
         ``limits[stage]`` (s) applies from then on; a stage announced again is its next part: the
         limit keeps running and a shared holder first lets waiting timing stages go
         (:meth:`GpuGate.yield_shared`).  On timeout or death the worker is killed
         (``alive()`` is then False); the gate is always given back.
+
+        ``on_stage(announcement)`` sees each stage announcement before its gate access is taken (the
+        previous stage's still held: none after ``load``) and may block (its wait, ``stage_s["on_stage"]``,
+        counts against no limit); the fields it returns go with the worker's go (the Verifier passes
+        reference facts this way, :mod:`~dice_ray.verify.facts_book`).
 
         Raises:
             WorkerError: the worker was not ready.
@@ -447,14 +453,19 @@ class WorkerProcess:
                     now = time.monotonic()
                     spent[stage] = spent.get(stage, 0.0) + now - mark
                     again = str(msg.get("stage")) == stage  # a stage announced again: its next part
+                    extra = None
+                    if on_stage is not None:
+                        extra = on_stage(msg)
+                        spent["on_stage"] = spent.get("on_stage", 0.0) + time.monotonic() - now
+                    asked = time.monotonic()
                     stage, held = self._enter(str(msg.get("stage")), stage, held)
                     mark = time.monotonic()
-                    spent["gate_wait"] = spent.get("gate_wait", 0.0) + mark - now
+                    spent["gate_wait"] = spent.get("gate_wait", 0.0) + mark - asked
                     try:
-                        write_frame(self._w, {"op": "go"})
+                        write_frame(self._w, {"op": "go", **(extra or {})})
                     except OSError:
                         return outcome("died", detail=self._death())
-                    # a stage's limit runs from its first part; waiting for the gate does not count
+                    # a stage's limit runs from its first part; waiting for the gate or on_stage does not count
                     deadline = (deadline + mark - now if again else
                                 time.monotonic() + limits.get(stage, max(limits.values())))
                 elif msg.get("type") == "result":

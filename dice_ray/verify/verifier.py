@@ -10,7 +10,8 @@ Pipeline for one candidate (every call returns exactly one :class:`Verdict`):
    ``load`` (execute the candidate module: NVRTC compiles, limit ``compile_timeout_s``),
    ``reference`` (execute the reference, build it and run it on trial 0: it must run and be finite;
    the first job of a reference runs it twice (deterministic) and in float64, and the facts it
-   measured come with every later job, :mod:`dice_ray.verify.reference_facts`; limit ``run_timeout_s``),
+   measured come with every later job, :mod:`dice_ray.verify.reference_facts`; jobs of a reference
+   being measured wait for its facts, :mod:`dice_ray.verify.facts_book`; limit ``run_timeout_s``),
    ``run`` (``correctness_trials`` seeded trials, then CUDA-event timing of reference and candidate,
    limit ``run_timeout_s``);
    see :mod:`dice_ray.verify.harness` for the run-time anti-cheat rules;
@@ -30,9 +31,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
+from collections.abc import Callable
 from typing import Any
 
 from dice_ray.config import RewardConfig, VerifyConfig
+from dice_ray.verify.facts_book import FactsBook
 from dice_ray.verify.reward import compute_reward
 from dice_ray.verify.rules import check_candidate
 from dice_ray.verify.runner import GpuGate, JobOutcome, WorkerError, WorkerProcess
@@ -137,12 +140,11 @@ class Verifier:
             self._spares = [self._spare() for _ in range(self._spare_target)]
         self.promoted = 0  # replacements that found no ready spare (one still starting, or a new worker)
         self.restarts = 0
-        # reference (sha256 of its source) -> its facts, measured by the first job that ran it; only trusted
-        # while the static rules run (without them a candidate can forge its worker's result frame)
-        self._reference_facts: dict[str, dict[str, Any]] = {}
+        # reference (sha256 of its source) -> its facts, measured by one job at a time; only used while the
+        # static rules run (without them a candidate can forge its worker's frames)
+        self._facts = FactsBook(MAX_REFERENCE_FACTS)
         self._refills: list[threading.Thread] = []  # _refill threads (joined by close)
         self._forking = 0  # spares _refill threads are forking now
-        self.reference_facts_used = 0  # jobs sent with their reference's facts
         self._retired: list[tuple[float | None, float, bool, float, float]] = []  # stats() rows of closed workers
         self._boot_phases: list[dict[str, float]] = []
 
@@ -263,7 +265,7 @@ class Verifier:
             "ready_wait_s": round(sum(w for _, w, _, _, _ in rows), 2),
             "spares": len(spares), "spares_ready": sum(w.ready for w in spares), "promoted": self.promoted,
             "forked_boot_phases_s": list(self._boot_phases),
-            "reference_facts": len(self._reference_facts), "reference_facts_used": self.reference_facts_used,
+            "reference_facts": len(self._facts), "reference_facts_used": self._facts.used,
             "gpu_gate_s": self._gate.held_seconds() if self._gate is not None else {},
         }
 
@@ -359,14 +361,9 @@ class Verifier:
         inline = self._prepare_inline(candidate_src)  # None: fast format; verdict fields, or the prebuilt modules
         if inline is not None and "verdict" in inline:
             return inline
-        ref_key = hashlib.sha256(task.reference_src.encode()).hexdigest()
-        with self._lock:
-            facts = self._reference_facts.get(ref_key)  # none kept without the static rules (_keep_facts)
-            self.reference_facts_used += facts is not None
         job = {
             "task_id": task.task_id,
             "reference_src": task.reference_src,
-            "reference_facts": facts,
             "candidate_src": candidate_src,
             "kernel_refs": {k: sorted(v) for k, v in (report.kernel_refs if report else {}).items()},
             "cpu_budget_s": self.verify_cfg.compile_timeout_s + 4 * self.verify_cfg.run_timeout_s + 30,
@@ -379,14 +376,16 @@ class Verifier:
         try:
             if not worker.alive() or worker.jobs >= self.verify_cfg.max_jobs_per_worker:
                 worker = self._swap(worker)
+            ref_key, token = hashlib.sha256(task.reference_src.encode()).hexdigest(), object()
             try:
-                outcome = worker.run(job, self._limits)
+                outcome = worker.run(job, self._limits, self._facts_exchange(ref_key, token))
             except WorkerError as e:
                 worker = self._swap(worker)
                 return {"verdict": "crash", "reason": f"sandbox worker failed: {e}"}
+            finally:
+                self._facts.done(ref_key, token)
             if not worker.alive():
                 worker = self._swap(worker)
-            self._keep_facts(ref_key, outcome)
             return self._from_outcome(outcome)
         finally:
             with self._lock:
@@ -397,15 +396,25 @@ class Verifier:
             else:
                 self._idle.put(worker)
 
-    def _keep_facts(self, ref_key: str, outcome: JobOutcome) -> None:
-        """Keep the reference facts a job measured (the first job of its reference), for later jobs."""
-        learnt = (outcome.result or {}).get("reference_facts") if outcome.kind == "result" else None
-        if not isinstance(learnt, dict) or not self.verify_cfg.static_rules:
-            return
-        with self._lock:
-            if len(self._reference_facts) >= MAX_REFERENCE_FACTS:
-                self._reference_facts.pop(next(iter(self._reference_facts)))
-            self._reference_facts.setdefault(ref_key, learnt)
+    def _facts_exchange(self, ref_key: str, token: object) -> Callable[[dict[str, Any]], dict[str, Any] | None] | None:
+        """The job's ``on_stage`` hook (:meth:`WorkerProcess.run`) for the reference facts of ``ref_key``:
+        facts the worker announces with a stage are kept; at the ``reference`` stage the known facts go
+        with the go, or this job measures them, or it waits for the job measuring them
+        (:meth:`FactsBook.claim`, at most ``run_timeout_s``).  None without the static rules, and in
+        compile-only mode (no reference runs there: its jobs would wait for each other for nothing)."""
+        if not self.verify_cfg.static_rules or self.mode != "gpu":
+            return None
+
+        def on_stage(msg: dict[str, Any]) -> dict[str, Any] | None:
+            learnt = msg.get("reference_facts")
+            if isinstance(learnt, dict):
+                self._facts.keep(ref_key, learnt)
+            if msg.get("stage") != "reference":
+                return None
+            facts = self._facts.claim(ref_key, token, self.verify_cfg.run_timeout_s)
+            return None if facts is None else {"reference_facts": facts}
+
+        return on_stage
 
     def _prepare_inline(self, candidate_src: str) -> dict[str, Any] | None:
         """Build a load_inline candidate's extensions before it goes to a worker.

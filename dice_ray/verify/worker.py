@@ -16,6 +16,7 @@ import os
 import sys
 import time
 import traceback
+from typing import Any
 
 
 def main(argv: list[str]) -> int:
@@ -26,16 +27,18 @@ def main(argv: list[str]) -> int:
     mode, device = settings["mode"], settings.get("device")
     reader = FrameReader(fd_in)
 
-    def stage(name: str) -> None:
-        """Announce a stage and wait for the parent's go (it may first take the GPU gate)."""
-        write_frame(fd_out, {"type": "stage", "stage": name})
+    def stage(name: str, **extra: Any) -> dict[str, Any]:
+        """Announce a stage (with ``extra`` fields: the reference facts a job measured) and wait for the
+        parent's go (it may first take the GPU gate); returns the go message (the reference stage's
+        carries the reference facts when the parent knows them)."""
+        write_frame(fd_out, {"type": "stage", "stage": name, **extra})
         while True:
             try:
                 reply = reader.read(None)
             except ProtocolError:
                 os._exit(0)  # the parent is gone
             if reply is not None and reply.get("op") == "go":
-                return
+                return reply
             if reply is None or reply.get("op") == "exit":
                 os._exit(0)
 
