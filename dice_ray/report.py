@@ -308,12 +308,15 @@ def markdown_report(run: Run, curves_png: str | None = "curves.png") -> str:
 
     lines += ["", "## Rates", "", "| figure | first | last | mean | min | max |", "|---|---|---|---|---|---|"]
     for key, label, fmt in RATES:
-        vals = [r[key] for r in recs if _num(r.get(key))]
-        if not vals:
+        steps = [(r.get("step"), r[key]) for r in recs if _num(r.get(key))]
+        if not steps:
             lines.append(f"| {label} | n/a | n/a | n/a | n/a | n/a |")
             continue
-        stats = (vals[0], vals[-1], statistics.fmean(vals), min(vals), max(vals))
-        lines.append(f"| {label} | " + " | ".join(_fmt(v, fmt) for v in stats) + " |")
+        vals = [v for _, v in steps]
+        # a first or last value from another step than the run's (steps where it was n/a left out) says its step
+        ends = [_fmt(v, fmt) + ("" if step == r.get("step") else f" (step {step})")
+                for (step, v), r in ((steps[0], recs[0]), (steps[-1], recs[-1]))]
+        lines.append(f"| {label} | " + " | ".join(ends + [_fmt(v, fmt) for v in (statistics.fmean(vals), min(vals), max(vals))]) + " |")
 
     timed = [(k, name, [r[k] for r in recs if _num(r.get(k))]) for k, name in STAGES + [("step_seconds", "whole step")]]
     if any(vals for _, _, vals in timed):

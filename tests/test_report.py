@@ -75,8 +75,9 @@ def test_report_of_a_finished_run(tmp_path, capsys):
     assert "| infill | 0-1 (2) | 1.00 -> 1.00 | 0.300 |" in md
     assert "| e2e | 2-3 (2) | 0.00 -> 0.00 | 0.700 |" in md
     assert "| compile rate | 50.0% | 100.0% | 81.2% | 50.0% | 100.0% |" in md
-    assert "| correct rate | 50.0% | 100.0% | 75.0% | 50.0% | 100.0% |" in md  # None steps left out
-    assert "| speedup (geomean) | 1.50x | 2.00x | 1.75x | 1.50x | 2.00x |" in md
+    # None steps left out; a first value from a later step than the run's first says its step
+    assert "| correct rate | 50.0% (step 2) | 100.0% | 75.0% | 50.0% | 100.0% |" in md
+    assert "| speedup (geomean) | 1.50x (step 2) | 2.00x | 1.75x | 1.50x | 2.00x |" in md
     assert "| verify | 2.00 | 50% |" in md and "| whole step | 4.00 | 100% |" in md and "Asynchronous" not in md
     assert "| end | e2e | 4 | 75.0% | n/a |" in md
     assert "Groups dropped (equal rewards): 4." in md and "`rl.steps` | `4`" in md
@@ -289,3 +290,12 @@ def test_pool_gauge_table_equals_the_registered_gauges(monkeypatch):
     documented = re.findall(r"^``(dice_ray_verifier_pool_\w+)``\s+\S", verifier_pool.__doc__, flags=re.MULTILINE)
     assert sorted(documented) == sorted(name for name, _ in made) and len(gauges) == len(made) == 6
     assert {tags for _, tags in made} == {("pool",)}
+
+
+def test_report_says_the_step_of_a_last_value_when_the_last_step_had_none(tmp_path, capsys):
+    """The last step dropped every group (no learner update, loss None): "last" is step 1's loss, and says so."""
+    recs = [_record(0, "infill", 1.0, 0.2, 0.5), _record(1, "infill", 1.0, 0.3, 0.5), _record(2, "infill", 1.0, 0.0, 0.5)]
+    recs[2]["loss"] = None
+    rc, md, _ = _report(capsys, _run_dir(tmp_path, "dropped", 3, recs), "--out", tmp_path / "out")
+    assert rc == 0
+    assert "| policy loss | -1.000e-02 | -2.000e-02 (step 1) |" in md
