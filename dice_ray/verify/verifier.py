@@ -29,9 +29,9 @@ import math
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
-from collections.abc import Callable
 from typing import Any
 
 from dice_ray.config import RewardConfig, VerifyConfig
@@ -248,7 +248,8 @@ class Verifier:
         the seconds it held the GPU gate in all and in its longest part), ``ready_wait_s`` (job time spent waiting for a
         worker to become ready, s), ``spares`` / ``spares_ready`` (alive / started), ``promoted``
         (replacements that found no ready spare), ``reference_facts`` / ``reference_facts_used`` (references
-        whose facts are kept, :mod:`~dice_ray.verify.reference_facts`; jobs sent with them) and, on a GPU, ``gpu_gate_s``: wall seconds the GPU gate was held
+        whose facts are kept, :mod:`~dice_ray.verify.reference_facts`; jobs that got them at their reference
+        stage, :mod:`~dice_ray.verify.facts_book`) and, on a GPU, ``gpu_gate_s``: wall seconds the GPU gate was held
         exclusive (timing), draining (shared holders finishing while a timing stage waits), shared
         (references, trials, checks) or idle since the Verifier started
         (:meth:`~dice_ray.verify.runner.GpuGate.held_seconds`)."""
