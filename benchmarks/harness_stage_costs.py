@@ -37,6 +37,7 @@ from verifier_throughput import variants  # noqa: E402
 from dice_ray.config import VerifyConfig  # noqa: E402
 from dice_ray.tasks.loaders import load_tasks  # noqa: E402
 from dice_ray.verify import harness as harness_module  # noqa: E402
+from dice_ray.verify.facts_book import FactsBook  # noqa: E402
 from dice_ray.verify.harness import Harness  # noqa: E402
 from dice_ray.verify.rules import check_candidate  # noqa: E402
 
@@ -57,22 +58,25 @@ def jobs() -> list[tuple[str, dict]]:
     return out
 
 
-def run_job(h: Harness, job: dict, syncs: list[int], facts: dict[str, dict]) -> tuple[str, dict[str, float], int]:
+def run_job(h: Harness, job: dict, syncs: list[int], facts: FactsBook) -> tuple[str, dict[str, float], int]:
     """Verify ``job``; returns its verdict, the seconds of each stage (the worker's stage boundaries; their sum
     under ``total``) and of each harness part (``cleanup``, ``timing.*``), and the synchronizes it made (counted
-    in ``syncs[0]``).  ``facts``: reference source -> the facts its first job measured, passed with the later
-    ones as a Verifier does (:mod:`dice_ray.verify.reference_facts`)."""
+    in ``syncs[0]``).  ``facts``: the references' facts, kept from the job that measured them and passed to the
+    later ones through the stage callback, as a Verifier does (:mod:`dice_ray.verify.facts_book`)."""
     marks = [("pre", time.perf_counter())]
     before = syncs[0]
+
+    key, token = job["reference_src"], object()
 
     def stage(name: str, reference_facts: dict | None = None) -> dict:
         marks.append((name, time.perf_counter()))
         if reference_facts is not None:  # measured by this job
-            facts.setdefault(job["reference_src"], reference_facts)
-        known = facts.get(job["reference_src"]) if name == "reference" else None
+            facts.keep(key, reference_facts)
+        known = facts.claim(key, token, 0.0) if name == "reference" else None  # one job at a time: never waits
         return {} if known is None else {"reference_facts": known}
 
     result = h.run(job, stage)
+    facts.done(key, token)
     marks.append(("end", time.perf_counter()))
     seconds: dict[str, float] = {}
     for (name, t0), (_, t1) in zip(marks, marks[1:]):
@@ -101,7 +105,7 @@ def main() -> None:
 
     harness_module._synchronize = counted
     work = jobs()
-    facts: dict[str, dict] = {}
+    facts = FactsBook(capacity=len(work))
     for _, job in work:  # warm: NVRTC compiles cached, kernels loaded, the references' facts measured
         run_job(h, job, syncs, facts)
     gc.collect()
