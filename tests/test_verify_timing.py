@@ -253,6 +253,41 @@ def test_gpu_gate_background_waits_for_an_idle_verifier_unless_promoted():
     gate.release("shared")
 
 
+def test_a_spare_closed_while_it_waits_for_idle_time_leaves_reused_pipes_alone():
+    """close() on a spare still held at the gate (a verify call in progress) ends its start-up thread
+    before closing its pipes: let in later, that thread used to read and write descriptor numbers other
+    pipes had reused by then (EBADF in start-up threads at a verifier's shutdown on the H200)."""
+    import os
+    import select
+
+    from dice_ray.verify.runner import WorkerProcess
+
+    cfg = VerifyConfig(mode="compile_only", workers=1, start_timeout_s=120.0)
+    gate = GpuGate()
+    with gate.job():
+        spare = WorkerProcess({**cfg.model_dump(), "mode": "compile_only", "device": None}, gate=gate, background=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not _waiting_for_shared(gate) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _waiting_for_shared(gate) and spare._booting.is_alive()  # held: the call is in progress
+            spare.close()
+            assert not spare._booting.is_alive() and not gate._readers and not gate._writer
+            reused = os.pipe()
+        except BaseException:
+            spare.kill()
+            raise
+    try:
+        time.sleep(0.5)  # the call ended: a thread still waiting for idle time would go on now
+        assert spare._w in reused or spare._reader.fd in reused
+        assert select.select([reused[0]], [], [], 0)[0] == []  # nothing wrote into the reused pipe
+        for fd in reused:
+            os.fstat(fd)
+    finally:
+        for fd in reused:
+            os.close(fd)
+
+
 def test_spare_worker_starts_in_the_verifiers_idle_time():
     """A background worker (a spare) holds at its first gated stage while a verify call is in progress and
     becomes ready once none is; a promoted one starts during the call."""

@@ -496,8 +496,9 @@ class WorkerProcess:
             pass
 
     def close(self) -> None:
-        """Ask the worker to exit, kill it if it does not within 5 s, remove its folder.  Only the first
-        call acts (a second would close pipe descriptor numbers another thread may have reused)."""
+        """Ask the worker to exit, kill it if it does not within 5 s, wait for its start-up thread to end,
+        close its pipes and remove its folder.  Only the first call acts (a second would close pipe
+        descriptor numbers another thread may have reused)."""
         with self._closing:
             if self._closed:
                 return
@@ -509,9 +510,15 @@ class WorkerProcess:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self.kill()
-        for fd in (self._w, self._reader.fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        # the start-up thread reads and writes these pipes: it ends first (a spare closed while it waits for
+        # the verifier's idle time would otherwise, once let in, use descriptor numbers other pipes now hold)
+        if self._booting is not threading.current_thread():
+            self.promote()
+            self._booting.join(30)
+        if not self._booting.is_alive():  # else still held at the gate after 30 s: leak the two descriptors
+            for fd in (self._w, self._reader.fd):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
         shutil.rmtree(self.workdir, ignore_errors=True)
