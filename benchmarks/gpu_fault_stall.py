@@ -64,7 +64,7 @@ def longest_iteration_ms(starts: np.ndarray, ends: np.ndarray, a: float, b: floa
     return float(((ends - starts)[hit]).max() * 1e3) if hit.any() else None
 
 
-def _victim(path: str, stop: str, device: int, mib: int) -> None:
+def _victim(path: str, stop: str, device: int, mib: int, alloc: int) -> None:
     import torch
 
     torch.cuda.set_device(device)
@@ -76,7 +76,12 @@ def _victim(path: str, stop: str, device: int, mib: int) -> None:
     starts, ends = [], []
     while not os.path.exists(stop):
         t0 = time.monotonic()
-        x.mul_(1.0)
+        if alloc:  # as a sandbox worker between jobs: its memory from the driver (cudaMalloc) and back (cudaFree)
+            x = x * 1.0
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        else:
+            x.mul_(1.0)
         torch.cuda.synchronize()
         starts.append(t0)
         ends.append(time.monotonic())
@@ -134,11 +139,14 @@ def _preload(device: int) -> None:
 
 
 def _child(*args: str) -> dict:
+    """Run this file as a child process ``args``; its last JSON line, with ``exited``: when the process had
+    exited (monotonic s; a faulted one's CUDA context is torn down at its exit)."""
     r = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=300)
+    exited = time.monotonic()
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
     if not lines:
         raise RuntimeError(f"{args[0]} child failed (exit {r.returncode}): {r.stderr[-800:]}")
-    return json.loads(lines[-1])
+    return {**json.loads(lines[-1]), "exited": exited}
 
 
 def main() -> None:
@@ -150,6 +158,9 @@ def main() -> None:
                     help="victim processes looping at once (a verifier runs several sandbox workers on its GPU)")
     ap.add_argument("--victim-mib", type=int, default=64,
                     help="tensor each victim multiplies in place (MiB): 64 is ~50 us a kernel, 2048 ~1.5 ms")
+    ap.add_argument("--victim-alloc", action="store_true",
+                    help="each victim iteration also takes its memory from the driver and gives it back (cudaMalloc/"
+                         "cudaFree through torch's allocator, as a sandbox worker does around each job)")
     ap.add_argument("--fault-mib", type=int, default=1,
                     help="GPU memory the faulting process holds when it faults (MiB; a sandbox worker holds GBs)")
     ap.add_argument("--json", help="write the figures here (without a GPU: why they are missing)")
@@ -170,7 +181,7 @@ def main() -> None:
         stop = os.path.join(d, "stop")
         paths = [os.path.join(d, f"victim{i}.npy") for i in range(args.victims)]
         victims = [subprocess.Popen([sys.executable, __file__, "victim", p, stop, str(args.device),
-                                     str(args.victim_mib)]) for p in paths]
+                                     str(args.victim_mib), str(int(args.victim_alloc))]) for p in paths]
         deadline = time.monotonic() + 120
         while not all(os.path.exists(p + ".ready") for p in paths):
             if any(v.poll() is not None for v in victims) or time.monotonic() > deadline:
@@ -204,7 +215,12 @@ def main() -> None:
         elif "preload" in row:
             print(f"  {row['case']:24s} capture {row['wait_ms']:7.1f} ms ({row['preload']}); {victim}")
         else:
-            print(f"  {row['case']:24s} error after {row['wait_ms']:7.1f} ms ({row['error']}); {victim}")
+            # iterations begun after the error (the one the fault stalled is counted above)
+            gone = [longest_iteration_ms(s[s >= row["to"]], e[s >= row["to"]], row["to"], row["exited"]) for s, e in loops]
+            row["exit_ms"] = (row["exited"] - row["to"]) * 1e3
+            row["exit_victim_longest_ms"] = max((x for x in gone if x is not None), default=None)
+            print(f"  {row['case']:24s} error after {row['wait_ms']:7.1f} ms ({row['error']}); {victim}; its exit "
+                  f"{row['exit_ms']:.1f} ms, the victim's longest iteration meanwhile {row['exit_victim_longest_ms']} ms")
     stalls = [r["victim_longest_ms"] for r in rows if "illegal" in r.get("error", "") and r["victim_longest_ms"]]
     if stalls:
         print(f"every illegal-address fault stalled the other processes {min(stalls):.0f}-{max(stalls):.0f} ms: "
@@ -215,7 +231,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "victim":
-        _victim(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+        _victim(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
     elif len(sys.argv) > 1 and sys.argv[1] == "fault":
         _fault(*(int(a) for a in sys.argv[2:7]))
     elif len(sys.argv) > 1 and sys.argv[1] == "context":

@@ -144,6 +144,50 @@ def test_gpu_gate_exclusive_excludes_shared():
     assert events == ["exclusive", "exclusive-done", "shared"]
 
 
+def test_a_start_up_part_keeps_a_timing_stage_out_but_lets_jobs_shared_parts_in():
+    """While a timing stage waits for a worker's start-up part (a CUDA context: up to ~0.5 s), jobs'
+    shared parts still start; when only jobs hold, a waiting timing stage keeps new ones out, and a
+    start-up part waits for it like a job's part."""
+    gate = GpuGate()
+    gate.acquire("shared", startup=True)
+    timed = threading.Event()
+
+    def timer() -> None:
+        gate.acquire("exclusive")
+        timed.set()
+        gate.release("exclusive")
+
+    t = threading.Thread(target=timer)
+    t.start()
+    deadline = time.monotonic() + 5
+    while not gate._writers_waiting and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert gate._writers_waiting == 1
+
+    def try_shared(startup: bool) -> threading.Event:
+        got = threading.Event()
+
+        def take() -> None:
+            gate.acquire("shared", startup=startup)
+            got.set()
+            gate.release("shared", startup)
+
+        threading.Thread(target=take, daemon=True).start()
+        return got
+
+    assert try_shared(False).wait(2)  # a job's part starts beside the start-up part, the timer still waiting
+    other_startup = try_shared(True)
+    assert not other_startup.wait(0.2) and not timed.is_set()  # another start-up part waits for the timer
+    gate.acquire("shared")  # a job's part that the timer now waits for too
+    gate.release("shared", startup=True)  # the start-up part ends: jobs' parts no longer start
+    job = try_shared(False)
+    assert not job.wait(0.2) and not timed.is_set()
+    gate.release("shared")
+    t.join(5)
+    assert timed.is_set() and job.wait(2) and other_startup.wait(2)
+    assert gate._readers == gate._startup_readers == 0 and not gate._writer
+
+
 def test_worker_start_up_self_test_takes_the_gate():
     """A starting worker's self-test announces its stages like a job: while another worker holds the
     GPU exclusively (timing), the start waits at its first shared stage, then completes."""

@@ -50,13 +50,19 @@ class GpuGate:
     alone (``exclusive``): no other worker's kernels run while its CUDA events are open, so the
     speedup does not depend on how busy the verifier is.
 
+    A worker's start-up (``startup`` acquisitions: a CUDA context, a kernel preload, parts of up to
+    ~0.5 s) holds shared access too, and a timing stage waits for its part to end; meanwhile jobs'
+    shared stages may still start (they end in milliseconds), so the GPU does the batch's other work
+    instead of standing by.  Other shared holders may not start while a timing stage waits.
+
     :meth:`held_seconds` tells how the wall time went: exclusive, draining (shared holders finishing
-    their parts while a timing stage waits: nobody new may start), shared (>= 1 holder) or idle.
+    their parts while a timing stage waits), shared (>= 1 holder) or idle.
     """
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._readers = 0
+        self._startup_readers = 0  # of them, workers' start-ups (a timing stage waiting does not stop jobs then)
         self._writer = False
         self._writers_waiting = 0
         self._jobs = 0  # verify calls in progress (:meth:`job`): background acquisitions wait for none
@@ -104,7 +110,7 @@ class GpuGate:
         with self._cond:
             self._cond.notify_all()
 
-    def acquire(self, mode: str, background: Callable[[], bool] | None = None) -> None:
+    def acquire(self, mode: str, background: Callable[[], bool] | None = None, startup: bool = False) -> None:
         """Block until ``mode`` (``"shared"`` or ``"exclusive"``) access is granted.
 
         Args:
@@ -112,6 +118,8 @@ class GpuGate:
                 (:meth:`job`) for :data:`IDLE_GRACE_S`: a spare worker's start-up runs in the verifier's
                 idle time (between RL steps), not between the calls of a loop or beside a batch, unless it
                 is promoted (the callable turns False; call :meth:`wake`).
+            startup: a worker's start-up part (shared only): it waits for waiting timing stages like a
+                job's part, but while one holds, jobs' shared parts start despite a waiting timing stage.
         """
         with self._cond:
             if mode == "exclusive":
@@ -123,9 +131,11 @@ class GpuGate:
                 self._account()
                 self._writer = True
             else:
-                self._wait_background(background, lambda: not self._writer and self._writers_waiting == 0)
+                self._wait_background(background, lambda: not self._writer and (
+                    self._writers_waiting == 0 or (self._startup_readers > 0 and not startup)))
                 self._account()
                 self._readers += 1
+                self._startup_readers += startup
 
     def _wait_background(self, background: Callable[[], bool] | None, also: Callable[[], bool] = lambda: True) -> None:
         """Under the lock: wait until a ``background`` acquisition may go (:meth:`acquire`) and ``also()``."""
@@ -137,7 +147,7 @@ class GpuGate:
                 return
             self._cond.wait(wait if 0 < wait < math.inf else None)  # woken by a job, a release or a promotion
 
-    def yield_shared(self, background: Callable[[], bool] | None = None) -> None:
+    def yield_shared(self, background: Callable[[], bool] | None = None, startup: bool = False) -> None:
         """Holding shared access: let the workers waiting for exclusive access go first (give it
         back and take it again; returns at once when none waits).  A worker calls this between
         the parts of a long shared stage, so a timing stage does not wait for all of it.  A
@@ -145,17 +155,18 @@ class GpuGate:
         with self._cond:
             if not self._writers_waiting and not (background is not None and self._jobs and background()):
                 return
-        self.release("shared")
-        self.acquire("shared", background)
+        self.release("shared", startup)
+        self.acquire("shared", background, startup)
 
-    def release(self, mode: str) -> None:
-        """Give back access taken with :meth:`acquire` in the same ``mode``."""
+    def release(self, mode: str, startup: bool = False) -> None:
+        """Give back access taken with :meth:`acquire` in the same ``mode`` (and ``startup``)."""
         with self._cond:
             self._account()
             if mode == "exclusive":
                 self._writer = False
             else:
                 self._readers -= 1
+                self._startup_readers -= startup
             self._cond.notify_all()
 
 
@@ -346,7 +357,7 @@ class WorkerProcess:
                     self.boot_gate_part_s = max(self.boot_gate_part_s, part)
                 if msg is not None and msg.get("type") == "stage":
                     asked = time.monotonic()
-                    stage, held = self._enter(str(msg.get("stage")), stage, held, lambda: self.background)
+                    stage, held = self._enter(str(msg.get("stage")), stage, held, lambda: self.background, startup=True)
                     mark = time.monotonic()
                     deadline += mark - asked  # waiting for the gate (a spare: for the verifier's idle time) does not count
                     try:
@@ -356,7 +367,7 @@ class WorkerProcess:
                     continue
                 break
         finally:
-            self._switch_gate(held, None)
+            self._switch_gate(held, None, startup=True)
         if msg is None:
             self.kill()
             self._boot_error = f"verifier worker not ready in time; log tail:\n{self.log_tail()}"
@@ -368,25 +379,25 @@ class WorkerProcess:
             self.boot_s = time.monotonic() - self.started
 
     def _enter(self, announced: str, stage: str, held: str | None,
-               background: Callable[[], bool] | None = None) -> tuple[str, str | None]:
+               background: Callable[[], bool] | None = None, startup: bool = False) -> tuple[str, str | None]:
         """The worker announced stage ``announced`` while in ``stage`` holding ``held``: take the gate
-        access it needs (:data:`STAGE_ACCESS`; ``background``: see :meth:`GpuGate.acquire`); the same
-        stage again is its next part, and a shared holder first lets waiting timing stages go
+        access it needs (:data:`STAGE_ACCESS`; ``background``, ``startup``: see :meth:`GpuGate.acquire`);
+        the same stage again is its next part, and a shared holder first lets waiting timing stages go
         (:meth:`GpuGate.yield_shared`).  Returns ``(stage, held)`` now."""
         if announced == stage and held == "shared" and self.gate is not None:
-            self.gate.yield_shared(background)
+            self.gate.yield_shared(background, startup)
             return announced, held
-        return announced, self._switch_gate(held, STAGE_ACCESS.get(announced, "exclusive"), background)
+        return announced, self._switch_gate(held, STAGE_ACCESS.get(announced, "exclusive"), background, startup)
 
     def _switch_gate(self, held: str | None, want: str | None,
-                     background: Callable[[], bool] | None = None) -> str | None:
+                     background: Callable[[], bool] | None = None, startup: bool = False) -> str | None:
         """Give back ``held`` gate access and take ``want`` (None: none); returns what is held now."""
         if self.gate is None or want == held:
             return held
         if held is not None:
-            self.gate.release(held)
+            self.gate.release(held, startup and held == "shared")
         if want is not None:
-            self.gate.acquire(want, background)
+            self.gate.acquire(want, background, startup and want == "shared")
         return want
 
     def wait_ready(self, timeout_s: float) -> dict[str, Any]:
