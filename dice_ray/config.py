@@ -215,8 +215,8 @@ class VerifyConfig(_Section):
         description="Spare sandbox workers kept ready to replace one after a crash, so a crash costs a swap, not a "
         "start. On a GPU they are forked with the verifier, and each does its CUDA set-up (which holds the GPU gate) only "
         "once no candidate has been in verification for 0.5 s (between RL steps); a crash that finds none ready starts "
-        "one at once, holding up timing for ~1 s. Set it to the crashes one GPU sees in a step (a batch with more than "
-        "this many costs ~1 s each beyond it). Each holds ~1 GiB of GPU memory (outside gpu_memory_fraction, which caps "
+        "one at once, holding up timing stages (not the others) for ~2 s in parts. Set it to the crashes one GPU sees in "
+        "a step (a batch with more than this many costs ~0.7 s each beyond it on an H200). Each holds ~1 GiB of GPU memory (outside gpu_memory_fraction, which caps "
         "the working workers) and ~1 GiB of host memory on an H200. Compile-only verifiers keep at most 2, started at "
         "the first replacement.",
     )
