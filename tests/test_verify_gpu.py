@@ -269,7 +269,11 @@ def test_concurrent_workers_agree_with_serial(gpu):
     """Four workers at once (timing exclusive on the GPU) give the verdicts one worker gives."""
     batch = [HONEST, mutate(BODY, "if (i < n) y[i] = x[i];"), mutate(BODY, "if (i < n) y[i] = = x[i];"),
              mutate(BODY, "if (i < n) y[i + (1L << 40)] = 1.f;")] * 3
+    gpu.wait_for_spares(120)
     serial = [gpu.verify(RELU, src, f"s{i}") for i, src in enumerate(batch)]
+    # its 3 crashes' replacements start in its idle time: let them finish before the other verifier times (its
+    # gate is not this one's; in a run one verifier owns a GPU): a failure on the H200 gave relu 1.17 against 0.84
+    gpu.wait_for_spares(120)
     cfg = VerifyConfig(mode="gpu", workers=4, compile_timeout_s=60.0, run_timeout_s=8.0, timing_trials=10)
     with Verifier(cfg, RewardConfig(), device=0) as many:
         together = many.verify_many([(RELU, src, f"p{i}") for i, src in enumerate(batch)])
