@@ -55,6 +55,8 @@ def test_summary_lines_say_steps_rewards_rates_and_heldout_in_words():
                                     "evaluations, verifier compile-only")
     assert "reward 0.391 -> 0.016; last step: compile 2%, correct n/a, cheat 0%, speedup n/a; 47 groups dropped" in text
     assert "held-out" not in text.splitlines()[1] and "{" not in text and len(text.splitlines()) == 2  # said just before
+    counted = describe_summary({**summary, "final": {**summary["final"], "verdicts": {"ok": 21, "compile_error": 43}}})
+    assert counted.splitlines()[2] == "last step's verdicts: compile_error 43, ok 21" and len(counted.splitlines()) == 3
     gpu = describe_summary({**summary, "verifier_mode": "gpu", "heldout_end": None,
                             "final": {**summary["final"], "correct_rate": 0.5, "speedup_geomean": 1.234}})
     assert "verifier gpu" in gpu and "correct 50%" in gpu and "speedup 1.23x" in gpu

@@ -171,7 +171,8 @@ def describe_summary(summary: dict) -> str:
     printed before it), e.g. ``10 steps (phases infill, ramp, e2e), 332.9 s with the warm start and held-out
     evaluations, verifier compile-only`` (a resumed run: ``12 steps (...), 2 of them in this run, resumed at step
     10: 35.0 s with the final held-out evaluation, ...``) / ``reward 0.391 -> 0.016; last step: compile 2%, correct n/a, cheat 0%,
-    speedup n/a; 47 groups dropped (...)``."""
+    speedup n/a; 47 groups dropped (...)``, and when the last step's verdict counts are known a third line,
+    ``last step's verdicts: compile_error 43, ok 21``."""
     def pct(x: float | None) -> str:
         return "n/a" if x is None else f"{x:.0%}"
 
@@ -195,6 +196,9 @@ def describe_summary(summary: dict) -> str:
         f"{pct(final.get('cheat_rate'))}, speedup {'n/a' if speedup is None else f'{speedup:.2f}x'}; "
         f"{summary.get('groups_dropped_total', 0)} groups dropped (all rewards equal: no advantage)",
     ]
+    verdicts = final.get("verdicts")
+    if verdicts:  # a third line: what the rates above are made of
+        lines.append("last step's verdicts: " + ", ".join(f"{k} {n}" for k, n in sorted(verdicts.items(), key=lambda kv: -kv[1])))
     return "\n".join(lines)
 
 
@@ -597,7 +601,8 @@ class Trainer:
             "resumed_at_step": self.start_step if self.resume else None,
             "phases_seen": phases,
             "verifier_mode": records[-1]["verifier_mode"] if records else None,
-            "final": {k: records[-1].get(k) for k in ("reward_mean", "compile_rate", "correct_rate", "cheat_rate", "speedup_geomean")} if records else {},
+            "final": {k: records[-1].get(k) for k in ("reward_mean", "compile_rate", "correct_rate", "cheat_rate", "speedup_geomean",
+                                                     "verdicts")} if records else {},
             "reward_mean_first_last": [records[0]["reward_mean"], records[-1]["reward_mean"]] if records else None,
             "groups_dropped_total": sum(r["groups_dropped"] for r in records),
             "heldout_start": heldout_start,
