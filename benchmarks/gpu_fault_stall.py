@@ -216,7 +216,8 @@ def main() -> None:
             print(f"  {row['case']:24s} capture {row['wait_ms']:7.1f} ms ({row['preload']}); {victim}")
         else:
             # iterations begun after the error (the one the fault stalled is counted above)
-            gone = [longest_iteration_ms(s[s >= row["to"]], e[s >= row["to"]], row["to"], row["exited"]) for s, e in loops]
+            after = [(s[s >= row["to"]], e[s >= row["to"]]) for s, e in loops]
+            gone = [longest_iteration_ms(s, e, row["to"], row["exited"]) for s, e in after]
             row["exit_ms"] = (row["exited"] - row["to"]) * 1e3
             row["exit_victim_longest_ms"] = max((x for x in gone if x is not None), default=None)
             print(f"  {row['case']:24s} error after {row['wait_ms']:7.1f} ms ({row['error']}); {victim}; its exit "

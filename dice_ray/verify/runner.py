@@ -118,8 +118,8 @@ class GpuGate:
                 (:meth:`job`) for :data:`IDLE_GRACE_S`: a spare worker's start-up runs in the verifier's
                 idle time (between RL steps), not between the calls of a loop or beside a batch, unless it
                 is promoted (the callable turns False; call :meth:`wake`).
-            startup: a worker's start-up part (shared only): it waits for waiting timing stages like a
-                job's part, but while one holds, jobs' shared parts start despite a waiting timing stage.
+            startup: a worker's start-up part (no effect on exclusive access): it waits for waiting timing
+                stages like a job's part, but while one holds, jobs' shared parts start despite a waiting timing stage.
         """
         with self._cond:
             if mode == "exclusive":
@@ -159,7 +159,7 @@ class GpuGate:
         self.acquire("shared", background, startup)
 
     def release(self, mode: str, startup: bool = False) -> None:
-        """Give back access taken with :meth:`acquire` in the same ``mode`` (and ``startup``)."""
+        """Give back access taken with :meth:`acquire` in the same ``mode`` and ``startup`` (ignored for exclusive)."""
         with self._cond:
             self._account()
             if mode == "exclusive":
@@ -395,9 +395,9 @@ class WorkerProcess:
         if self.gate is None or want == held:
             return held
         if held is not None:
-            self.gate.release(held, startup and held == "shared")
+            self.gate.release(held, startup)
         if want is not None:
-            self.gate.acquire(want, background, startup and want == "shared")
+            self.gate.acquire(want, background, startup)
         return want
 
     def wait_ready(self, timeout_s: float) -> dict[str, Any]:
