@@ -42,7 +42,7 @@ from pydantic import ValidationError
 
 from dice_ray.config import RewardConfig, VerifyConfig
 from dice_ray.tasks.loaders import load_tasks
-from dice_ray.verify.verifier import COMPILE_ONLY_SPARES, Verifier
+from dice_ray.verify.verifier import Verifier
 
 #: DICE infilling records that verify ok on an H200 (tests/test_verify_inline_gpu.py)
 INLINE_RECORDS = (617, 3890, 136, 6180)
@@ -437,9 +437,9 @@ def main() -> None:
     verifier = Verifier(cfg, RewardConfig())
     print(f"mode={verifier.mode} workers={verifier.workers} tasks={len(tasks)} candidates={len(jobs)}"
           + (f" a round, {args.rounds} rounds" if args.rounds > 1 else "") + "; spares: " + (
-              f"{cfg.spare_workers}, started in the verifier's idle time" if verifier.mode == "gpu" else
-              f"at most {verifier.stats()['spares'] or min(cfg.spare_workers, COMPILE_ONLY_SPARES)} (compile-only), "
-              "from the first replacement"))
+              f"{verifier.spare_workers}{' (auto)' if cfg.spare_workers is None else ''}, started in the verifier's "
+              "idle time" if verifier.mode == "gpu" else
+              f"at most {verifier.spare_workers} (compile-only), from the first replacement"))
     verifier.verify_many([(tasks[0], tasks[0].solution_src, "warm")] * verifier.workers)  # workers booted
     rates, round_s, idle_s, all_jobs, verdicts = [], [], [], [], []
     gate: Counter = Counter()  # the GPU gate's seconds in each state, over the timed rounds only
@@ -456,7 +456,8 @@ def main() -> None:
         all_jobs += round_jobs
         rates.append(len(round_jobs) / seconds)
         spares = (f", {verifier.promoted - promoted0} of them found no ready spare; before it the verifier was idle "
-                  f"{idle_s[-1]:.1f} s while its spares started; {verifier.stats()['reference_facts_used'] - facts0} jobs "
+                  f"{idle_s[-1]:.1f} s while its spares started; {verifier.stats()['suspended']} crashed workers wait, "
+                  f"stopped, to be killed in idle time, holding {verifier.stats()['suspended_mib']:.0f} MiB; {verifier.stats()['reference_facts_used'] - facts0} jobs "
                   f"reached their reference stage with its facts known" if verifier.mode == "gpu" else "")
         print(f"end to end{f' (round {r + 1})' if args.rounds > 1 else ''}: {len(round_jobs)} candidates in {seconds:.1f} s "
               f"= {rates[-1]:.2f} candidates/s ({verifier.restarts - restarts0} worker replacements{spares})")

@@ -210,15 +210,17 @@ class VerifyConfig(_Section):
         description="Sandbox worker processes of one verifier (0: auto, 6 on a GPU, 1 compile-only): candidates load, "
         "compile and check in parallel; timing takes the GPU one worker at a time.",
     )
-    spare_workers: int = Field(
-        8, ge=0, le=64,
+    spare_workers: int | None = Field(
+        None, ge=0, le=64,
         description="Spare sandbox workers kept ready to replace one after a crash, so a crash costs a swap, not a "
-        "start. On a GPU they are forked with the verifier, and each does its CUDA set-up (which holds the GPU gate) only "
-        "once no candidate has been in verification for 0.5 s (between RL steps); a crash that finds none ready starts "
-        "one at once, holding up timing stages (not the others) for ~2 s in parts. Set it to the crashes one GPU sees in "
-        "a step (a batch with more than this many costs ~0.7 s each beyond it on an H200). Each holds ~1 GiB of GPU memory (outside gpu_memory_fraction, which caps "
-        "the working workers) and ~1 GiB of host memory on an H200. Compile-only verifiers keep at most 2, started at "
-        "the first replacement.",
+        "start. None (auto): as many as a quarter of the verifier's GPU memory holds at 1 GiB each, at most 32 (31 on "
+        "an H200). Each spare's 1 GiB (its CUDA context and kernels, ~0.5 GiB, and room for a crashed worker's memory "
+        "while it waits, stopped, for the verifier's idle time to be killed: its exit stalls other workers' "
+        "allocations) comes out of gpu_memory_fraction, before the workers' caps. On a GPU spares are forked with the "
+        "verifier, and each does its CUDA set-up (which holds the GPU gate) only once no candidate has been in "
+        "verification for 0.5 s (between RL steps); a crash that finds none ready starts one at once, holding up "
+        "timing stages (not the others) for ~2 s in parts: a batch with more crashes than spares costs ~0.7 s for "
+        "each beyond them on an H200. Compile-only verifiers keep at most 2, started at the first replacement.",
     )
     fork_server: bool = Field(
         True, description="Fork replacement workers from a process with torch imported (~1 s) instead of a cold start (~8 s)."
@@ -229,8 +231,9 @@ class VerifyConfig(_Section):
     file_size_mib: float = Field(64.0, gt=0.0, description="RLIMIT_FSIZE of the worker (MiB): largest file it may write.")
     gpu_memory_fraction: float = Field(
         0.9, gt=0.0, le=1.0,
-        description="Share of the GPU's memory a verifier's workers may take together: each worker gets this / workers "
-        "(torch.cuda.set_per_process_memory_fraction), so one candidate cannot starve the others.",
+        description="Share of the GPU's memory a verifier may take: its spares' rooms (spare_workers x 1 GiB), then "
+        "its workers' caps, each an equal part of the rest (torch.cuda.set_per_process_memory_fraction), so one "
+        "candidate cannot starve the others. The verifier fails to start when a worker's part would be under 1 GiB.",
     )
     seccomp: bool = Field(True, description="Forbid fork/exec in the worker with a seccomp filter (x86-64 Linux).")
     preload_kernels: bool = Field(

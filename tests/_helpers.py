@@ -1,4 +1,4 @@
-"""Helpers shared by several test files: waiting on a VerifierPool's status, a plain-torch engine, the
+"""Helpers shared by several test files: a process's state, waiting on a VerifierPool's status, a plain-torch engine, the
 coupled estimator's exact expectation, ``dice-ray train`` in a process of its own and the deterministic run's
 overrides."""
 
@@ -32,6 +32,18 @@ worker in, each to get the same per-step records."""
 
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def process_state(pid: int, want: str = "", timeout_s: float = 5.0) -> str:
+    """The state letter of ``/proc/<pid>/stat`` (``T``: stopped); with ``want``, once it is that (a signal's
+    delivery takes a moment) or ``timeout_s`` passed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        if state == want or not want or time.monotonic() > deadline:
+            return state
+        time.sleep(0.01)
 
 
 def load_benchmark(name: str) -> ModuleType:

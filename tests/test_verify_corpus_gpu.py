@@ -24,7 +24,7 @@ pytestmark = pytest.mark.gpu
 
 # small timing budget: the corpus checks verdicts, not speed (the fan-out compile bomb and the
 # endless kernel run into compile_timeout_s / run_timeout_s)
-BASE = dict(mode="gpu", workers=1, compile_timeout_s=10.0, run_timeout_s=10.0, timing_trials=10)
+BASE = dict(mode="gpu", workers=1, spare_workers=8, compile_timeout_s=10.0, run_timeout_s=10.0, timing_trials=10)
 RELU_BODY = "        y[i] = v > 0.f ? v : 0.f;"
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
+from _helpers import process_state
 from _verify_sources import HONEST, RELU_REF, TINY_REF, mutate
 from dice_ray.config import RewardConfig, VerifyConfig
 from dice_ray.tasks.task import Task
@@ -20,7 +23,7 @@ BODY = "if (i < n) y[i] = x[i] > 0.f ? x[i] : 0.f;"
 
 @pytest.fixture(scope="module")
 def gpu():
-    cfg = VerifyConfig(mode="gpu", workers=1, compile_timeout_s=60.0, run_timeout_s=8.0, timing_trials=10)
+    cfg = VerifyConfig(mode="gpu", workers=1, spare_workers=8, compile_timeout_s=60.0, run_timeout_s=8.0, timing_trials=10)
     with Verifier(cfg, RewardConfig(), device=0) as v:
         yield v
 
@@ -28,7 +31,7 @@ def gpu():
 @pytest.fixture(scope="module")
 def unguarded_gpu():
     """Static rules off and a 1 MiB timing pool (input slots reused): the run-time defences alone."""
-    cfg = VerifyConfig(mode="gpu", workers=1, static_rules=False, compile_timeout_s=60.0, run_timeout_s=8.0,
+    cfg = VerifyConfig(mode="gpu", workers=1, spare_workers=8, static_rules=False, compile_timeout_s=60.0, run_timeout_s=8.0,
                        timing_trials=10, input_pool_mib=1.0, output_checks=8)
     with Verifier(cfg, RewardConfig(), device=0) as v:
         yield v
@@ -129,7 +132,14 @@ def test_illegal_memory_access_crashes_then_honest_ok(gpu):
     # the fault's wait (~150 ms on an H200) and the verdict's making are reported apart
     assert 0 < v.stage_seconds["run.after_raise"] < v.stage_seconds["run.until_raise"], v.stage_seconds
     assert gpu.worker_pid != pid
+    # the crashed worker is stopped, not killed, until the verifier is idle (its exit stalls others' allocations)
+    (old,) = [w for w in gpu._suspended if w.pid == pid]
+    assert old.reserved_mib is not None and process_state(pid, "T") == "T"
     check(gpu, HONEST, "ok")
+    deadline = time.monotonic() + 30
+    while gpu.stats()["reaped_idle"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gpu.stats()["reaped_idle"] >= 1 and not gpu._suspended and old.proc.poll() is not None
     # the replacement was forked and its self-test stopped before the exclusive timing stage
     (worker,) = [w for w in list(gpu._idle.queue) if w.pid == gpu.worker_pid]
     assert worker.forked and worker.info["self_test"].startswith("ok") and "timing skipped" in worker.info["self_test"]
@@ -274,7 +284,7 @@ def test_concurrent_workers_agree_with_serial(gpu):
     # its 3 crashes' replacements start in its idle time: let them finish before the other verifier times (its
     # gate is not this one's; in a run one verifier owns a GPU): a failure on the H200 gave relu 1.17 against 0.84
     gpu.wait_for_spares(120)
-    cfg = VerifyConfig(mode="gpu", workers=4, compile_timeout_s=60.0, run_timeout_s=8.0, timing_trials=10)
+    cfg = VerifyConfig(mode="gpu", workers=4, spare_workers=8, compile_timeout_s=60.0, run_timeout_s=8.0, timing_trials=10)
     with Verifier(cfg, RewardConfig(), device=0) as many:
         together = many.verify_many([(RELU, src, f"p{i}") for i, src in enumerate(batch)])
     assert [(v.verdict, v.correct) for v in together] == [(v.verdict, v.correct) for v in serial]
@@ -284,7 +294,7 @@ def test_concurrent_workers_agree_with_serial(gpu):
 
 
 def test_torch_compile_baseline_is_reported():
-    cfg = VerifyConfig(mode="gpu", workers=1, seccomp=False, compile_baseline=True, run_timeout_s=60.0, timing_trials=10)
+    cfg = VerifyConfig(mode="gpu", workers=1, spare_workers=2, seccomp=False, compile_baseline=True, run_timeout_s=60.0, timing_trials=10)
     with Verifier(cfg, RewardConfig(), device=0) as v:
         verdict = check(v, HONEST, "ok")
     assert verdict.compiled_ref_ms > 0 and verdict.speedup_compiled > 0 and "torch.compile" in verdict.reason

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -9,6 +10,7 @@ import time
 import pytest
 import torch
 
+from _helpers import process_state
 from _verify_sources import HONEST, RELU_REF, mutate
 from dice_ray.config import RewardConfig, VerifyConfig
 from dice_ray.tasks.task import Task
@@ -219,7 +221,6 @@ def test_worker_start_up_self_test_takes_the_gate():
 def _pipes_reusing(numbers: set[int]) -> list[tuple[int, int]]:
     """Open pipes until every descriptor number in ``numbers`` (just closed) is one of theirs (the
     lowest free numbers go first, so lower ones freed elsewhere in the session are taken on the way)."""
-    import os
 
     pipes: list[tuple[int, int]] = []
     while not numbers <= {fd for pipe in pipes for fd in pipe}:
@@ -231,7 +232,6 @@ def _pipes_reusing(numbers: set[int]) -> list[tuple[int, int]]:
 
 
 def _close_pipes(pipes: list[tuple[int, int]]) -> None:
-    import os
 
     for fd in (fd for pipe in pipes for fd in pipe):
         os.close(fd)
@@ -241,7 +241,6 @@ def test_a_killed_worker_is_dead_at_once_and_reaped_by_close():
     """kill(wait=False) (a crashed worker: the verdict does not wait for its CUDA context's teardown)
     makes alive() False at once; close() waits for the exit and removes the worker's folder, and only its
     first call acts (a retired worker closed twice once closed pipes other workers had just opened)."""
-    import os
 
     from dice_ray.verify.runner import WorkerProcess
 
@@ -320,7 +319,6 @@ def test_a_spare_closed_while_it_waits_for_idle_time_leaves_reused_pipes_alone()
     """close() on a spare still held at the gate (a verify call in progress) ends its start-up thread
     before closing its pipes: let in later, that thread used to read and write descriptor numbers other
     pipes had reused by then (EBADF in start-up threads at a verifier's shutdown on the H200)."""
-    import os
     import select
 
     from dice_ray.verify.runner import WorkerProcess
@@ -347,6 +345,81 @@ def test_a_spare_closed_while_it_waits_for_idle_time_leaves_reused_pipes_alone()
             os.fstat(fd)
     finally:
         _close_pipes(pipes)
+
+
+def test_gpu_gate_idle_turn_waits_for_idle_time_and_holds_back_spares_start_ups():
+    """idle_turn() (the Verifier killing suspended workers) enters IDLE_GRACE_S after the last verify call
+    ended, and a background acquisition (a spare's start-up) waits for it to end."""
+    gate = GpuGate()
+    entered, leave = threading.Event(), threading.Event()
+
+    def reaper() -> None:
+        with gate.idle_turn():
+            entered.set()
+            leave.wait(10)
+
+    got: list[str] = []
+
+    def spare() -> None:
+        gate.acquire("shared", background=lambda: True)
+        got.append("spare")
+        gate.release("shared")
+
+    with gate.job():
+        t = threading.Thread(target=reaper)
+        t.start()
+        time.sleep(0.1)
+        assert not entered.is_set()  # a call is in progress
+    ended = time.monotonic()
+    assert entered.wait(5) and time.monotonic() - ended >= IDLE_GRACE_S
+    s = threading.Thread(target=spare)
+    s.start()
+    time.sleep(IDLE_GRACE_S + 0.3)
+    assert got == []  # the turn counts as a call: the start-up waits
+    leave.set()
+    t.join(5)
+    s.join(5)
+    assert got == ["spare"] and gate._jobs == 0
+
+
+def test_crashed_workers_stay_stopped_until_the_verifiers_idle_time_within_their_room():
+    """A worker suspended after a sticky CUDA error (WorkerProcess.suspend: SIGSTOP) is kept for the Verifier's
+    idle time, where it is killed (its exit, a CUDA context torn down, stalls other workers' allocations):
+    at most one for each spare and half a spare's room (SPARE_ROOM_MIB) each on average; the rest are refused
+    (killed at once by the caller), and so is one whose memory is unknown."""
+    from dice_ray.verify.runner import WorkerProcess
+    from dice_ray.verify.verifier import SPARE_ROOM_MIB
+
+    cfg = VerifyConfig(mode="compile_only", workers=1, spare_workers=2)
+    settings = {**cfg.model_dump(), "mode": "compile_only", "device": None}
+    with Verifier(cfg, RewardConfig()) as v:
+        v._gate = GpuGate()  # the idle time it waits for is the GPU gate's
+        workers = [WorkerProcess(settings) for _ in range(5)]
+        try:
+            for w in workers:
+                w.wait_ready(120)
+            for w, mib in zip(workers, (10.0, float(SPARE_ROOM_MIB), 20.0, 1.0, None)):
+                w.suspend()
+                w.reserved_mib = mib
+            assert all(not w.alive() and process_state(w.pid, "T") == "T" for w in workers)
+            with v._gate.job():
+                with v._lock:
+                    kept = [v._suspend_for_idle(w) for w in workers]
+                # the second: over the memory room; the fourth: over spare_workers; the last: memory unknown
+                assert kept == [True, False, True, False, False]
+                time.sleep(IDLE_GRACE_S + 0.3)
+                assert [process_state(w.pid) for w in (workers[0], workers[2])] == ["T", "T"]  # a call is in progress
+                assert v.stats()["suspended"] == 2 and v.stats()["suspended_mib"] == 30.0
+            deadline = time.monotonic() + 30
+            while v.stats()["reaped_idle"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert v.stats()["reaped_idle"] == 2 and v.stats()["suspended"] == 0
+            assert workers[0].proc.poll() is not None and workers[2].proc.poll() is not None
+            assert not os.path.exists(workers[0].workdir)
+        finally:
+            for w in workers:
+                w.close()
+    assert all(w.proc.poll() is not None for w in workers)
 
 
 def test_spare_worker_starts_in_the_verifiers_idle_time():

@@ -11,7 +11,7 @@ from _verify_sources import HONEST, RELU_REF, mutate
 from dice_ray.config import RewardConfig, VerifyConfig
 from dice_ray.tasks.task import Task
 from dice_ray.verify.verdict import Verdict
-from dice_ray.verify.verifier import COMPILE_ONLY_SPARES, Verifier
+from dice_ray.verify.verifier import COMPILE_ONLY_SPARES, SPARE_ROOM_MIB, Verifier, memory_plan
 
 TASK = Task("test/relu", "relu", 1, RELU_REF)
 SECRET = "DICE_RAY_TEST_SECRET"
@@ -164,6 +164,20 @@ def test_after_a_crash_a_warm_spare_takes_over(unguarded):
     assert spare.info["gc_frozen"] > 100_000  # the zygote's imports, frozen: after-job collections skip them
     check(unguarded, HONEST, "ok")
     test_environment_stripped_and_private_cwd(unguarded)  # the forked worker is as sandboxed
+
+
+def test_the_memory_plan_takes_the_spares_rooms_out_before_the_workers_caps():
+    """An H200 (143,771 MiB) at the defaults keeps 31 spares (a quarter of the verifier's 0.9, 1 GiB each) and
+    gives each of 6 workers an equal part of the rest; a small GPU keeps fewer; spares that would leave a
+    worker under 1 GiB are a config error naming the settings."""
+    spares, cap = memory_plan(143771, 0.9, 6, None)
+    assert spares == 31
+    assert cap * 143771 == pytest.approx((0.9 * 143771 - 31 * SPARE_ROOM_MIB) / 6)
+    assert memory_plan(24576, 0.9, 6, None)[0] == 5
+    assert memory_plan(143771, 0.9, 6, 8) == (8, pytest.approx((0.9 * 143771 - 8 * SPARE_ROOM_MIB) / 6 / 143771))
+    assert memory_plan(143771 * 4, 0.9, 6, None)[0] == 32  # at most 32
+    with pytest.raises(ValueError, match=r"verify.spare_workers=20 .* leaving each of its 6 workers .*lower verify.spare_workers"):
+        memory_plan(24576, 0.9, 6, 20)
 
 
 def test_private_folders_of_dead_verifiers_are_swept():

@@ -99,11 +99,27 @@ class GpuGate:
         try:
             yield
         finally:
-            with self._cond:
-                self._jobs -= 1
-                if not self._jobs:
-                    self._idle_since = time.monotonic()
-                    self._cond.notify_all()
+            self._job_ended()
+
+    @contextmanager
+    def idle_turn(self) -> Iterator[None]:
+        """Wait for the verifier's idle time (no verify call in progress for :data:`IDLE_GRACE_S`), then
+        count as a verify call while inside, so background acquisitions (spares' start-ups) wait for it
+        (the Verifier reaps suspended workers this way: their exits stall other processes' allocations)."""
+        with self._cond:
+            self._wait_background(lambda: True)
+            self._jobs += 1
+        try:
+            yield
+        finally:
+            self._job_ended()
+
+    def _job_ended(self) -> None:
+        with self._cond:
+            self._jobs -= 1
+            if not self._jobs:
+                self._idle_since = time.monotonic()
+                self._cond.notify_all()
 
     def wake(self) -> None:
         """Make waiting acquisitions look at their conditions again (a background one was promoted)."""
@@ -280,6 +296,8 @@ class WorkerProcess:
         self.ready_wait_s = 0.0  # time jobs waited for it to become ready (s)
         self._boot_error: str | None = None
         self._killed = False  # SIGKILL sent (its exit may still be under way: kill(wait=False))
+        self.suspended = False  # SIGSTOP sent after a sticky CUDA error (suspend()): kill() or close() ends it
+        self.reserved_mib: float | None = None  # GPU memory its allocator held when it was suspended (MiB)
         self._closing = threading.Lock()
         self._closed = False  # close() ran: its pipe descriptors are closed
         self._booting = threading.Thread(target=self._boot, daemon=True, name=f"boot-{self.pid}")
@@ -290,8 +308,8 @@ class WorkerProcess:
         return self.proc.pid
 
     def alive(self) -> bool:
-        """The process runs and was not killed (a killed one may take ~0.1 s more to exit)."""
-        return not self._killed and self.proc.poll() is None
+        """The process runs and was neither killed (a killed one may take ~0.1 s more to exit) nor suspended."""
+        return not self._killed and not self.suspended and self.proc.poll() is None
 
     @property
     def ready(self) -> bool:
@@ -482,13 +500,27 @@ class WorkerProcess:
                 elif msg.get("type") == "result":
                     if msg.get("fatal"):
                         # the fault that broke the context stalled the whole GPU (~150 ms on an H200) and is
-                        # over; tearing the context down (~65-130 ms) does not stall other contexts (measured):
-                        # the gate goes back first, and the verdict does not wait for the exit (close() reaps it)
+                        # over; the worker waits to be ended: the gate goes back and it is stopped, and its
+                        # owner kills it now or in its idle time (the exit stalls other workers' allocations)
                         held = self._switch_gate(held, None)
-                        self.kill(wait=False)
+                        reserved = msg.get("gpu_reserved_mib")
+                        self.reserved_mib = float(reserved) if isinstance(reserved, (int, float)) else None
+                        self.suspend()
                     return outcome("result", result=msg)
         finally:
             self._switch_gate(held, None)
+
+    def suspend(self) -> None:
+        """Stop the worker's process group (SIGSTOP), to be killed later by :meth:`kill` or :meth:`close`:
+        a worker whose CUDA context a fault broke keeps the context (and its GPU memory) until then, and
+        its exit, the context torn down, stalls other processes' ``cudaMalloc``/``cudaFree`` by ~35 ms
+        on an H200 (``benchmarks/gpu_fault_stall.py --victim-alloc``).  ``alive()`` is False from now on."""
+        if self.proc.poll() is None and not self._killed:
+            self.suspended = True
+            try:
+                os.killpg(self.proc.pid, signal.SIGSTOP)
+            except (ProcessLookupError, PermissionError):
+                self.proc.kill()
 
     def kill(self, wait: bool = True) -> None:
         """Kill the worker's process group (SIGKILL); ``wait``: until it exited (at most 30 s), else

@@ -18,8 +18,9 @@ Pipeline for one candidate (every call returns exactly one :class:`Verdict`):
 3. the reward (:func:`dice_ray.verify.reward.compute_reward`).
 
 A crash, a timeout or a sticky CUDA error kills the worker; a new one is started at once and the
-Verifier keeps serving.  In compile-only mode (no GPU) step 2 compiles, builds ``ModelNew`` on
-CPU, checks the kernels named in the source exist, and dry-runs ``forward`` on meta tensors.
+Verifier keeps serving (a worker left with a sticky CUDA error is stopped instead and killed in the
+verifier's idle time, room permitting: :meth:`Verifier._suspend_for_idle`).  In compile-only mode (no
+GPU) step 2 compiles, builds ``ModelNew`` on CPU, checks the kernels named in the source exist, and dry-runs ``forward`` on meta tensors.
 """
 
 from __future__ import annotations
@@ -50,9 +51,47 @@ _MAX_REASON = 8000
 AUTO_GPU_WORKERS = 6
 #: most spare workers a compile-only verifier keeps (``VerifyConfig.spare_workers`` counts on a GPU)
 COMPILE_ONLY_SPARES = 2
+#: GPU memory (MiB) budgeted for each spare worker, out of the verifier's share (``gpu_memory_fraction``): its
+#: CUDA context and loaded kernels (~520 MiB on an H200) and, the other half, the room of a crashed worker waiting,
+#: stopped, for the verifier's idle time to be killed (its allocator's memory: ~355 MiB on average for the
+#: built-in suite's crashes on an H200; :meth:`Verifier._suspend_for_idle`)
+SPARE_ROOM_MIB = 1024
+#: ``spare_workers`` None (auto): this share of the verifier's GPU memory in spares' rooms, at most AUTO_MAX_SPARES
+AUTO_SPARE_SHARE = 0.25
+AUTO_MAX_SPARES = 32
+#: least GPU memory (MiB) a worker's cap may come to once the spares' rooms are taken out
+MIN_WORKER_MIB = 1024
 #: most references whose facts (:mod:`dice_ray.verify.reference_facts`) a Verifier keeps (~200 bytes each);
 #: the oldest is dropped first
 MAX_REFERENCE_FACTS = 100_000
+
+
+def memory_plan(total_mib: float, fraction: float, workers: int, spare_workers: int | None) -> tuple[int, float]:
+    """Split a GPU verifier's memory, ``fraction`` (``VerifyConfig.gpu_memory_fraction``) of the GPU's
+    ``total_mib``, between its spares (:data:`SPARE_ROOM_MIB` each) and its ``workers``' caps.
+
+    Args:
+        spare_workers: ``VerifyConfig.spare_workers``; None (auto): :data:`AUTO_SPARE_SHARE` of that memory in
+            spares' rooms, at most :data:`AUTO_MAX_SPARES` (31 on an H200: a step's crashes, e.g. the 28 of
+            ``benchmarks/verifier_throughput.py``'s batch, each swap in a ready spare).
+
+    Returns:
+        ``(spares, cap)``: how many spares to keep, and each worker's cap as a share of ``total_mib`` (for
+        ``torch.cuda.set_per_process_memory_fraction``).
+
+    Raises:
+        ValueError: the spares' rooms leave a worker less than :data:`MIN_WORKER_MIB` (names the settings).
+    """
+    budget = fraction * total_mib
+    spares = spare_workers if spare_workers is not None else min(AUTO_MAX_SPARES, int(AUTO_SPARE_SHARE * budget / SPARE_ROOM_MIB))
+    per_worker = (budget - spares * SPARE_ROOM_MIB) / workers
+    if per_worker < MIN_WORKER_MIB:
+        raise ValueError(
+            f"verify.spare_workers={spares} take {spares * SPARE_ROOM_MIB} MiB of the verifier's {budget:.0f} MiB "
+            f"(verify.gpu_memory_fraction={fraction} of {total_mib:.0f} MiB), leaving each of its {workers} workers "
+            f"{per_worker:.0f} MiB (at least {MIN_WORKER_MIB} needed): lower verify.spare_workers or verify.workers, "
+            "or raise verify.gpu_memory_fraction")
+    return spares, per_worker / total_mib
 
 
 def _task_problem(task: Any) -> str | None:
@@ -85,6 +124,7 @@ class Verifier:
 
     Raises:
         RuntimeError: ``verify_cfg.mode == "gpu"`` and no GPU is visible.
+        ValueError: the spares' GPU memory would leave a worker under 1 GiB (:func:`memory_plan`).
         OSError: the worker process could not be spawned.
     """
 
@@ -106,10 +146,19 @@ class Verifier:
         self.mode: str = mode
         self.device = device
         self.workers = verify_cfg.workers or (AUTO_GPU_WORKERS if mode == "gpu" else 1)
+        # spares kept: crashing kernels are routine on a GPU (spares warm from the start, sized by its memory);
+        # without one only a timeout or a hostile candidate needs a replacement (a few spares, started at the first)
+        cap = verify_cfg.gpu_memory_fraction / self.workers
+        if mode == "gpu":
+            total_mib = torch.cuda.get_device_properties(device).total_memory / 2**20  # no CUDA context made
+            self.spare_workers, cap = memory_plan(total_mib, verify_cfg.gpu_memory_fraction, self.workers,
+                                                  verify_cfg.spare_workers)
+        else:
+            self.spare_workers = min(COMPILE_ONLY_SPARES if verify_cfg.spare_workers is None else verify_cfg.spare_workers,
+                                     COMPILE_ONLY_SPARES)
         self._settings = {
             **verify_cfg.model_dump(), "mode": mode, "device": device,
-            # the workers share one GPU: each may take its share of the cap
-            "gpu_memory_fraction": verify_cfg.gpu_memory_fraction / self.workers,
+            "gpu_memory_fraction": cap,  # each worker's cap, a share of the GPU's memory (the workers share one GPU)
         }
         self._limits = {
             "load": verify_cfg.compile_timeout_s,
@@ -133,17 +182,17 @@ class Verifier:
                 self._zygote = None
         for _ in range(self.workers):
             self._idle.put(WorkerProcess(self._settings, gate=self._gate))  # cold: the zygote is still importing torch
-        # spares kept: crashing kernels are routine on a GPU (spares warm from the start); without one only
-        # a timeout or a hostile candidate needs a replacement (a few spares, started at the first)
-        self._spare_target = verify_cfg.spare_workers if mode == "gpu" else min(verify_cfg.spare_workers, COMPILE_ONLY_SPARES)
         if mode == "gpu":
-            self._spares = [self._spare() for _ in range(self._spare_target)]
+            self._spares = [self._spare() for _ in range(self.spare_workers)]
         self.promoted = 0  # replacements that found no ready spare (one still starting, or a new worker)
         self.restarts = 0
         # reference (sha256 of its source) -> its facts, measured by one job at a time; only used while the
         # static rules run (without them a candidate can forge its worker's frames)
         self._facts = FactsBook(MAX_REFERENCE_FACTS)
         self._refills: list[threading.Thread] = []  # _refill threads (joined by close)
+        self._suspended: list[WorkerProcess] = []  # crashed workers stopped, killed by _reap in idle time
+        self._reaper: threading.Thread | None = None
+        self.reaped_idle = 0  # crashed workers killed in idle time (the rest at once)
         self._forking = 0  # spares _refill threads are forking now
         self._retired: list[tuple[float | None, float, bool, float, float]] = []  # stats() rows of closed workers
         self._boot_phases: list[dict[str, float]] = []
@@ -199,13 +248,48 @@ class Verifier:
                 new = alive.pop(0) if alive else WorkerProcess(self._settings, self._zygote, self._gate)
                 new.promote()
             self._spares = alive
-            forks = max(0, self._spare_target - len(alive) - self._forking)
+            forks = max(0, self.spare_workers - len(alive) - self._forking)
             self._forking += forks
-            refill = threading.Thread(target=self._refill, args=([old, *dead], forks), daemon=True,
+            retired = [*dead] if self._suspend_for_idle(old) else [old, *dead]
+            refill = threading.Thread(target=self._refill, args=(retired, forks), daemon=True,
                                       name="verifier-refill")
             self._refills = [t for t in self._refills if t.is_alive()] + [refill]
         refill.start()
         return new
+
+    def _suspend_for_idle(self, old: WorkerProcess) -> bool:
+        """Under the lock: keep a suspended (crashed) worker for :meth:`_reap` to kill in the verifier's
+        idle time, if the spares' rooms allow (:data:`SPARE_ROOM_MIB`: at most one for each spare, holding at
+        most half a room each on average); returns whether it was kept.  The promoted spare left its room's
+        context part free, and its replacement starts in the idle time after the kill."""
+        if not old.suspended or old.reserved_mib is None or self._gate is None or self._closed:
+            return False
+        if len(self._suspended) >= self.spare_workers or (
+                sum(w.reserved_mib or 0.0 for w in self._suspended) + old.reserved_mib > self.spare_workers * SPARE_ROOM_MIB / 2):
+            return False
+        self._suspended.append(old)
+        if self._reaper is None:
+            self._reaper = threading.Thread(target=self._reap, daemon=True, name="verifier-reaper")
+            self._reaper.start()
+        return True
+
+    def _reap(self) -> None:
+        """Kill the suspended workers in the verifier's idle time (:meth:`GpuGate.idle_turn`: spares' start-ups
+        wait for it), until none is left."""
+        assert self._gate is not None
+        while True:
+            with self._gate.idle_turn():
+                with self._lock:
+                    batch, self._suspended = self._suspended, []
+                    if not batch:
+                        self._reaper = None
+                        return
+                for w in batch:
+                    w.kill(wait=False)
+                for w in batch:
+                    w.close()
+                with self._lock:
+                    self.reaped_idle += len(batch)
 
     def _refill(self, retired: list[WorkerProcess], forks: int) -> None:
         """Close ``retired`` workers (reaping killed ones, removing their folders) and fork ``forks`` spares."""
@@ -231,13 +315,14 @@ class Verifier:
             return sum(w.ready and w.alive() for w in self._spares)
 
     def wait_for_spares(self, timeout_s: float) -> float:
-        """Block until every spare is forked and ready, or ``timeout_s`` (s) passed; returns the seconds waited.
-        Spares start only while no verify call is in progress, so call it between batches."""
+        """Block until every spare is forked and ready and every suspended (crashed) worker killed, or
+        ``timeout_s`` (s) passed; returns the seconds waited.  Both happen only while no verify call is in
+        progress, so call it between batches."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout_s:
             with self._lock:
-                spares, forking = list(self._spares), self._forking
-            if not forking and all(w.ready or not w.alive() for w in spares):
+                spares, forking, suspended = list(self._spares), self._forking, len(self._suspended)
+            if not forking and not suspended and all(w.ready or not w.alive() for w in spares):
                 break
             time.sleep(0.02)
         return time.monotonic() - t0
@@ -247,7 +332,9 @@ class Verifier:
         so far, s; forked and cold separately), ``boot_gate_s_forked`` (of each forked worker's start,
         the seconds it held the GPU gate in all and in its longest part), ``ready_wait_s`` (job time spent waiting for a
         worker to become ready, s), ``spares`` / ``spares_ready`` (alive / started), ``promoted``
-        (replacements that found no ready spare), ``reference_facts`` / ``reference_facts_used`` (references
+        (replacements that found no ready spare), ``spare_workers`` (the spares it keeps), ``suspended`` / ``suspended_mib`` /
+        ``reaped_idle`` (crashed workers stopped and waiting for the verifier's idle time to be killed, the GPU
+        memory their allocators held, MiB; those killed there so far), ``reference_facts`` / ``reference_facts_used`` (references
         whose facts are kept, :mod:`~dice_ray.verify.reference_facts`; jobs that got them at their reference
         stage, :mod:`~dice_ray.verify.facts_book`) and, on a GPU, ``gpu_gate_s``: wall seconds the GPU gate was held
         exclusive (timing), draining (shared holders finishing while a timing stage waits), shared
@@ -256,6 +343,7 @@ class Verifier:
         with self._lock:
             current = list(self._idle.queue) + list(self._busy)
             spares = [w for w in self._spares if w.alive()]
+            suspended = list(self._suspended)
             rows = self._retired + [(w.boot_s, w.ready_wait_s, w.forked, w.boot_gate_s, w.boot_gate_part_s) for w in current]
         return {
             "workers": self.workers,
@@ -265,6 +353,8 @@ class Verifier:
             "boot_gate_s_forked": [(round(g, 4), round(p, 4)) for b, _, f, g, p in rows if b is not None and f],
             "ready_wait_s": round(sum(w for _, w, _, _, _ in rows), 2),
             "spares": len(spares), "spares_ready": sum(w.ready for w in spares), "promoted": self.promoted,
+            "spare_workers": self.spare_workers, "suspended": len(suspended),
+            "suspended_mib": sum(w.reserved_mib or 0.0 for w in suspended), "reaped_idle": self.reaped_idle,
             "forked_boot_phases_s": list(self._boot_phases),
             "reference_facts": len(self._facts), "reference_facts_used": self._facts.used,
             "gpu_gate_s": self._gate.held_seconds() if self._gate is not None else {},
@@ -274,11 +364,14 @@ class Verifier:
         """Stop every worker and remove their temporary folders. The Verifier cannot verify afterwards."""
         with self._lock:
             self._closed = True
-            workers = list(self._idle.queue) + list(self._busy) + self._spares
-            self._spares = []
+            workers = list(self._idle.queue) + list(self._busy) + self._spares + self._suspended
+            self._spares, self._suspended = [], []
             refills = list(self._refills)
+            reaper = self._reaper
         for t in refills:  # they close what they retired and the spares they fork
             t.join(timeout=60)
+        if reaper is not None:  # it kills what it holds once no verify call is in progress
+            reaper.join(timeout=60)
         for worker in workers:
             worker.close()
         if self._zygote is not None:

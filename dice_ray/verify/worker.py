@@ -3,8 +3,8 @@
 Started by :class:`dice_ray.verify.runner.WorkerProcess` with a stripped environment and a private
 temporary folder as cwd.  It imports torch, initialises CUDA (GPU mode), applies its own limits
 (:mod:`dice_ray.verify.sandbox`), says ``ready``, then serves jobs one at a time until told to
-exit (at each stage of a job it waits for the parent's go: see ``runner.GpuGate``), the pipe closes, or a job leaves the CUDA context broken (then it exits and the parent
-starts a new one).  stdout/stderr go to a log file in the temporary folder, never to the protocol
+exit (at each stage of a job it waits for the parent's go: see ``runner.GpuGate``), the pipe closes, or a job leaves the CUDA context broken (then it waits to be ended and the
+parent starts a new one).  stdout/stderr go to a log file in the temporary folder, never to the protocol
 pipe, so a candidate that prints cannot forge messages.
 """
 
@@ -116,11 +116,26 @@ def main(argv: list[str]) -> int:
         except Exception:  # noqa: BLE001 - harness.run catches candidate errors; this is the worker's own
             result = {"verdict": "crash", "compiled": True, "fatal": True,
                       "reason": f"verifier worker error: {traceback.format_exc()[-1500:]}"}
+        if result.get("fatal") and mode == "gpu":
+            try:  # what this process holds until it exits (host-side counters: no CUDA call)
+                result["gpu_reserved_mib"] = round(torch.cuda.memory_reserved(device) / 2**20, 1)
+            except Exception:  # noqa: BLE001
+                pass
         result["type"] = "result"
         write_frame(fd_out, result)
         if result.get("fatal"):
+            # a broken CUDA context cannot be trusted: the parent starts a new worker and stops this one
+            # (SIGSTOP); it ends it when told (the parent's exit, or its pipe closing) or kills it, in the
+            # verifier's idle time when it can (runner.WorkerProcess.suspend)
             sys.stdout.flush()
-            os._exit(3)  # a broken CUDA context cannot be trusted; the parent starts a new worker
+            while True:
+                try:
+                    msg = reader.read(None)
+                except ProtocolError:
+                    break
+                if msg is None or msg.get("op") == "exit":
+                    break
+            os._exit(3)
 
 
 if __name__ == "__main__":
