@@ -386,7 +386,7 @@ def test_crashed_workers_stay_stopped_until_the_verifiers_idle_time_within_their
     """A worker suspended after a sticky CUDA error (WorkerProcess.suspend: SIGSTOP) is kept for the Verifier's
     idle time, where it is killed (its exit, a CUDA context torn down, stalls other workers' allocations):
     at most one for each spare and half a spare's room (SPARE_ROOM_MIB) each on average; the rest are refused
-    (killed at once by the caller), and so is one whose memory is unknown."""
+    (killed at once by the caller), and so is one whose memory is unknown, or any without the static rules."""
     from dice_ray.verify.runner import WorkerProcess
     from dice_ray.verify.verifier import SPARE_ROOM_MIB
 
@@ -416,6 +416,9 @@ def test_crashed_workers_stay_stopped_until_the_verifiers_idle_time_within_their
             assert v.stats()["reaped_idle"] == 2 and v.stats()["suspended"] == 0
             assert workers[0].proc.poll() is not None and workers[2].proc.poll() is not None
             assert not os.path.exists(workers[0].workdir)
+            v.verify_cfg = v.verify_cfg.model_copy(update={"static_rules": False})  # frames can be forged then
+            with v._lock:
+                assert not v._suspend_for_idle(workers[3])
         finally:
             for w in workers:
                 w.close()

@@ -261,8 +261,10 @@ class Verifier:
         """Under the lock: keep a suspended (crashed) worker for :meth:`_reap` to kill in the verifier's
         idle time, if the spares' rooms allow (:data:`SPARE_ROOM_MIB`: at most one for each spare, holding at
         most half a room each on average); returns whether it was kept.  The promoted spare left its room's
-        context part free, and its replacement starts in the idle time after the kill."""
-        if not old.suspended or old.reserved_mib is None or self._gate is None or self._closed:
+        context part free, and its replacement starts in the idle time after the kill.  Not without the static
+        rules: the memory figure comes in the worker's frame, which a candidate can forge then."""
+        if (not old.suspended or old.reserved_mib is None or self._gate is None or self._closed
+                or not self.verify_cfg.static_rules):
             return False
         if len(self._suspended) >= self.spare_workers or (
                 sum(w.reserved_mib or 0.0 for w in self._suspended) + old.reserved_mib > self.spare_workers * SPARE_ROOM_MIB / 2):
