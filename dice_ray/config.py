@@ -214,7 +214,7 @@ class VerifyConfig(_Section):
         None, ge=0, le=64,
         description="Spare sandbox workers kept ready to replace one after a crash, so a crash costs a swap, not a "
         "start. None (auto): as many as a quarter of the verifier's GPU memory holds at 1 GiB each, at most 32 (31 on "
-        "an H200). Each spare's 1 GiB (its CUDA context and kernels, ~0.5 GiB, and room for a crashed worker's memory "
+        "an H200), fewer where a worker would be left under 1 GiB. Each spare's 1 GiB (its CUDA context and kernels, ~0.5 GiB, and room for a crashed worker's memory "
         "while it waits, stopped, for the verifier's idle time to be killed: its exit stalls other workers' "
         "allocations) comes out of gpu_memory_fraction, before the workers' caps. On a GPU spares are forked with the "
         "verifier, and each does its CUDA set-up (which holds the GPU gate) only once no candidate has been in "
@@ -233,7 +233,8 @@ class VerifyConfig(_Section):
         0.9, gt=0.0, le=1.0,
         description="Share of the GPU's memory a verifier may take: its spares' rooms (spare_workers x 1 GiB), then "
         "its workers' caps, each an equal part of the rest (torch.cuda.set_per_process_memory_fraction), so one "
-        "candidate cannot starve the others. The verifier fails to start when a worker's part would be under 1 GiB.",
+        "candidate cannot starve the others. An explicit spare_workers whose rooms would leave a worker under 1 GiB "
+        "is an error when the verifier starts; auto keeps fewer spares instead (none on a GPU that small).",
     )
     seccomp: bool = Field(True, description="Forbid fork/exec in the worker with a seccomp filter (x86-64 Linux).")
     preload_kernels: bool = Field(

@@ -168,14 +168,16 @@ def test_after_a_crash_a_warm_spare_takes_over(unguarded):
 
 def test_the_memory_plan_takes_the_spares_rooms_out_before_the_workers_caps():
     """An H200 (143,771 MiB) at the defaults keeps 31 spares (a quarter of the verifier's 0.9, 1 GiB each) and
-    gives each of 6 workers an equal part of the rest; a small GPU keeps fewer; spares that would leave a
-    worker under 1 GiB are a config error naming the settings."""
+    gives each of 6 workers an equal part of the rest; a small GPU keeps fewer (none where a worker would get
+    under 1 GiB); an explicit count that would leave a worker under 1 GiB is a config error naming the settings."""
     spares, cap = memory_plan(143771, 0.9, 6, None)
     assert spares == 31
     assert cap * 143771 == pytest.approx((0.9 * 143771 - 31 * SPARE_ROOM_MIB) / 6)
     assert memory_plan(24576, 0.9, 6, None)[0] == 5
     assert memory_plan(143771, 0.9, 6, 8) == (8, pytest.approx((0.9 * 143771 - 8 * SPARE_ROOM_MIB) / 6 / 143771))
     assert memory_plan(143771 * 4, 0.9, 6, None)[0] == 32  # at most 32
+    assert memory_plan(8192, 0.45, 6, None) == (0, pytest.approx(0.45 / 6))  # a small GPU: none, the caps as before
+    assert memory_plan(16384, 0.45, 6, None)[0] == 1  # as many as leave each worker 1 GiB
     with pytest.raises(ValueError, match=r"verify.spare_workers=20 .* leaving each of its 6 workers .*lower verify.spare_workers"):
         memory_plan(24576, 0.9, 6, 20)
 

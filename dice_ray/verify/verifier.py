@@ -80,12 +80,17 @@ def memory_plan(total_mib: float, fraction: float, workers: int, spare_workers: 
         ``torch.cuda.set_per_process_memory_fraction``).
 
     Raises:
-        ValueError: the spares' rooms leave a worker less than :data:`MIN_WORKER_MIB` (names the settings).
+        ValueError: an explicit ``spare_workers``' rooms leave a worker less than :data:`MIN_WORKER_MIB` (names
+            the settings; auto keeps fewer spares instead, none on a GPU that small).
     """
     budget = fraction * total_mib
-    spares = spare_workers if spare_workers is not None else min(AUTO_MAX_SPARES, int(AUTO_SPARE_SHARE * budget / SPARE_ROOM_MIB))
+    if spare_workers is None:  # never below MIN_WORKER_MIB a worker on their account (a small GPU keeps none)
+        fit = int((budget - workers * MIN_WORKER_MIB) / SPARE_ROOM_MIB)
+        spares = max(0, min(AUTO_MAX_SPARES, int(AUTO_SPARE_SHARE * budget / SPARE_ROOM_MIB), fit))
+    else:
+        spares = spare_workers
     per_worker = (budget - spares * SPARE_ROOM_MIB) / workers
-    if per_worker < MIN_WORKER_MIB:
+    if spares and per_worker < MIN_WORKER_MIB:
         raise ValueError(
             f"verify.spare_workers={spares} take {spares * SPARE_ROOM_MIB} MiB of the verifier's {budget:.0f} MiB "
             f"(verify.gpu_memory_fraction={fraction} of {total_mib:.0f} MiB), leaving each of its {workers} workers "
