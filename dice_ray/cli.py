@@ -120,7 +120,10 @@ def cmd_config(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         return _fail(_config_error(exc))
     except (FileNotFoundError, ValueError) as exc:
-        return _fail(str(exc))
+        bare = [o for o in args.overrides if "=" not in o]
+        hint = (f" (--describe prints every key; to see one, filter it: dice-ray config --describe | grep {bare[0]})"
+                if args.describe and bare else "")
+        return _fail(str(exc) + hint)
     if not args.describe:
         print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
         return 0

@@ -138,6 +138,8 @@ def test_config_prints_the_resolved_config_and_describes_every_key(capsys):
     assert any(line.startswith("verify.timing_window_ms = 0.125  # Least GPU time (ms)") for line in lines)
     assert main(["config", "verify.nope=1"]) == 2
     assert capsys.readouterr().err.strip() == "dice-ray: error: config: verify.nope: unknown key"
+    assert main(["config", "--describe", "verify.spare_workers"]) == 2  # a key, not an override: say how to see one
+    assert "dice-ray config --describe | grep verify.spare_workers" in capsys.readouterr().err
 
 
 def test_config_errors_name_every_bad_key_in_one_line(capsys, tmp_path):

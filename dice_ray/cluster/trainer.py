@@ -618,7 +618,7 @@ class Trainer:
         con.print(Rule("summary"), width=min(con.width, 80))  # the log-file console is 160 wide: no wrapped rule
         con.print(describe_summary(summary), highlight=False)
         con.print(f"[bold]outputs[/] run directory {self.run_dir}: config.yaml, metrics.jsonl, summary.json, curves.png, "
-                  f"checkpoints/ (each with its policy: dice-ray eval --model {self.run_dir}); a Markdown summary and "
+                  f"checkpoints/ (each with its policy: dice-ray eval --tasks builtin --model {self.run_dir}); a Markdown summary and "
                   f"plots: dice-ray report {self.run_dir}")
         return summary
 
