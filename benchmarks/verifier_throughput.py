@@ -455,9 +455,10 @@ def main() -> None:
         round_s.append(seconds)
         all_jobs += round_jobs
         rates.append(len(round_jobs) / seconds)
+        after = verifier.stats()
         spares = (f", {verifier.promoted - promoted0} of them found no ready spare; before it the verifier was idle "
-                  f"{idle_s[-1]:.1f} s while its spares started; {verifier.stats()['suspended']} crashed workers wait, "
-                  f"stopped, to be killed in idle time, holding {verifier.stats()['suspended_mib']:.0f} MiB; {verifier.stats()['reference_facts_used'] - facts0} jobs "
+                  f"{idle_s[-1]:.1f} s while its spares started; {after['suspended']} crashed workers wait, "
+                  f"stopped, to be killed in idle time, holding {after['suspended_mib']:.0f} MiB; {after['reference_facts_used'] - facts0} jobs "
                   f"reached their reference stage with its facts known" if verifier.mode == "gpu" else "")
         print(f"end to end{f' (round {r + 1})' if args.rounds > 1 else ''}: {len(round_jobs)} candidates in {seconds:.1f} s "
               f"= {rates[-1]:.2f} candidates/s ({verifier.restarts - restarts0} worker replacements{spares})")

@@ -272,13 +272,17 @@ class Verifier:
                 or not self.verify_cfg.static_rules):
             return False
         if len(self._suspended) >= self.spare_workers or (
-                sum(w.reserved_mib or 0.0 for w in self._suspended) + old.reserved_mib > self.spare_workers * SPARE_ROOM_MIB / 2):
+                self._suspended_mib() + old.reserved_mib > self.spare_workers * SPARE_ROOM_MIB / 2):
             return False
         self._suspended.append(old)
         if self._reaper is None:
             self._reaper = threading.Thread(target=self._reap, daemon=True, name="verifier-reaper")
             self._reaper.start()
         return True
+
+    def _suspended_mib(self) -> float:
+        """Under the lock: GPU memory (MiB) the suspended workers' allocators held at their faults."""
+        return sum(w.reserved_mib or 0.0 for w in self._suspended)
 
     def _reap(self) -> None:
         """Kill the suspended workers in the verifier's idle time (:meth:`GpuGate.idle_turn`: spares' start-ups
@@ -291,7 +295,7 @@ class Verifier:
                     if not batch:
                         self._reaper = None
                         return
-                for w in batch:
+                for w in batch:  # every SIGKILL first: their exits overlap
                     w.kill(wait=False)
                 for w in batch:
                     w.close()
@@ -350,7 +354,7 @@ class Verifier:
         with self._lock:
             current = list(self._idle.queue) + list(self._busy)
             spares = [w for w in self._spares if w.alive()]
-            suspended = list(self._suspended)
+            suspended, suspended_mib = len(self._suspended), self._suspended_mib()
             rows = self._retired + [(w.boot_s, w.ready_wait_s, w.forked, w.boot_gate_s, w.boot_gate_part_s) for w in current]
         return {
             "workers": self.workers,
@@ -360,8 +364,8 @@ class Verifier:
             "boot_gate_s_forked": [(round(g, 4), round(p, 4)) for b, _, f, g, p in rows if b is not None and f],
             "ready_wait_s": round(sum(w for _, w, _, _, _ in rows), 2),
             "spares": len(spares), "spares_ready": sum(w.ready for w in spares), "promoted": self.promoted,
-            "spare_workers": self.spare_workers, "suspended": len(suspended),
-            "suspended_mib": sum(w.reserved_mib or 0.0 for w in suspended), "reaped_idle": self.reaped_idle,
+            "spare_workers": self.spare_workers, "suspended": suspended, "suspended_mib": suspended_mib,
+            "reaped_idle": self.reaped_idle,
             "forked_boot_phases_s": list(self._boot_phases),
             "reference_facts": len(self._facts), "reference_facts_used": self._facts.used,
             "gpu_gate_s": self._gate.held_seconds() if self._gate is not None else {},
