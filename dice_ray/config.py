@@ -218,7 +218,8 @@ class VerifyConfig(_Section):
         "while it waits, stopped, for the verifier's idle time to be killed: its exit stalls other workers' "
         "allocations) comes out of gpu_memory_fraction, before the workers' caps. On a GPU spares are forked with the "
         "verifier, and each does its CUDA set-up (which holds the GPU gate) only once no candidate has been in "
-        "verification for 0.5 s (between RL steps); a crash that finds none ready starts one at once, holding up "
+        "verification for 0.5 s (between RL steps), at most 4 at once (the driver makes contexts one at a time: 28 at "
+        "once held the gate in parts of up to ~6 s, 4 at once in parts under 0.7 s); a crash that finds none ready starts one at once, holding up "
         "timing stages (not the others) for ~2 s in parts: a batch with more crashes than spares costs ~0.7 s for "
         "each beyond them on an H200. Compile-only verifiers keep at most 2, started at the first replacement.",
     )

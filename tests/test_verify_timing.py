@@ -146,6 +146,40 @@ def test_gpu_gate_exclusive_excludes_shared():
     assert events == ["exclusive", "exclusive-done", "shared"]
 
 
+def test_spares_start_a_few_at_a_time_and_a_promoted_one_at_once():
+    """Background start-ups hold one of the gate's start-up slots from their first gate access to their
+    end, so at most `startup_slots` are under way; a spare promoted while it waits goes at once."""
+    gate = GpuGate(startup_slots=2)
+    under_way, most, lock = [0], [0], threading.Lock()
+    promoted = threading.Event()
+    release = threading.Event()
+
+    def start_up(background) -> None:
+        with gate.startup_slot(background):
+            with lock:
+                under_way[0] += 1
+                most[0] = max(most[0], under_way[0])
+            release.wait(5)
+            with lock:
+                under_way[0] -= 1
+
+    spares = [threading.Thread(target=start_up, args=(lambda: True,)) for _ in range(4)]
+    for t in spares:
+        t.start()
+    late = threading.Thread(target=start_up, args=(lambda: not promoted.is_set(),))
+    late.start()
+    time.sleep(0.2)
+    assert under_way[0] == 2  # two slots taken, three wait
+    promoted.set()
+    gate.wake()
+    time.sleep(0.2)
+    assert under_way[0] == 3  # the promoted one went without a slot
+    release.set()
+    for t in [*spares, late]:
+        t.join(5)
+    assert most[0] == 3 and under_way[0] == 0 and gate._starting == 0
+
+
 def test_a_start_up_part_keeps_a_timing_stage_out_but_lets_jobs_shared_parts_in():
     """While a timing stage waits for a worker's start-up part (a CUDA context: up to ~0.5 s), jobs'
     shared parts still start; when only jobs hold, a waiting timing stage keeps new ones out, and a

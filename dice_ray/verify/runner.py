@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,11 @@ STAGE_ACCESS: dict[str, str | None] = {"setup": "shared", "load": None, "referen
 #: seconds the verifier must have had no verify call in progress before a spare's start-up takes the gate
 IDLE_GRACE_S = 0.5
 
+#: spares' start-ups in the verifier's idle time under way at once (:meth:`GpuGate.startup_slot`): 28
+#: at once made each CUDA context take seconds (the driver makes them one at a time), so a verify call
+#: that came meanwhile waited up to ~6 s for one start-up part before its first timing stage
+STARTUP_SLOTS = 4
+
 
 class GpuGate:
     """Shared/exclusive access of one verifier's workers to their GPU (a writer-preferring RW lock).
@@ -55,12 +60,21 @@ class GpuGate:
     shared stages may still start (they end in milliseconds), so the GPU does the batch's other work
     instead of standing by.  Other shared holders may not start while a timing stage waits.
 
+    Spares start in the verifier's idle time, at most ``startup_slots`` at once
+    (:meth:`startup_slot`), so each part stays short and a verify call that comes meanwhile soon has
+    the GPU.
+
     :meth:`held_seconds` tells how the wall time went: exclusive, draining (shared holders finishing
     their parts while a timing stage waits), shared (>= 1 holder) or idle.
+
+    Args:
+        startup_slots: background start-ups under way at once (:data:`STARTUP_SLOTS`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, startup_slots: int = STARTUP_SLOTS) -> None:
         self._cond = threading.Condition()
+        self.startup_slots = startup_slots
+        self._starting = 0  # background start-ups holding a slot (startup_slot)
         self._readers = 0
         self._startup_readers = 0  # of them, workers' start-ups (a timing stage waiting does not stop jobs then)
         self._writer = False
@@ -113,6 +127,23 @@ class GpuGate:
             yield
         finally:
             self._job_ended()
+
+    @contextmanager
+    def startup_slot(self, background: Callable[[], bool]) -> Iterator[None]:
+        """A worker's start-up: while ``background()`` is True (a spare, not promoted), first wait until
+        fewer than ``startup_slots`` such start-ups are under way, and hold a slot until the start-up
+        ends; a promoted one (``background()`` False, then :meth:`wake`) goes at once without a slot."""
+        with self._cond:
+            self._cond.wait_for(lambda: not background() or self._starting < self.startup_slots)
+            counted = background()
+            self._starting += counted
+        try:
+            yield
+        finally:
+            if counted:
+                with self._cond:
+                    self._starting -= 1
+                    self._cond.notify_all()
 
     def _job_ended(self) -> None:
         with self._cond:
@@ -361,6 +392,7 @@ class WorkerProcess:
         held: str | None = None
         stage = ""
         mark = time.monotonic()  # start of the current part
+        slot = ExitStack()
         try:
             while True:
                 try:
@@ -375,6 +407,8 @@ class WorkerProcess:
                     self.boot_gate_part_s = max(self.boot_gate_part_s, part)
                 if msg is not None and msg.get("type") == "stage":
                     asked = time.monotonic()
+                    if stage == "" and self.gate is not None:  # its first gate access: a spare waits for a slot
+                        slot.enter_context(self.gate.startup_slot(lambda: self.background))
                     stage, held = self._enter(str(msg.get("stage")), stage, held, lambda: self.background, startup=True)
                     mark = time.monotonic()
                     deadline += mark - asked  # waiting for the gate (a spare: for the verifier's idle time) does not count
@@ -386,6 +420,7 @@ class WorkerProcess:
                 break
         finally:
             self._switch_gate(held, None, startup=True)
+            slot.close()
         if msg is None:
             self.kill()
             self._boot_error = f"verifier worker not ready in time; log tail:\n{self.log_tail()}"
