@@ -190,6 +190,9 @@ int host(float* x) {
 
 def test_instrumented_source_compiles_and_keeps_line_numbers(cache):
     r = builder(cache).build(fast_spec("lines", FAST_CUDA + r'''
+#ifndef NDEBUG
+#error "a release build (-DNDEBUG) was expected: device assert() would trap"
+#endif
 template <int N> __global__ void __launch_bounds__(128) tk(float* y) { y[N] = 2.f; }
 extern "C" __global__ void ck(float* y) { if (!y) return; y[0] = 3.f; }
 int more() { tk<4><<<1, 1>>>(nullptr); ck<<<1, 1>>>(nullptr); return 0; }

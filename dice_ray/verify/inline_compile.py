@@ -68,7 +68,7 @@ __all__ = [
 ]
 
 #: bump when the generated files or flags change in a way the toolchain key does not see
-COMPILE_VERSION = 2
+COMPILE_VERSION = 3
 MAX_LOG = 20_000
 
 
@@ -402,8 +402,10 @@ def main_command(tc: Toolchain, host_opt: str, extra: tuple[str, ...], pch: Path
 
 def cuda_command(tc: Toolchain, arch: str, host_opt: str, include_dir: Path, name: str,
                  extra: tuple[str, ...]) -> list[str]:
-    """nvcc for ``cuda.cu`` with torch's extension flags (``COMMON_NVCC_FLAGS``), one ``arch``."""
-    cmd = [tc.nvcc, f"-std={tc.std}", f"-gencode=arch=compute_{arch[3:]},code={arch}", *COMMON_NVCC_FLAGS,
+    """nvcc for ``cuda.cu`` with torch's extension flags (``COMMON_NVCC_FLAGS``), one ``arch``, as a
+    release build (``-DNDEBUG``: device ``assert()`` compiles to nothing, as in the fast format,
+    :data:`dice_ray.launch.BASE_OPTIONS`)."""
+    cmd = [tc.nvcc, f"-std={tc.std}", f"-gencode=arch=compute_{arch[3:]},code={arch}", *COMMON_NVCC_FLAGS, "-DNDEBUG",
            "-Xcompiler", "-fPIC", "-Xcompiler", host_opt, f"-D_GLIBCXX_USE_CXX11_ABI={tc.abi}",
            f"-DTORCH_EXTENSION_NAME={name}", "-I", str(include_dir)]
     for inc in (*tc.torch_includes, tc.python_include):
