@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 from typing import Any
 
@@ -70,8 +69,13 @@ def _config_error(exc) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    """``train``: the RL job (:func:`dice_ray.cluster.trainer.train`) on a local Ray cluster, or on the one at
+    ``--address`` / ``cluster.address`` (asked first: nothing answering there fails in seconds, exit 2).
+    Returns the exit status: 0, 2 for unusable input or an unreachable cluster, 1 for an actor's failure,
+    130 on Ctrl-C."""
     from pydantic import ValidationError
 
+    from dice_ray.cluster.auth import ClusterUnreachable
     from dice_ray.cluster.trainer import train
 
     if args.address:
@@ -86,7 +90,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _actor_failed(exc)
     except ValidationError as exc:
         return _fail(_config_error(exc))
-    except (FileNotFoundError, ValueError) as exc:
+    except ClusterUnreachable as exc:  # --address / cluster.address: probed in seconds (auth.connect)
+        return _fail(f"{exc}; start that cluster first (`ray start --head` prints its address), or leave --address "
+                     "and cluster.address out to start a local one")
+    except (FileNotFoundError, ValueError, ConnectionError) as exc:  # ConnectionError: e.g. auth.ClusterRefused
         return _fail(str(exc))
     return 0
 
@@ -164,10 +171,27 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+#: what to do when nothing answers at the address status / verifiers tried
+_START_JOB = ("start the job first and pass its address: --address HOST:PORT (a local `dice-ray train` prints "
+              "`ray HOST:PORT`; a cluster's head: HOST:6379)")
+
+#: seconds of ray.init's own connection attempt, after the probe found the head (ray.init's default: ~10 minutes)
+_RAY_CONNECT_S = 5.0
+
+
 def _connect(address: str | None):
+    """Connect to the cluster of ``--address``, else ``RAY_ADDRESS``, else the one Ray's ``"auto"`` finds on this
+    machine (:func:`_latest_local_cluster`); ask its GCS first (a few seconds), so an address where nothing
+    answers fails in seconds. Returns the ``ray`` module, connected.
+
+    Raises:
+        ConnectionError: a dashboard URL was given; no cluster was found on this machine; nothing answers as
+            a Ray cluster at the address (the message names it, where it came from and what to do); the head
+            refused the connection (token authentication: what to set); or ``ray.init`` failed.
+    """
     import ray
 
-    from dice_ray.cluster.auth import connect
+    from dice_ray.cluster.auth import AUTH_HINT, ClusterRefused, ClusterUnreachable, connect
     from dice_ray.cluster.scheduler import NAMESPACE
 
     given, source = (address, "--address") if address else (os.environ.get("RAY_ADDRESS"), "RAY_ADDRESS")
@@ -176,42 +200,58 @@ def _connect(address: str | None):
                               "connect to the cluster itself: --address HOST:6379 (the head's GCS port)")
     if ray.is_initialized():  # called in-process by a driver that is already connected (tests)
         return ray
-    address = address or os.environ.get("RAY_ADDRESS") or "auto"
-    found = ""
-    if address == "auto":  # Ray's own lookup: the latest cluster started on this machine, which may be gone
-        address = _latest_local_cluster()
-        found = " (the latest Ray cluster started on this machine; another may be the one you want)"
-    host, sep, port = address.rpartition(":")
-    if sep and "://" not in address and port.isdigit():  # HOST:PORT of a GCS: ray.init would retry for minutes
-        try:
-            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
-        except OSError as e:
-            raise ConnectionError(f"no Ray cluster answers at {address}{found} ({e.strerror or e}); "
-                                  "start one (ray start --head) or pass the head's --address HOST:6379 (for a "
-                                  "local `dice-ray train`: the `ray HOST:PORT` it printed)") from None
-    connect(address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
+    if given:
+        origin, why = f"from {source}", "no Ray cluster runs there now (not started yet, or already ended)"
+    else:  # Ray's "auto": the latest cluster started on this machine, which may be gone
+        given, origin, why = _latest_local_cluster()
+    try:
+        connect(given, attempt_timeout_s=_RAY_CONNECT_S, namespace=NAMESPACE, log_to_driver=False,
+                logging_level="ERROR")
+    except ClusterUnreachable as e:
+        raise ConnectionError(f"no Ray cluster answers at {e.address} ({e.probe.detail}), the address {origin}: "
+                              f"{why}; {_START_JOB}") from None
+    except ClusterRefused as e:
+        raise ConnectionError(f"the Ray cluster at {e.address} (the address {origin}) answered but refused the "
+                              f"connection ({e.probe.detail}); {AUTH_HINT}") from None
     return ray
 
 
-def _latest_local_cluster() -> str:
-    """The GCS address Ray's ``"auto"`` means (the latest cluster started on this machine), or ``"auto"``
-    itself when this Ray cannot say, so ``ray.init`` resolves it.
+def _latest_local_cluster() -> tuple[str, str, str]:
+    """The GCS address Ray's ``"auto"`` means, found as Ray finds it: a Ray GCS process running on this machine,
+    else the latest cluster record (``ray_current_cluster`` in Ray's temp dir, ``/tmp/ray`` or
+    ``$RAY_TMPDIR/ray``, written by ``ray start``; with several GCS processes running, the record first).
+    Returns ``(address, where it came from, what it means when nothing answers there)``; ``("auto", ...)``
+    when this Ray cannot say (``ray.init`` resolves it).
 
     Raises:
         ConnectionError: no Ray cluster was started on this machine.
     """
     try:
-        from ray._private.services import canonicalize_bootstrap_address
+        from ray._common.utils import get_ray_address_file
+        from ray._private import services
+        from ray._private.utils import read_ray_address
     except ImportError:  # another Ray: let ray.init resolve it
-        return "auto"
+        return "auto", "of Ray's 'auto' (a cluster on this machine)", "that cluster is gone"
+    record_file = get_ray_address_file(None)
     try:
-        found, why = canonicalize_bootstrap_address("auto"), ""
+        found, why = services.canonicalize_bootstrap_address("auto"), ""
     except (ConnectionError, ValueError) as exc:
         found, why = None, f" ({exc})"
     if not found:
-        raise ConnectionError(f"no Ray cluster found on this machine{why}; pass --address HOST:6379 "
-                              "(for a local `dice-ray train`: the `ray HOST:PORT` it printed)")
-    return found
+        raise ConnectionError(f"no Ray cluster found on this machine (no GCS process, no {record_file}){why}; pass "
+                              "--address HOST:6379 (for a local `dice-ray train`: the `ray HOST:PORT` it printed)")
+    record = read_ray_address()
+    try:
+        from_record = bool(record) and services.canonicalize_bootstrap_address(record) == found
+    except (ConnectionError, ValueError):
+        from_record = False
+    if from_record:
+        return (found, f"from the latest local cluster record ({record_file}, written by `ray start`)",
+                "a stale record of a cluster that is gone (ended without `ray stop`)")
+    running = len(services.find_gcs_addresses())
+    more = f", one of {running}" if running > 1 else ""
+    return (found, f"of a Ray GCS process running on this machine (Ray's 'auto'{more})",
+            "a hung or exiting process of a cluster that is gone")
 
 
 def _named(ray, name: str):
