@@ -41,6 +41,7 @@ __all__ = [
     "Kernel",
     "KernelModule",
     "KernelParam",
+    "STANDARD_HEADERS",
     "compile_cuda",
     "compile_stats",
     "configure",
@@ -58,6 +59,49 @@ DEFAULT_ARCH = "sm_90"
 BASE_OPTIONS: tuple[str, ...] = ("--std=c++17", "-DNDEBUG")
 _CACHE_SIZE = 512
 _DEFAULT_SMEM_LIMIT = 48 * 1024
+
+
+def _defines(**macros: str) -> str:
+    """``#define`` lines, each guarded: CCCL's ``<cuda/std/...>`` headers define some of the same names."""
+    return "".join(f"#ifndef {k}\n#define {k} {v}\n#endif\n" for k, v in macros.items())
+
+
+# the same types as CCCL's <cuda/std/cstdint> under NVRTC (identical typedefs may be repeated in C++)
+_INT_TYPES = """typedef signed char int8_t; typedef short int16_t; typedef int int32_t; typedef long long int64_t;
+typedef unsigned char uint8_t; typedef unsigned short uint16_t; typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t; typedef long long intptr_t; typedef unsigned long long uintptr_t;
+typedef long long intmax_t; typedef unsigned long long uintmax_t;
+namespace std { using ::int8_t; using ::int16_t; using ::int32_t; using ::int64_t; using ::uint8_t;
+using ::uint16_t; using ::uint32_t; using ::uint64_t; using ::intptr_t; using ::uintptr_t; }
+""" + _defines(INT8_MAX="127", INT16_MAX="32767", INT32_MAX="2147483647", INT64_MAX="9223372036854775807LL",
+               INT32_MIN="(-2147483647 - 1)", INT64_MIN="(-9223372036854775807LL - 1LL)", UINT8_MAX="255",
+               UINT16_MAX="65535", UINT32_MAX="4294967295U", UINT64_MAX="18446744073709551615ULL")
+_LIMITS = _defines(CHAR_BIT="8", SCHAR_MAX="127", SCHAR_MIN="(-128)", UCHAR_MAX="255", SHRT_MAX="32767",
+                   SHRT_MIN="(-32768)", USHRT_MAX="65535", INT_MAX="2147483647", INT_MIN="(-2147483647 - 1)",
+                   UINT_MAX="4294967295U", LLONG_MAX="9223372036854775807LL",
+                   LLONG_MIN="(-9223372036854775807LL - 1LL)", ULLONG_MAX="18446744073709551615ULL")
+_FLOATS = _defines(FLT_MAX="3.40282346638528859812e+38F", FLT_MIN="1.17549435082228750797e-38F",
+                   FLT_EPSILON="1.1920928955078125e-07F", DBL_MAX="1.79769313486231570815e+308",
+                   DBL_MIN="2.22507385850720138309e-308", DBL_EPSILON="2.2204460492503131e-16")
+# NVRTC's own math functions (expf, tanhf, fmaxf, ...) need no header; these add the macros of <math.h>
+# (CUDA's math_constants.h spells infinity and NaN the same way: device code only).
+_MATH = _defines(INFINITY="__int_as_float(0x7f800000)", HUGE_VALF="__int_as_float(0x7f800000)",
+                 NAN="__int_as_float(0x7fffffff)", M_PI="3.14159265358979323846", M_E="2.7182818284590452354",
+                 M_SQRT2="1.41421356237309504880", M_LN2="0.69314718055994530942")
+#: The C/C++ standard headers a kernel may include in the fast format, as NVRTC sees them. NVRTC has no
+#: C library, so ``#include <cstdint>`` would otherwise fail to compile: each name maps to a small header
+#: of the types and macros kernels use (fixed-width integers, limits, float limits, math macros);
+#: ``<cassert>``, ``<cstddef>`` and ``<cstdio>`` are empty (``assert``, ``size_t`` and device ``printf`` are
+#: NVRTC built-ins). CUDA's own headers (``cuda_fp16.h``, ``cuda_bf16.h``, ``cuda_runtime.h``, CCCL) come
+#: from the toolkit's include folder where one is found.
+STANDARD_HEADERS: dict[str, str] = {
+    **dict.fromkeys(("cstdint", "stdint.h"), _INT_TYPES),
+    **dict.fromkeys(("climits", "limits.h"), _LIMITS),
+    **dict.fromkeys(("cfloat", "float.h"), _FLOATS),
+    **dict.fromkeys(("cmath", "math.h"), _MATH),
+    **dict.fromkeys(("cassert", "assert.h", "cstddef", "stddef.h", "cstdio", "stdio.h"), ""),
+}
+_HEADERS_DIGEST = hashlib.sha256(repr(sorted(STANDARD_HEADERS.items())).encode()).hexdigest()
 
 
 class CompileError(RuntimeError):
@@ -212,8 +256,8 @@ def compile_cuda(source: str, arch: str | None = None, options: tuple[str, ...] 
 
     Args:
         source: CUDA C++ with ``extern "C" __global__`` kernels; no torch headers (NVRTC has no
-            host compiler); ``cuda_fp16.h``/``cuda_bf16.h``/CCCL come from the CUDA include folder
-            when one is found.
+            host compiler); the C/C++ standard headers of :data:`STANDARD_HEADERS` are provided, and
+            ``cuda_fp16.h``/``cuda_bf16.h``/CCCL come from the CUDA include folder when one is found.
         arch: ``"sm_90"`` etc.; None: the configured device's arch, else :data:`DEFAULT_ARCH`.
         options: extra NVRTC options (the verifier passes none).
 
@@ -228,7 +272,7 @@ def compile_cuda(source: str, arch: str | None = None, options: tuple[str, ...] 
         raise TypeError(f"load_cuda: source must be a str, got {type(source).__name__}")
     arch = arch or _target_arch()
     opts = (f"--gpu-architecture={arch}", *BASE_OPTIONS, *options)
-    key = hashlib.sha256("\0".join((source, *opts)).encode()).hexdigest()
+    key = hashlib.sha256("\0".join((source, *opts, _HEADERS_DIGEST)).encode()).hexdigest()
     with _lock:
         hit = _compile_cache.get(key)
         if hit is not None:
@@ -242,7 +286,9 @@ def compile_cuda(source: str, arch: str | None = None, options: tuple[str, ...] 
     from cuda.bindings import nvrtc
 
     t0 = time.perf_counter()
-    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"candidate.cu", 0, [], [])
+    names = list(STANDARD_HEADERS)
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"candidate.cu", len(names),
+                                         [STANDARD_HEADERS[n].encode() for n in names], [n.encode() for n in names])
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         raise CompileError(f"nvrtcCreateProgram: {err}", arch)
     try:

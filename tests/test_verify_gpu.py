@@ -78,6 +78,17 @@ def test_correct_relu_is_ok_with_speedup(gpu):
     assert v.reward > 0 and v.candidate_spread is not None
 
 
+def test_standard_headers_compile_and_run_right(gpu):
+    """NVRTC has no C library: <cstdint>, <cmath>, <cfloat>, <climits>, <cassert> come from the launcher's own
+    headers, and their types and macros run right (a relu through INT64/float limits)."""
+    src = mutate('extern "C"', '#include <cstdint>\n#include <cmath>\n#include <cfloat>\n#include <climits>\n'
+                 '#include <cassert>\nextern "C"')
+    src = mutate(BODY, "assert(n < INT64_MAX); int64_t j = i; "
+                 "if (j < n) y[j] = fminf(fmaxf(x[j], 0.f), FLT_MAX) + (CHAR_BIT == 8 ? 0.f : INFINITY);", src)
+    v = check(gpu, src, "ok")
+    assert v.correct is True and v.speedup is not None
+
+
 def test_wrong_result_is_incorrect(gpu):
     v = check(gpu, mutate(BODY, "if (i < n) y[i] = x[i];"), "incorrect")
     assert v.correct is False and v.speedup is None

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import re
+import struct
+import sys
 import time
 
 import pytest
@@ -57,6 +61,45 @@ def test_device_assert_is_compiled_out():
                                arch="sm_90")
     assert "__assertfail" not in prog.ptx and "trap" not in prog.ptx
     assert "NDEBUG" in " ".join(launch.BASE_OPTIONS)
+
+
+@pytest.mark.parametrize("toolkit", [False, True], ids=["no-toolkit", "toolkit"])
+def test_standard_headers_compile_with_their_values(toolkit, monkeypatch):
+    """NVRTC has no C library: a kernel's ``#include <cstdint>`` / ``<cmath>`` / ... compiles from the
+    launcher's own headers, toolkit or not, and the macros carry the C library's values (read from PTX)."""
+    if toolkit and not launch._include_dirs():
+        pytest.skip("no CUDA toolkit include folder on this machine")
+    monkeypatch.setattr(launch, "_INCLUDES", launch._include_dirs() if toolkit else [])
+    includes = "".join(f"#include <{h}>\n" for h in launch.STANDARD_HEADERS)
+    src = includes + f"// toolkit={toolkit}\n" + r"""
+extern "C" __global__ void k(int64_t* a, std::uint32_t* b, int* c, float* d, double* e, size_t n) {
+    assert(n > 0);
+    a[0] = INT64_MAX; a[1] = LLONG_MIN; b[0] = UINT32_MAX; c[0] = INT_MAX; c[1] = CHAR_BIT;
+    d[0] = FLT_MAX; d[1] = INFINITY; d[2] = NAN; d[3] = FLT_EPSILON; e[0] = DBL_MAX; e[1] = M_PI;
+    d[4] = tanhf(d[5]);
+}
+"""
+    ptx = launch.compile_cuda(src, arch="sm_90").ptx
+    def f32(x: float) -> int:  # constants are stored as their bit patterns
+        return struct.unpack("<i", struct.pack("<f", x))[0]
+
+    def f64(x: float) -> int:
+        return struct.unpack("<q", struct.pack("<d", x))[0]
+
+    values = [2**63 - 1, -(2**63), -1, 2**31 - 1, 8,  # UINT32_MAX is -1 as a b32
+              f32(3.4028234663852886e38), f32(math.inf), 0x7FFFFFFF, f32(2.0**-23), f64(sys.float_info.max),
+              f64(math.pi)]
+    for value in values:
+        assert re.search(rf"mov\.u(32|64)\s+%\w+, {value};", ptx), value
+    assert "__assertfail" not in ptx
+    if toolkit:  # CCCL's <cuda/std/...> declare some of the same names: both orders compile
+        launch.compile_cuda("#include <cuda/std/cstdint>\n#include <cuda/std/climits>\n" + src, arch="sm_90")
+        launch.compile_cuda(src + "#include <cuda/std/cstdint>\n#include <cuda/std/climits>\n", arch="sm_90")
+
+
+def test_other_host_headers_stay_a_compile_error():
+    with pytest.raises(launch.CompileError, match="cannot open source file"):
+        launch.compile_cuda('#include <vector>\nextern "C" __global__ void k(float* y) { y[0] = 1.f; }', arch="sm_90")
 
 
 def test_syntax_error_carries_nvrtc_log():
