@@ -163,6 +163,21 @@ def test_warm_start_reports_progress_every_log_every_steps(tmp_path):
     assert lines == []
 
 
+def test_warm_start_reports_progress_between_log_every_steps_when_slow(tmp_path, monkeypatch):
+    """On loaded cores ``log_every`` steps can take minutes: a line also comes every PROGRESS_EVERY_S, naming
+    the step of the loss it shows and the time left if every step runs."""
+    monkeypatch.setattr(sft, "PROGRESS_EVERY_S", 0.0)  # every step is "slow"
+    lines: list[str] = []
+    cfg = SFTConfig(steps=5, batch_size=2, target_loss=None, log_every=2, cache_dir=str(tmp_path))
+    warm_start(DiffusionPolicy.build(TINY), PAIRS, cfg, seed=0, log=lines.append)
+    assert [line.split(",")[0] for line in lines] == [f"warm start: step {i}/5" for i in (1, 2, 3, 4)]
+    assert "loss" not in lines[0]  # no window recorded yet
+    assert ", loss " in lines[1] and "(step" not in lines[1]  # step 2 is a log_every boundary
+    assert "(step 2)" in lines[2]  # step 3 shows step 2's window
+    left = [float(line.split("at most ~")[1].split(" s left")[0]) for line in lines]
+    assert all(x >= 0 for x in left) and left[-1] <= left[0] + 1.0
+
+
 _FIRST_ENGINE = """
 import os, sys, torch
 from dice_ray.policy.sft import deepspeed_initialize, init_single_process_group

@@ -633,6 +633,25 @@ def _stdout_to_stderr():
             h.setStream(sys.stdout)
 
 
+PROGRESS_EVERY_S = 30.0
+"""The warm start's progress lines come every ``log_every`` steps or every this many seconds (s), whichever
+is sooner: on loaded cores 50 steps can take minutes."""
+
+
+def _progress_line(run: SFTRun, steps: int, elapsed_s: float) -> str:
+    """``warm start: step 120/800, loss 4.468 (step 100), 106 s, at most ~600 s left``: the loss is the last
+    recorded window's (named when it is not this step's); the time left assumes every step runs (a
+    ``target_loss`` may stop earlier)."""
+    parts = [f"warm start: step {run.step}/{steps}"]
+    if run.losses:
+        at, loss = run.losses[-1]
+        parts.append(f"loss {loss:.3f}" + ("" if at == run.step else f" (step {at})"))
+    parts.append(f"{elapsed_s:.0f} s")
+    if run.step:
+        parts.append(f"at most ~{elapsed_s / run.step * (steps - run.step):.0f} s left")
+    return ", ".join(parts)
+
+
 @contextmanager
 def _torch_threads(n: int | None):
     """torch CPU threads set to ``n`` (None: every core this process may use) for the block."""
@@ -655,7 +674,8 @@ def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTCo
     ``sft.zero_stage=0`` in float32.
 
     Args:
-        log: called with a progress line every ``cfg.log_every`` steps (not on a cache hit).
+        log: called with a progress line every ``cfg.log_every`` steps or :data:`PROGRESS_EVERY_S`, whichever
+            comes first (not on a cache hit).
 
     Returns:
         :class:`SFTReport` (steps, final loss, seconds, cache_hit).
@@ -679,15 +699,18 @@ def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTCo
                          [tuple(x) for x in saved["losses"]])
 
     run = SFTRun(policy, pairs, cfg, seed)
+    last_line = t0
     try:
         with _torch_threads(cfg.num_threads):
             while not run.finished:
                 run.train_step()
-                # a log_every boundary; the last step's line is the caller's summary (an actor's line would
-                # reach the driver's console after it)
-                if log is not None and not run.finished and run.losses and run.losses[-1][0] == run.step:
-                    log(f"warm start: step {run.step}/{cfg.steps}, loss {run.losses[-1][1]:.3f}, "
-                        f"{time.perf_counter() - t0:.0f} s")
+                now = time.perf_counter()
+                # the last step's line is the caller's summary (an actor's line would reach the driver's
+                # console after it)
+                at_boundary = bool(run.losses) and run.losses[-1][0] == run.step
+                if log is not None and not run.finished and (at_boundary or now - last_line >= PROGRESS_EVERY_S):
+                    last_line = now
+                    log(_progress_line(run, cfg.steps, now - t0))
     finally:
         policy.model.zero_grad(set_to_none=True)  # a cache hit leaves none either: RL must start the same
         policy.model.eval()
@@ -731,8 +754,7 @@ def sft_data_pairs(spec: str, cfg: DiceConfig, log: Callable[[str], None] = lamb
     Raises:
         SFTInputError: ``spec`` is unknown, names no readable file, or yields no pair.
     """
-    from dice_ray.cluster.trainer import split_tasks
-    from dice_ray.tasks.loaders import load_tasks
+    from dice_ray.tasks.loaders import load_tasks, split_tasks
     from dice_ray.tasks.prompts import sft_pairs
     from dice_ray.tasks.scaffold import ScaffoldError
 
@@ -742,7 +764,7 @@ def sft_data_pairs(spec: str, cfg: DiceConfig, log: Callable[[str], None] = lamb
         raise SFTInputError(f"--data {spec}: {e}") from None
     log(f"tasks {report.summary()}")
     tasks = report.tasks[: cfg.tasks.max_tasks] if cfg.tasks.max_tasks else report.tasks
-    train, heldout = split_tasks(tasks, cfg)
+    train, heldout = split_tasks(tasks, cfg.tasks.heldout_fraction)
     pairs: list[tuple[str, str]] = []
     uncut = 0
     for t in train:
