@@ -234,12 +234,11 @@ def _latest_local_cluster() -> tuple[str, str, str]:
         return "auto", "of Ray's 'auto' (a cluster on this machine)", "that cluster is gone"
     record_file = get_ray_address_file(None)
     try:
-        found, why = services.canonicalize_bootstrap_address("auto"), ""
-    except (ConnectionError, ValueError) as exc:
-        found, why = None, f" ({exc})"
+        found = services.canonicalize_bootstrap_address("auto")
+    except (ConnectionError, ValueError):  # Ray's own words say the same as ours
+        found = None
     if not found:
-        raise ConnectionError(f"no Ray cluster found on this machine (no GCS process, no {record_file}){why}; pass "
-                              "--address HOST:6379 (for a local `dice-ray train`: the `ray HOST:PORT` it printed)")
+        raise ConnectionError(f"no Ray cluster found on this machine (no GCS process, no {record_file}); {_START_JOB}")
     record = read_ray_address()
     try:
         from_record = bool(record) and services.canonicalize_bootstrap_address(record) == found
@@ -416,7 +415,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:
         cfg = _eval_config(args)
         result = evaluate(args.tasks, cfg, args.out, model=args.model, solutions=args.solutions,
-                          samples=args.samples, phase=args.phase, log=lambda s: print(f"dice-ray eval: {s}", file=sys.stderr))
+                          samples=args.samples, phase=args.phase, split=args.split, log=lambda s: print(f"dice-ray eval: {s}", file=sys.stderr))
     except _actor_errors() as exc:  # a GPU verifier pool's actor (first: a RayTaskError(ValueError) is a ValueError)
         return _actor_failed(exc)
     except ValidationError as exc:
@@ -530,6 +529,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --model: completions a task (pass@k uses them all; default 1)")
     ev.add_argument("--phase", choices=["e2e", "infill"], default="e2e",
                     help="with --model: which prompt to pose (default e2e: the whole solution)")
+    ev.add_argument("--split", choices=["all", "heldout", "train"], default="all",
+                    help="which tasks of --tasks: all (default), or the held-out / training part of the split "
+                         "`dice-ray train` makes with the same tasks.* settings (tasks.heldout_fraction)")
     ev.add_argument("--out", default="eval_out", help="folder for results.json, results.md, results.png (default eval_out)")
     ev.add_argument("--config", help="YAML config (tasks, sampling, verify, reward, cluster sections apply)")
     ev.add_argument("overrides", nargs="*", metavar="key=value")

@@ -167,6 +167,33 @@ def test_eval_solutions_cli(tmp_path, capsys, no_ray):
     assert "NOT measured" in capsys.readouterr().out
 
 
+def test_split_heldout_is_the_part_train_kept_out(tmp_path, capsys, no_ray):
+    """``--split heldout`` evaluates exactly the tasks ``dice-ray train`` holds out of SFT and RL (the same
+    loader, ``tasks.max_tasks`` and ``tasks.heldout_fraction``); ``train`` the rest; together all of them."""
+    from dice_ray.config import DiceConfig
+    from dice_ray.eval.run import EvalInputError, load_eval_tasks
+    from dice_ray.tasks.loaders import load_tasks, split_tasks
+
+    cfg = DiceConfig.model_validate({"tasks": {"max_tasks": 12}})
+    ids = {s: [t.task_id for t in load_eval_tasks("builtin", cfg, split=s)] for s in ("all", "heldout", "train")}
+    train, heldout = split_tasks(load_tasks("builtin").tasks[:12], cfg.tasks.heldout_fraction)
+    assert ids["heldout"] == [t.task_id for t in heldout] and ids["train"] == [t.task_id for t in train]
+    assert len(ids["heldout"]) == 2 and sorted(ids["heldout"] + ids["train"]) == sorted(ids["all"])
+    with pytest.raises(EvalInputError, match="--split 'test'"):
+        load_eval_tasks("builtin", cfg, split="test")
+    with pytest.raises(EvalInputError, match="no task in that part"):
+        load_eval_tasks("builtin", DiceConfig.model_validate({"tasks": {"heldout_fraction": 0.0}}), split="heldout")
+
+    sol = tmp_path / "sol"
+    sol.mkdir()  # no solutions: each task is missing, and counted as failed
+    out = tmp_path / "out"
+    assert main(["eval", "--tasks", "builtin", "--solutions", str(sol), "--split", "heldout", "--out", str(out),
+                 "tasks.max_tasks=12", "verify.mode=compile_only"]) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert data["split"] == "heldout" and [t["task_id"] for t in data["tasks"]] == ids["heldout"]
+    assert "split heldout: 2 of 12 tasks" in capsys.readouterr().err
+
+
 def test_eval_needs_one_source(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["eval", "--tasks", "builtin", "--out", str(tmp_path)])

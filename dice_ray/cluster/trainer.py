@@ -43,9 +43,8 @@ from dice_ray.cluster.weight_sync import WeightSync, resolve_mode
 from dice_ray.config import DiceConfig, load_config
 from dice_ray.report import STOPPED_FILE, plot_curves, read_metrics
 from dice_ray.rl.advantages import group_advantages
-from dice_ray.tasks.loaders import load_tasks
+from dice_ray.tasks.loaders import load_tasks, split_tasks
 from dice_ray.tasks.prompts import can_infill
-from dice_ray.tasks.task import Task
 from dice_ray.verify.verifier import AUTO_GPU_WORKERS
 
 COLUMNS = [
@@ -91,17 +90,6 @@ def start_ray(address: str | None) -> dict:
         started = True
     url = ctx.dashboard_url
     return {"address": ctx.address_info.get("gcs_address"), "dashboard": f"http://{url}" if url else None, "started": started}
-
-
-def split_tasks(tasks: list[Task], cfg: DiceConfig) -> tuple[list[Task], list[Task]]:
-    """Deterministic train / held-out split: every k-th task of each level is held out."""
-    if cfg.tasks.heldout_fraction <= 0 or len(tasks) < 2:
-        return tasks, []
-    k = max(2, round(1 / cfg.tasks.heldout_fraction))
-    ordered = sorted(tasks, key=lambda t: (t.level, t.task_id))
-    heldout = [t for i, t in enumerate(ordered) if i % k == k - 1]
-    held = {t.task_id for t in heldout}
-    return [t for t in ordered if t.task_id not in held], heldout
 
 
 def describe_warm_start(report: dict, steps_max: int, target_loss: float | None) -> str:
@@ -271,7 +259,7 @@ class Trainer:
         self.ray_info = start_ray(cfg.cluster.address)
         con.print(f"[bold]ray[/] {self.ray_info['address']}  dashboard: {self.ray_info['dashboard']}")
         con.print(f"[bold]tasks[/] {report.summary()}")
-        self.train_tasks, self.heldout = split_tasks(tasks, cfg)
+        self.train_tasks, self.heldout = split_tasks(tasks, cfg.tasks.heldout_fraction)
         self.tasks = {t.task_id: t for t in tasks}
         con.print(f"[bold]split[/] {len(self.train_tasks)} training tasks, {len(self.heldout)} held out")
 

@@ -33,7 +33,7 @@ from typing import Any
 from dice_ray.config import DiceConfig
 from dice_ray.eval.metrics import DEFAULT_KS, DEFAULT_PS, compute_metrics
 from dice_ray.eval.report import hardware_name, write_report
-from dice_ray.tasks.loaders import load_tasks
+from dice_ray.tasks.loaders import load_tasks, split_tasks
 from dice_ray.tasks.task import Task
 from dice_ray.verify.verdict import Verdict
 
@@ -66,15 +66,23 @@ class Candidate:
 SHOWN_REJECTIONS = 20
 
 
-def load_eval_tasks(spec: str, cfg: DiceConfig, log: Callable[[str], None] = lambda s: None) -> list[Task]:
-    """The tasks of ``spec`` (``tasks.max_input_elements`` cap), the first ``tasks.max_tasks`` of them.
-    ``log`` gets the load summary and one line a rejected record (file, index or line, reason; the
-    first :data:`SHOWN_REJECTIONS`).
+#: ``dice-ray eval --split``: which part of the task list (:func:`~dice_ray.tasks.loaders.split_tasks`)
+SPLITS = ("all", "heldout", "train")
+
+
+def load_eval_tasks(spec: str, cfg: DiceConfig, log: Callable[[str], None] = lambda s: None,
+                    split: str = "all") -> list[Task]:
+    """The tasks of ``spec`` (``tasks.max_input_elements`` cap), the first ``tasks.max_tasks`` of them, and of
+    those the ``split`` part: ``all``, or the ``heldout`` / ``train`` part of the split ``dice-ray train`` makes
+    with the same ``tasks.*`` settings (``tasks.heldout_fraction``). ``log`` gets the load summary and one line
+    a rejected record (file, index or line, reason; the first :data:`SHOWN_REJECTIONS`).
 
     Raises:
-        EvalInputError: no task was accepted.
+        EvalInputError: no task was accepted, or the split is unknown or empty.
         ValueError, FileNotFoundError: see :func:`dice_ray.tasks.loaders.load_tasks`.
     """
+    if split not in SPLITS:
+        raise EvalInputError(f"--split {split!r}: one of {', '.join(SPLITS)}")
     report = load_tasks(spec, max_input_elements=cfg.tasks.max_input_elements)
     log(f"tasks {report.summary()}")
     for r in report.rejected[:SHOWN_REJECTIONS]:
@@ -84,7 +92,15 @@ def load_eval_tasks(spec: str, cfg: DiceConfig, log: Callable[[str], None] = lam
     tasks = report.tasks[: cfg.tasks.max_tasks] if cfg.tasks.max_tasks else report.tasks
     if not tasks:
         raise EvalInputError(f"tasks {spec!r}: no task accepted ({report.summary()})")
-    return tasks
+    if split == "all":
+        return tasks
+    train, heldout = split_tasks(tasks, cfg.tasks.heldout_fraction)
+    part = heldout if split == "heldout" else train
+    if not part:
+        raise EvalInputError(f"--split {split}: no task in that part of {len(tasks)} "
+                             f"(tasks.heldout_fraction={cfg.tasks.heldout_fraction})")
+    log(f"split {split}: {len(part)} of {len(tasks)} tasks (tasks.heldout_fraction={cfg.tasks.heldout_fraction})")
+    return part
 
 
 def solution_key(task: Task) -> str:
@@ -253,12 +269,14 @@ def evaluate(
     solutions: str | Path | None = None,
     samples: int = 1,
     phase: str = "e2e",
+    split: str = "all",
     log: Callable[[str], None] = lambda s: None,
 ) -> dict[str, Any]:
     """Evaluate a policy (``model``) or a solutions folder (``solutions``) on ``tasks_spec``.
 
     Exactly one of ``model`` and ``solutions`` is given.  Writes ``results.json``, ``results.md``
-    and ``results.png`` into ``out_dir`` (:func:`dice_ray.eval.report.write_report`).
+    and ``results.png`` into ``out_dir`` (:func:`dice_ray.eval.report.write_report`).  ``split`` picks the
+    tasks as :func:`load_eval_tasks` does (``heldout``: those ``dice-ray train`` kept out of SFT and RL).
 
     Returns:
         The result dict written to ``results.json`` (``metrics``, ``candidates`` with one verdict
@@ -277,7 +295,7 @@ def evaluate(
         Path(out_dir).mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise EvalInputError(f"--out {out_dir}: cannot create the folder ({e.strerror or e})") from None
-    tasks = load_eval_tasks(tasks_spec, cfg, log)
+    tasks = load_eval_tasks(tasks_spec, cfg, log, split)
     skipped: dict[str, str] = {}
     failed: dict[str, str] = {}
     unmatched: list[str] = []
@@ -308,6 +326,7 @@ def evaluate(
     result = {
         "source": source,
         "tasks_spec": tasks_spec,
+        "split": split,
         "hardware": hardware_name(verdicts),
         "verifier": verifier_desc,
         "verify_config": cfg.verify.model_dump(mode="json"),

@@ -199,6 +199,24 @@ def load_tasks(spec: str, max_input_elements: int | None = DEFAULT_MAX_INPUT_ELE
     )
 
 
+def split_tasks(tasks: list[Task], heldout_fraction: float) -> tuple[list[Task], list[Task]]:
+    """Deterministic train / held-out split (``tasks.heldout_fraction``): sorted by (level, task id), every
+    k-th task is held out, k = round(1 / heldout_fraction) (at least 2). ``dice-ray train``, ``dice-ray sft``
+    and ``dice-ray eval --split`` all cut a task list this way, so the same list splits the same.
+
+    Returns:
+        ``(train, heldout)``, both in (level, task id) order; ``(tasks, [])`` for a fraction of 0 or fewer
+        than 2 tasks.
+    """
+    if heldout_fraction <= 0 or len(tasks) < 2:
+        return tasks, []
+    k = max(2, round(1 / heldout_fraction))
+    ordered = sorted(tasks, key=lambda t: (t.level, t.task_id))
+    heldout = [t for i, t in enumerate(ordered) if i % k == k - 1]
+    held = {t.task_id for t in heldout}
+    return [t for t in ordered if t.task_id not in held], heldout
+
+
 def _capped(task: Task, cap: int | None, report: LoadReport | None = None) -> Task:
     """``task``, its inputs scaled down to ``cap`` elements when needed and possible (noted in
     ``report.scaled``); TaskError ``inputs-too-large`` when they cannot be."""
