@@ -26,9 +26,19 @@ DETERMINISTIC = [
     "sampling.max_new_tokens=96", "sft.steps=100", "eval.heldout_tasks=0",
     "cluster.num_verifiers=1", "tasks.max_tasks=6",  # 5 training tasks: new epochs at steps 2 and 4
 ]
-"""``dice-ray train`` overrides of a deterministic 6-step CPU run (compile-only verifiers): the run conftest's
-``straight_run`` makes once, tests/test_resume_exact.py resumes and tests/test_rollout_fault.py crashes a rollout
-worker in, each to get the same per-step records."""
+"""``dice-ray train`` overrides of a deterministic 6-step CPU run (compile-only verifiers): tests/test_resume_exact.py
+makes it straight, and again with a rollout worker crashing mid-step and a resume, to get the same per-step records."""
+
+TIMING = {
+    "learner_step_seconds", "rollout_seconds", "verify_seconds", "learn_seconds", "sync_seconds",
+    "rollout_tokens_per_s", "verifier_throughput", "verifier_queue_depth", "verifier_pool_size", "step_seconds",
+    # stage timeline figures of dice_ray.cluster.metrics (the asynchronous pipeline)
+    "idle_seconds", "checkpoint_seconds", "rollout_busy_share", "verify_busy_share", "learner_busy_share",
+    "rollout_learn_overlap_seconds", "timeline", "gpu_busy_share", "gpu_busy_share_mean", "gpu_busy_share_min",
+    "rollout_restarts",
+}
+"""Fields of a step record that are wall-clock figures (or count restarts): the rest must match between two runs of
+the deterministic config."""
 
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"

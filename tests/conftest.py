@@ -39,23 +39,8 @@ def dice_data() -> Path:
 
 @pytest.fixture(scope="session")
 def sft_cache(request, tmp_path_factory) -> Path:
-    """The ``sft.cache_dir`` the ``dice-ray train`` tests of the deterministic and asynchronous runs share, so their
-    common warm start (same tasks, model, SFT config and seed: one content hash) is trained once: pytest's cache
-    folder (kept across sessions), or a folder of this session under ``-p no:cacheprovider``."""
+    """The ``sft.cache_dir`` of tests/test_resume_exact.py's ``dice-ray train`` runs, so their common warm start (same
+    tasks, model, SFT config and seed: one content hash) is trained once: pytest's cache folder (kept across
+    sessions), or a folder of this session under ``-p no:cacheprovider``."""
     cache = getattr(request.config, "cache", None)
     return cache.mkdir("dice-ray-sft") if cache is not None else tmp_path_factory.mktemp("dice-ray-sft")
-
-
-@pytest.fixture(scope="session")
-def straight_run(sft_cache, tmp_path_factory) -> Path:
-    """The run directory of ``dice-ray train`` with ``_helpers.DETERMINISTIC`` for 6 steps, with no fault and no
-    resume: the reference that tests/test_resume_exact.py's resumed run and tests/test_rollout_fault.py's run
-    with a crashing rollout worker must reproduce, trained once for both."""
-    from dice_ray.cluster.rollout import FAULT_ENV
-
-    from _helpers import DETERMINISTIC, train_cli
-
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", FAULT_ENV)} | {"PYTHONUNBUFFERED": "1"}
-    run_dir = tmp_path_factory.mktemp("straight")
-    train_cli([f"run_dir={run_dir}", "run_name=straight", f"sft.cache_dir={sft_cache}", "rl.steps=6", *DETERMINISTIC], env)
-    return run_dir / "straight"

@@ -1,15 +1,13 @@
 """The asynchronous step pipeline (issue 6): the staleness bound, stage timings, busy shares.
 
-Unit tests of the interval arithmetic, the staleness check and the GPU sampler; ``dice-ray train`` with
-``rl.max_staleness=1`` end to end, then ``--resume``; and :class:`StepPipeline` on a local Ray cluster
-with stand-in actors of known durations (the overlap and the lags are known exactly).
-``max_staleness=0`` keeping the synchronous metrics is ``tests/test_resume_exact.py``'s job.
+Unit tests of the interval arithmetic, the staleness check and the GPU sampler; and :class:`StepPipeline` on a
+local Ray cluster with stand-in actors of known durations (the overlap and the lags are known exactly).
+``dice-ray train`` with ``rl.max_staleness=1`` end to end, then ``--resume``, is ``tests/test_train_e2e.py``'s job;
+``max_staleness=0`` keeping the synchronous metrics is ``tests/test_resume_exact.py``'s.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from types import SimpleNamespace
 
@@ -23,7 +21,6 @@ from dice_ray.cluster.pipeline import StepPipeline, check_staleness, staleness_s
 from dice_ray.cluster.rollout import GroupRollout
 from dice_ray.cluster.scheduler import PhaseSchedulerActor, PromptRequest
 from dice_ray.config import PhaseConfig, load_config
-from _helpers import train_cli
 
 
 # ---- the staleness bound ------------------------------------------------------------------------------
@@ -119,48 +116,6 @@ def test_gpu_sampler_averages_each_gpus_samples_within_the_window():
     default.stop()
     with pytest.raises(ValueError, match="interval_s"):
         GpuBusySampler(read=lambda: [0.0], interval_s=0)
-
-
-# ---- dice-ray train with max_staleness=1, then --resume ---------------------------------------------------
-# (ahead of the stand-in tests: their module-scoped Ray cluster, idle, would take ~15 % of 2 cores from these runs)
-ASYNC = [
-    "rl.max_staleness=1", "rl.prompts_per_step=2", "rl.num_generations=3",
-    "phase.infill_steps=2", "phase.ramp_steps=3", "sft.steps=100",
-    "sampling.max_new_tokens=256",  # rollouts (~0.5 s) outlast a compile-only verification, as on GPUs
-    "eval.heldout_tasks=0", "cluster.num_verifiers=1", "tasks.max_tasks=6",  # the warm start of _helpers.DETERMINISTIC
-    "cluster.num_rollout_workers=2",  # two lanes: consecutive steps sample on different workers
-]
-TIMING_KEYS = {"rollout_seconds", "verify_seconds", "learn_seconds", "sync_seconds", "idle_seconds",
-               "rollout_busy_share", "verify_busy_share", "learner_busy_share", "timeline"}
-
-
-@pytest.mark.slow
-def test_train_with_staleness_one_overlaps_and_resumes(tmp_path, sft_cache):
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PYTHONUNBUFFERED": "1"}
-    out = train_cli([f"run_dir={tmp_path}", "run_name=a", f"sft.cache_dir={sft_cache}", "rl.steps=5", *ASYNC], env)
-    assert "asynchronous, rollout up to 1 step(s) ahead" in out and "2 steps sampled side by side" in out
-    run = tmp_path / "a"
-    # the checkpoint after step 3 was taken with step 4 drawn ahead: it saves the scheduler from before that draw
-    assert json.loads((run / "checkpoints" / "step_000004" / "state.json").read_text())["schedule"]["step"] == 4
-    out2 = train_cli(["--resume", str(run), "rl.steps=7"], env)
-    assert "resumed" in out2
-
-    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in recs] == list(range(7))
-    # step 0 and the first step after the resume sample fresh weights; the others lag exactly one version
-    assert [r["staleness_max"] for r in recs] == [0, 1, 1, 1, 1, 0, 1]
-    assert all(TIMING_KEYS <= set(r) and r["idle_seconds"] >= 0 for r in recs)
-    assert all(0 <= r[k] <= 1 for r in recs for k in ("rollout_busy_share", "verify_busy_share", "learner_busy_share"))
-    assert all(r["gpu_busy_share"] is None for r in recs)  # no GPU here
-    trained = [r for r in recs if r["loss"] is not None]
-    assert trained, "no step trained"
-    # lag 1 above is the proof that step t+1 was sampled before step t's update (launched ahead); how long
-    # rollout and learning overlapped is timing (the tiny rollout may end before learning starts on a busy
-    # machine: test_pipeline_overlaps_rollout_with_learning_within_the_bound measures it with controlled
-    # stage times): here the recorded overlap must agree with the recorded intervals
-    for r in recs:
-        tlv = {k: [tuple(iv) for iv in v] for k, v in r["timeline"].items()}
-        assert total(intersect(tlv["rollout"], tlv["learn"])) == pytest.approx(r["rollout_learn_overlap_seconds"], abs=1e-3)
 
 
 # ---- StepPipeline on Ray with stand-in actors of known durations ---------------------------------------

@@ -14,6 +14,22 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "dice_ray.cli", *args], capture_output=True, text=True, timeout=300)
 
 
+def _main(capsys, *args) -> tuple[int, str, str]:
+    """``dice-ray ARGS`` in this process: ``(exit code, stdout, stderr)``. For the input errors caught before
+    anything starts (a process of its own costs ~3 s of imports a call); asserts no Ray was started."""
+    import ray
+
+    from dice_ray.cli import main
+
+    try:
+        rc = main([str(a) for a in args])
+    except SystemExit as e:  # argparse's own errors
+        rc = e.code
+    out = capsys.readouterr()
+    assert not ray.is_initialized(), f"dice-ray {' '.join(map(str, args))} started Ray"
+    return rc, out.out, out.err
+
+
 def test_verify_json_has_the_contract_fields():
     proc = _cli("verify", "--task", str(RELU / "reference.py"), "--candidate", str(RELU / "solution.py"), "--json")
     assert proc.returncode == 0, proc.stderr
@@ -32,19 +48,19 @@ def test_verify_bad_candidate_is_a_verdict_not_an_error(tmp_path):
 
 
 @pytest.mark.parametrize("task", ["/no/such/file.py", "BROKEN"])
-def test_verify_unusable_input_exits_2_with_one_line(tmp_path, task):
+def test_verify_unusable_input_exits_2_with_one_line(tmp_path, task, capsys):
     if task == "BROKEN":
         task = tmp_path / "t.py"
         task.write_text("class Model(:\n")
-    proc = _cli("verify", "--task", str(task), "--candidate", str(RELU / "solution.py"))
-    assert proc.returncode == 2
-    assert len(proc.stderr.strip().splitlines()) == 1 and "dice-ray: error:" in proc.stderr
+    rc, _, err = _main(capsys, "verify", "--task", task, "--candidate", RELU / "solution.py")
+    assert rc == 2
+    assert len(err.strip().splitlines()) == 1 and "dice-ray: error:" in err
 
 
-def test_train_bad_config_fails_before_any_actor():
-    proc = _cli("train", "rl.num_generationz=4")
-    assert proc.returncode == 2
-    assert "num_generationz" in proc.stderr and "ray" not in proc.stdout.lower()
+def test_train_bad_config_fails_before_any_actor(capsys):
+    rc, out, err = _main(capsys, "train", "rl.num_generationz=4")
+    assert rc == 2
+    assert "num_generationz" in err and "ray" not in out.lower()
 
 
 @pytest.mark.parametrize("args, says", [(["rl.bogus=1"], "rl.bogus: unknown key"), (["--config", "/no/such.yaml"], "no such file"),
@@ -53,18 +69,18 @@ def test_train_bad_config_fails_before_any_actor():
                                         (["cluster.fused_kernels=liger"], "needs a GPU learner"),
                                         (["sampling.max_new_tokens=30"],  # a rule across fields: no "(top level)"
                                          "error: config: sampling.max_new_tokens=30 must be a multiple of model.block_size")])
-def test_config_errors_are_one_line(args, says, monkeypatch):
+def test_config_errors_are_one_line(args, says, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a hub id not in the cache fails at once, before Ray starts
-    proc = _cli("train", *args)
-    assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    rc, _, err = _main(capsys, "train", *args)
+    assert rc == 2 and says in err and len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.parametrize("n", ["0", "-3", None])
-def test_verifiers_scale_needs_a_positive_size(n):
+def test_verifiers_scale_needs_a_positive_size(n, capsys):
     # checked before connecting to Ray: exit 2 and one line even with no cluster running
-    proc = _cli("verifiers", "scale", *([n] if n is not None else []), "--address", "127.0.0.1:1")
-    assert proc.returncode == 2
-    assert len(proc.stderr.strip().splitlines()) == 1 and "N must be an integer >= 1" in proc.stderr
+    rc, _, err = _main(capsys, "verifiers", "scale", *([n] if n is not None else []), "--address", "127.0.0.1:1")
+    assert rc == 2
+    assert len(err.strip().splitlines()) == 1 and "N must be an integer >= 1" in err
 
 
 @pytest.mark.parametrize(
@@ -75,9 +91,9 @@ def test_verifiers_scale_needs_a_positive_size(n):
         (["cluster.verifier_target_queue=0"], "cluster.verifier_target_queue"),
     ],
 )
-def test_verifier_autoscaling_bounds_are_checked(overrides, says):
-    proc = _cli("train", *overrides)
-    assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+def test_verifier_autoscaling_bounds_are_checked(overrides, says, capsys):
+    rc, _, err = _main(capsys, "train", *overrides)
+    assert rc == 2 and says in err and len(err.strip().splitlines()) == 1, err
 
 
 
@@ -212,8 +228,9 @@ def test_without_a_record_or_a_cluster_on_this_machine_it_says_none_was_found(tm
     nothing = lambda: frozenset()  # noqa: E731 - no GCS process running here (another session's may be)
     nothing.cache_clear = lambda: None
     monkeypatch.setattr(services, "find_gcs_addresses", nothing)
-    with pytest.raises(ConnectionError, match="no Ray cluster found on this machine"):
+    with pytest.raises(ConnectionError, match="no Ray cluster found on this machine") as info:
         cli._connect(None)
+    assert "--address HOST:PORT" in str(info.value) and "Could not find" not in str(info.value)  # not Ray's words again
 
 
 def test_config_prints_the_resolved_config_and_describes_every_key(capsys):
@@ -254,13 +271,13 @@ def test_config_errors_name_every_bad_key_in_one_line(capsys, tmp_path):
 @pytest.mark.parametrize("spec, says", [("dice:{tmp}/absent.json", "does not exist"),
                                         ("jsonl:{tmp}/empty.jsonl", "no task accepted (jsonl:"),
                                         ("dice:{tmp}/bad.json", "bad-json: 1")])
-def test_train_bad_tasks_fail_before_ray_or_a_run_folder(tmp_path, spec, says):
+def test_train_bad_tasks_fail_before_ray_or_a_run_folder(tmp_path, spec, says, capsys):
     (tmp_path / "empty.jsonl").write_text("\n")
     (tmp_path / "bad.json").write_text("[{")
-    proc = _cli("train", "--tasks", spec.format(tmp=tmp_path), f"run_dir={tmp_path / 'runs'}")
-    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
-    assert "ray" not in proc.stdout.lower() and not (tmp_path / "runs").exists()  # was: Ray started, run folder left
+    rc, out, err = _main(capsys, "train", "--tasks", spec.format(tmp=tmp_path), f"run_dir={tmp_path / 'runs'}")
+    assert rc == 2 and says in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert "ray" not in out.lower() and not (tmp_path / "runs").exists()  # was: Ray started, run folder left
 
 
 def test_status_summary_names_phase_step_rewards_and_pool():
