@@ -200,6 +200,7 @@ def _connect(address: str | None):
                               "connect to the cluster itself: --address HOST:6379 (the head's GCS port)")
     if ray.is_initialized():  # called in-process by a driver that is already connected (tests)
         return ray
+    found_here = not given
     if given:
         origin, why = f"from {source}", "no Ray cluster runs there now (not started yet, or already ended)"
     else:  # Ray's "auto": the latest cluster started on this machine, which may be gone
@@ -211,8 +212,10 @@ def _connect(address: str | None):
         raise ConnectionError(f"no Ray cluster answers at {e.address} ({e.probe.detail}), the address {origin}: "
                               f"{why}; {_START_JOB}") from None
     except ClusterRefused as e:
+        other = ("; it may be another user's or session's cluster on this machine: pass your job's --address"
+                 if found_here else "")
         raise ConnectionError(f"the Ray cluster at {e.address} (the address {origin}) answered but refused the "
-                              f"connection ({e.probe.detail}); {AUTH_HINT}") from None
+                              f"connection ({e.probe.detail}); {AUTH_HINT}{other}") from None
     return ray
 
 

@@ -45,7 +45,7 @@ class TasksConfig(_Section):
     heldout_fraction: float = Field(
         0.2, ge=0.0, lt=1.0, description="Share of tasks kept out of SFT and RL, for compile-rate reports."
     )
-    max_tasks: int | None = Field(None, ge=1, description="Cap on tasks loaded (after shuffling by seed).")
+    max_tasks: int | None = Field(None, ge=1, description="Cap on tasks: the first N in load order (train: before the held-out split; eval: after --split).")
     max_input_elements: int | None = Field(
         2**28,
         ge=1,

@@ -189,9 +189,10 @@ def test_train_given_an_address_nobody_answers_fails_in_seconds_in_one_line(tmp_
                    "address), or leave --address and cluster.address out to start a local one")
 
 
-def test_a_head_that_refuses_the_connection_gets_the_token_hint():
+def test_a_head_that_refuses_the_connection_gets_the_token_hint(tmp_path):
     """A GCS that answers UNAUTHENTICATED (a token-authentication head given no token, or the wrong one): the
-    error says it answered and refused, and what to set."""
+    error says it answered and refused, and what to set; found by Ray's 'auto' (no --address), that it may be
+    another session's cluster (a fresh-user trial's status took another session's)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import grpc
@@ -204,16 +205,19 @@ def test_a_head_that_refuses_the_connection_gets_the_token_hint():
 
     server = grpc.server(ThreadPoolExecutor(max_workers=2))
     server.add_generic_rpc_handlers((Refuse(),))
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_insecure_port("[::]:0")  # every interface: Ray reads 127.0.0.1 in a record as this machine's IP
     server.start()
     try:
         run, took = _timed_cli("status", "--address", f"127.0.0.1:{port}")
+        found, _ = _timed_cli("status", ray_tmpdir=_record(tmp_path, f"127.0.0.1:{port}"))
     finally:
         server.stop(None)
     err = run.stderr.strip()
     assert run.returncode == 2 and took < 30, (took, err[-2000:])
     assert f"the Ray cluster at 127.0.0.1:{port} (the address from --address) answered but refused" in err
-    assert "export RAY_AUTH_MODE=token" in err and "no Ray cluster answers" not in err
+    assert "export RAY_AUTH_MODE=token" in err and "no Ray cluster answers" not in err and "another" not in err
+    assert found.returncode == 2 and "answered but refused" in found.stderr, found.stderr[-2000:]
+    assert "another user's or session's cluster on this machine: pass your job's --address" in found.stderr
 
 
 def test_without_a_record_or_a_cluster_on_this_machine_it_says_none_was_found(tmp_path, monkeypatch):

@@ -168,30 +168,56 @@ def test_eval_solutions_cli(tmp_path, capsys, no_ray):
 
 
 def test_split_heldout_is_the_part_train_kept_out(tmp_path, capsys, no_ray):
-    """``--split heldout`` evaluates exactly the tasks ``dice-ray train`` holds out of SFT and RL (the same
-    loader, ``tasks.max_tasks`` and ``tasks.heldout_fraction``); ``train`` the rest; together all of them."""
-    from dice_ray.config import DiceConfig
-    from dice_ray.eval.run import EvalInputError, load_eval_tasks
+    """``--split heldout`` evaluates only tasks ``dice-ray train`` held out of SFT and RL: a default run's split
+    (all tasks), or, for a run directory, that run's own (its ``tasks.max_tasks`` first); ``tasks.max_tasks`` of
+    the eval then takes the first N of the part, so it can never pull in a training task."""
+    import yaml
+
+    from dice_ray.config import DiceConfig, TasksConfig
+    from dice_ray.eval.run import EvalInputError, load_eval_tasks, run_tasks_config
     from dice_ray.tasks.loaders import load_tasks, split_tasks
 
-    cfg = DiceConfig.model_validate({"tasks": {"max_tasks": 12}})
-    ids = {s: [t.task_id for t in load_eval_tasks("builtin", cfg, split=s)] for s in ("all", "heldout", "train")}
-    train, heldout = split_tasks(load_tasks("builtin").tasks[:12], cfg.tasks.heldout_fraction)
-    assert ids["heldout"] == [t.task_id for t in heldout] and ids["train"] == [t.task_id for t in train]
-    assert len(ids["heldout"]) == 2 and sorted(ids["heldout"] + ids["train"]) == sorted(ids["all"])
+    every = load_tasks("builtin").tasks
+    train, heldout = split_tasks(every, 0.2)  # what a default `dice-ray train` holds out
+    ids = lambda ts: [t.task_id for t in ts]  # noqa: E731
+    cfg = DiceConfig()
+    assert ids(load_eval_tasks("builtin", cfg, split="heldout")) == ids(heldout) and len(heldout) == 21
+    assert ids(load_eval_tasks("builtin", cfg, split="train")) == ids(train)
+    assert sorted(ids(heldout) + ids(train)) == sorted(ids(load_eval_tasks("builtin", cfg)))
+    five = DiceConfig.model_validate({"tasks": {"max_tasks": 5}})
+    lines: list[str] = []
+    assert ids(load_eval_tasks("builtin", five, lines.append, split="heldout")) == ids(heldout)[:5]  # not a split of 5
+    assert "split heldout: 21 of 109 tasks, by a default run's split (all tasks, tasks.heldout_fraction=0.2)" in lines
+    assert ids(load_eval_tasks("builtin", five)) == ids(every)[:5]
+
+    # a run directory: its own split (a run of tasks.max_tasks=12 held out 2 of those 12)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({"tasks": {"max_tasks": 12}}))
+    own = run_tasks_config(run)
+    assert own == TasksConfig(max_tasks=12) and run_tasks_config(tmp_path) is None and run_tasks_config(None) is None
+    assert ids(load_eval_tasks("builtin", cfg, split="heldout", split_from=own)) == ids(split_tasks(every[:12], 0.2)[1])
+
     with pytest.raises(EvalInputError, match="--split 'test'"):
         load_eval_tasks("builtin", cfg, split="test")
     with pytest.raises(EvalInputError, match="no task in that part"):
         load_eval_tasks("builtin", DiceConfig.model_validate({"tasks": {"heldout_fraction": 0.0}}), split="heldout")
+    (run / "config.yaml").write_text("tasks: {max_tasks: -1}\n")
+    with pytest.raises(EvalInputError, match="not a dice-ray config"):
+        run_tasks_config(run)
 
-    sol = tmp_path / "sol"
-    sol.mkdir()  # no solutions: each task is missing, and counted as failed
+    # --model of that run directory: the run's own split, whatever the eval's tasks.max_tasks
+    from dice_ray.config import ModelConfig
+    from dice_ray.policy.policy import DiffusionPolicy
+
+    (run / "config.yaml").write_text(yaml.safe_dump({"tasks": {"max_tasks": 12}}))
+    DiffusionPolicy.build(ModelConfig()).save(run / "checkpoints" / "step_000001" / "policy")
     out = tmp_path / "out"
-    assert main(["eval", "--tasks", "builtin", "--solutions", str(sol), "--split", "heldout", "--out", str(out),
-                 "tasks.max_tasks=12", "verify.mode=compile_only"]) == 0
+    assert main(["eval", "--tasks", "builtin", "--model", str(run), "--split", "heldout", "--out", str(out),
+                 "tasks.max_tasks=50", "sampling.max_new_tokens=16", "verify.mode=compile_only"]) == 0
     data = json.loads((out / "results.json").read_text())
-    assert data["split"] == "heldout" and [t["task_id"] for t in data["tasks"]] == ids["heldout"]
-    assert "split heldout: 2 of 12 tasks" in capsys.readouterr().err
+    assert data["split"] == "heldout" and [t["task_id"] for t in data["tasks"]] == ids(split_tasks(every[:12], 0.2)[1])
+    assert "by the run's split (tasks.spec=builtin, tasks.max_tasks=12" in capsys.readouterr().err
 
 
 def test_eval_needs_one_source(tmp_path, capsys):

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dice_ray.config import DiceConfig
+from dice_ray.config import DiceConfig, TasksConfig, load_config
 from dice_ray.eval.metrics import DEFAULT_KS, DEFAULT_PS, compute_metrics
 from dice_ray.eval.report import hardware_name, write_report
 from dice_ray.tasks.loaders import load_tasks, split_tasks
@@ -70,12 +70,34 @@ SHOWN_REJECTIONS = 20
 SPLITS = ("all", "heldout", "train")
 
 
+def run_tasks_config(model: str | Path | None) -> TasksConfig | None:
+    """The ``tasks`` section of ``model`` when it is a ``dice-ray train`` run directory (its ``config.yaml`` beside
+    ``checkpoints/``), else None.
+
+    Raises:
+        EvalInputError: the run's ``config.yaml`` does not parse as a dice-ray config.
+    """
+    if model is None or not (Path(model) / "config.yaml").is_file() or not (Path(model) / "checkpoints").is_dir():
+        return None
+    from pydantic import ValidationError
+
+    try:
+        return load_config(Path(model) / "config.yaml").tasks
+    except (ValidationError, ValueError, OSError) as e:
+        raise EvalInputError(f"--model {model}: its config.yaml is not a dice-ray config ({str(e).splitlines()[0]})") from None
+
+
 def load_eval_tasks(spec: str, cfg: DiceConfig, log: Callable[[str], None] = lambda s: None,
-                    split: str = "all") -> list[Task]:
-    """The tasks of ``spec`` (``tasks.max_input_elements`` cap), the first ``tasks.max_tasks`` of them, and of
-    those the ``split`` part: ``all``, or the ``heldout`` / ``train`` part of the split ``dice-ray train`` makes
-    with the same ``tasks.*`` settings (``tasks.heldout_fraction``). ``log`` gets the load summary and one line
-    a rejected record (file, index or line, reason; the first :data:`SHOWN_REJECTIONS`).
+                    split: str = "all", split_from: TasksConfig | None = None) -> list[Task]:
+    """The tasks of ``spec`` (``tasks.max_input_elements`` cap): the ``split`` part, then the first
+    ``tasks.max_tasks`` of it. ``log`` gets the load summary, one line a rejected record (file, index or line,
+    reason; the first :data:`SHOWN_REJECTIONS`) and the split's.
+
+    ``split`` is ``all``, or the ``heldout`` / ``train`` part of the split a ``dice-ray train`` run made
+    (:func:`~dice_ray.tasks.loaders.split_tasks`): with ``split_from`` (the run's ``tasks`` section,
+    :func:`run_tasks_config`), that run's split (its ``max_tasks`` first, then its ``heldout_fraction``); without,
+    a default run's (all tasks, ``cfg.tasks.heldout_fraction``). So ``tasks.max_tasks`` here never moves a
+    training task into the held-out part: it takes the first N of the part.
 
     Raises:
         EvalInputError: no task was accepted, or the split is unknown or empty.
@@ -89,18 +111,23 @@ def load_eval_tasks(spec: str, cfg: DiceConfig, log: Callable[[str], None] = lam
         log(f"  rejected {r.source}[{r.index}]: {r.reason[:200]}")
     if len(report.rejected) > SHOWN_REJECTIONS:
         log(f"  ... and {len(report.rejected) - SHOWN_REJECTIONS} more rejected")
-    tasks = report.tasks[: cfg.tasks.max_tasks] if cfg.tasks.max_tasks else report.tasks
+    tasks = report.tasks
     if not tasks:
         raise EvalInputError(f"tasks {spec!r}: no task accepted ({report.summary()})")
-    if split == "all":
-        return tasks
-    train, heldout = split_tasks(tasks, cfg.tasks.heldout_fraction)
-    part = heldout if split == "heldout" else train
-    if not part:
-        raise EvalInputError(f"--split {split}: no task in that part of {len(tasks)} "
-                             f"(tasks.heldout_fraction={cfg.tasks.heldout_fraction})")
-    log(f"split {split}: {len(part)} of {len(tasks)} tasks (tasks.heldout_fraction={cfg.tasks.heldout_fraction})")
-    return part
+    if split != "all":
+        by = split_from or cfg.tasks
+        made = (f"the run's split (tasks.spec={by.spec}, tasks.max_tasks={by.max_tasks}, "
+                f"tasks.heldout_fraction={by.heldout_fraction})" if split_from is not None else
+                f"a default run's split (all tasks, tasks.heldout_fraction={by.heldout_fraction})")
+        if split_from is not None and split_from.spec != spec:
+            log(f"note: the run trained on tasks {split_from.spec!r}, not {spec!r}: its split is applied to {spec!r}")
+        pool = tasks[: by.max_tasks] if split_from is not None and by.max_tasks else tasks
+        train, heldout = split_tasks(pool, by.heldout_fraction)
+        tasks = heldout if split == "heldout" else train
+        if not tasks:
+            raise EvalInputError(f"--split {split}: no task in that part of {len(pool)}, by {made}")
+        log(f"split {split}: {len(tasks)} of {len(pool)} tasks, by {made}")
+    return tasks[: cfg.tasks.max_tasks] if cfg.tasks.max_tasks else tasks
 
 
 def solution_key(task: Task) -> str:
@@ -276,7 +303,8 @@ def evaluate(
 
     Exactly one of ``model`` and ``solutions`` is given.  Writes ``results.json``, ``results.md``
     and ``results.png`` into ``out_dir`` (:func:`dice_ray.eval.report.write_report`).  ``split`` picks the
-    tasks as :func:`load_eval_tasks` does (``heldout``: those ``dice-ray train`` kept out of SFT and RL).
+    tasks as :func:`load_eval_tasks` does (``heldout``: those ``dice-ray train`` kept out of SFT and RL; the split
+    of the run itself when ``model`` is a run directory).
 
     Returns:
         The result dict written to ``results.json`` (``metrics``, ``candidates`` with one verdict
@@ -295,7 +323,7 @@ def evaluate(
         Path(out_dir).mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise EvalInputError(f"--out {out_dir}: cannot create the folder ({e.strerror or e})") from None
-    tasks = load_eval_tasks(tasks_spec, cfg, log, split)
+    tasks = load_eval_tasks(tasks_spec, cfg, log, split, run_tasks_config(model) if split != "all" else None)
     skipped: dict[str, str] = {}
     failed: dict[str, str] = {}
     unmatched: list[str] = []
