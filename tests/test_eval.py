@@ -187,7 +187,8 @@ def test_split_heldout_is_the_part_train_kept_out(tmp_path, capsys, no_ray):
     five = DiceConfig.model_validate({"tasks": {"max_tasks": 5}})
     lines: list[str] = []
     assert ids(load_eval_tasks("builtin", five, lines.append, split="heldout")) == ids(heldout)[:5]  # not a split of 5
-    assert "split heldout: 21 of 109 tasks, by a default run's split (all tasks, tasks.heldout_fraction=0.2)" in lines
+    assert ("split heldout: 21 of 109 tasks, by a default run's split (all tasks, tasks.heldout_fraction=0.2); "
+            "tasks.max_tasks=5: the first of them") in lines
     assert ids(load_eval_tasks("builtin", five)) == ids(every)[:5]
 
     # a run directory: its own split (a run of tasks.max_tasks=12 held out 2 of those 12)

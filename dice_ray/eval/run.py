@@ -126,7 +126,8 @@ def load_eval_tasks(spec: str, cfg: DiceConfig, log: Callable[[str], None] = lam
         tasks = heldout if split == "heldout" else train
         if not tasks:
             raise EvalInputError(f"--split {split}: no task in that part of {len(pool)}, by {made}")
-        log(f"split {split}: {len(tasks)} of {len(pool)} tasks, by {made}")
+        first = f"; tasks.max_tasks={cfg.tasks.max_tasks}: the first of them" if cfg.tasks.max_tasks else ""
+        log(f"split {split}: {len(tasks)} of {len(pool)} tasks, by {made}{first}")
     return tasks[: cfg.tasks.max_tasks] if cfg.tasks.max_tasks else tasks
 
 
