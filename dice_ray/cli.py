@@ -534,7 +534,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --model: which prompt to pose (default e2e: the whole solution)")
     ev.add_argument("--split", choices=["all", "heldout", "train"], default="all",
                     help="which tasks of --tasks: all (default), or the held-out / training part of the split "
-                         "`dice-ray train` makes with the same tasks.* settings (tasks.heldout_fraction)")
+                         "`dice-ray train` made (a --model run directory's own, else a default run's); "
+                         "tasks.max_tasks then takes the first N of it")
     ev.add_argument("--out", default="eval_out", help="folder for results.json, results.md, results.png (default eval_out)")
     ev.add_argument("--config", help="YAML config (tasks, sampling, verify, reward, cluster sections apply)")
     ev.add_argument("overrides", nargs="*", metavar="key=value")
