@@ -102,6 +102,9 @@ STANDARD_HEADERS: dict[str, str] = {
     **dict.fromkeys(("cassert", "assert.h", "cstddef", "stddef.h", "cstdio", "stdio.h"), ""),
 }
 _HEADERS_DIGEST = hashlib.sha256(repr(sorted(STANDARD_HEADERS.items())).encode()).hexdigest()
+# what nvrtcCreateProgram takes, encoded once (not on every compile)
+_HEADER_NAMES = [name.encode() for name in STANDARD_HEADERS]
+_HEADER_SOURCES = [text.encode() for text in STANDARD_HEADERS.values()]
 
 
 class CompileError(RuntimeError):
@@ -286,9 +289,8 @@ def compile_cuda(source: str, arch: str | None = None, options: tuple[str, ...] 
     from cuda.bindings import nvrtc
 
     t0 = time.perf_counter()
-    names = list(STANDARD_HEADERS)
-    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"candidate.cu", len(names),
-                                         [STANDARD_HEADERS[n].encode() for n in names], [n.encode() for n in names])
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"candidate.cu", len(_HEADER_NAMES), _HEADER_SOURCES,
+                                         _HEADER_NAMES)
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         raise CompileError(f"nvrtcCreateProgram: {err}", arch)
     try:

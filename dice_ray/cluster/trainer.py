@@ -250,7 +250,7 @@ class Trainer:
         cfg, con = self.cfg, self.console
         # the tasks first: a bad tasks.spec fails before a run folder or a Ray cluster exists
         report = load_tasks(cfg.tasks.spec, max_input_elements=cfg.tasks.max_input_elements)
-        tasks = report.tasks[: cfg.tasks.max_tasks] if cfg.tasks.max_tasks else report.tasks
+        tasks = report.tasks[: cfg.tasks.max_tasks]  # None: all
         if not tasks:
             raise ValueError(f"tasks.spec={cfg.tasks.spec!r}: no task accepted ({report.summary()})")
         self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -121,14 +121,14 @@ def load_eval_tasks(spec: str, cfg: DiceConfig, log: Callable[[str], None] = lam
                 f"a default run's split (all tasks, tasks.heldout_fraction={by.heldout_fraction})")
         if split_from is not None and split_from.spec != spec:
             log(f"note: the run trained on tasks {split_from.spec!r}, not {spec!r}: its split is applied to {spec!r}")
-        pool = tasks[: by.max_tasks] if split_from is not None and by.max_tasks else tasks
+        pool = tasks[: by.max_tasks] if split_from is not None else tasks  # max_tasks None: all
         train, heldout = split_tasks(pool, by.heldout_fraction)
         tasks = heldout if split == "heldout" else train
         if not tasks:
             raise EvalInputError(f"--split {split}: no task in that part of {len(pool)}, by {made}")
         first = f"; tasks.max_tasks={cfg.tasks.max_tasks}: the first of them" if cfg.tasks.max_tasks else ""
         log(f"split {split}: {len(tasks)} of {len(pool)} tasks, by {made}{first}")
-    return tasks[: cfg.tasks.max_tasks] if cfg.tasks.max_tasks else tasks
+    return tasks[: cfg.tasks.max_tasks]  # None: all
 
 
 def solution_key(task: Task) -> str:

@@ -763,7 +763,7 @@ def sft_data_pairs(spec: str, cfg: DiceConfig, log: Callable[[str], None] = lamb
     except (ValueError, FileNotFoundError) as e:
         raise SFTInputError(f"--data {spec}: {e}") from None
     log(f"tasks {report.summary()}")
-    tasks = report.tasks[: cfg.tasks.max_tasks] if cfg.tasks.max_tasks else report.tasks
+    tasks = report.tasks[: cfg.tasks.max_tasks]  # None: all
     train, heldout = split_tasks(tasks, cfg.tasks.heldout_fraction)
     pairs: list[tuple[str, str]] = []
     uncut = 0
