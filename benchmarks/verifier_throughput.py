@@ -17,13 +17,15 @@ candidates/s for each size and its ratio to one actor (targets: >= 1.9x at 2 GPU
 
 Before each timed round the verifier stays idle until its spares are ready (they start in its idle
 time, as between RL steps); the line of each round says how long that took and how many of its
-crashes found no ready spare.  The first round also measures each task's reference facts (two
-reference runs and a float64 one, :mod:`dice_ray.verify.reference_facts`); later rounds, like an
-RL run's later steps on tasks it has seen, come with them (each round's line counts those jobs).
+crashes found no ready spare.  Before the first round the verifier measures each task's reference
+facts (two reference runs and a float64 one, :mod:`dice_ray.verify.reference_facts`) with
+``Verifier.prepare``, as the trainer has it do at start while the learner warm-starts; the line says
+how long that took.  With ``--no-prepare`` the first round's jobs measure them instead, as they would
+without that call (each round's line counts the jobs that came with them).
 
     python benchmarks/verifier_throughput.py [--workers 0] [--spare-workers N] [--spares-timeout-s S] [--timing-window-ms MS]
         [--crash-every 4] [--cheat-every 3] [--repeats 5] [--inline 3] [--torch-inline 1] [--dice-data DIR]
-        [--tasks N] [--rounds R] [--crash-cost] [--json OUT]
+        [--tasks N] [--rounds R] [--crash-cost] [--no-prepare] [--json OUT]
     python benchmarks/verifier_throughput.py --pool 1,2[,4,8] [--copies K] [--tasks N] [--workers 0] [--json OUT]
 """
 
@@ -406,6 +408,9 @@ def main() -> None:
                     help="then time one round without the crashing candidates, in the same Verifier, and print what "
                          "each crash cost (the rounds' median seconds less that round's, over the crashes) and the "
                          "throughput the crashes' faults alone allow")
+    ap.add_argument("--no-prepare", action="store_true",
+                    help="skip Verifier.prepare before the first round: its jobs then measure each task's reference "
+                         "facts themselves (for comparison; the trainer prepares them at start)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
 
@@ -441,6 +446,12 @@ def main() -> None:
               "idle time" if verifier.mode == "gpu" else
               f"at most {verifier.spare_workers} (compile-only), from the first replacement"))
     verifier.verify_many([(tasks[0], tasks[0].solution_src, "warm")] * verifier.workers)  # workers booted
+    prepared = {} if args.no_prepare else verifier.prepare(tasks)
+    if prepared:
+        print("reference facts before the batch (Verifier.prepare, as at a training run's start): "
+              + (prepared["skipped"] if "skipped" in prepared else
+                 f"{prepared['measured']} measured, {prepared['known']} known, {len(prepared['failed'])} failed, "
+                 f"in {prepared['seconds']:.2f} s"))
     rates, round_s, idle_s, all_jobs, verdicts = [], [], [], [], []
     gate: Counter = Counter()  # the GPU gate's seconds in each state, over the timed rounds only
     for r in range(args.rounds):
@@ -547,7 +558,7 @@ def main() -> None:
                        "rounds": rates, "idle_before_rounds_s": idle_s,
                        "verdicts": {f"{k}->{v}": n for (k, v), n in got.items()}, "unexpected": wrong,
                        "repeat_speedups": repeat, "inline": inline_costs, "stage_medians_s": {k: statistics.median(v) for k, v in stages.items()},
-                       "gpu_gate_s": dict(gate), "crash_cost": cost},
+                       "gpu_gate_s": dict(gate), "crash_cost": cost, "prepared": prepared},
                       f, indent=1)
 
 

@@ -328,7 +328,7 @@ def _spares(counts: dict) -> str:
 def describe_actors(pool: dict) -> str:
     """``verifiers status``: :func:`describe_pool`, then a line per verifier actor (index, state, node and
     GPU, in flight / capacity, verified, failures, restarts, utilization, its sandbox workers and spares
-    when it answered, error) and autoscaling if on."""
+    when it answered, its reference facts prepared at start, error) and autoscaling if on."""
     lines = [describe_pool(pool)]
     for a in pool.get("actors") or []:
         where = f"{a.get('node') or '?'}" + (f" GPU {','.join(a['gpu'])}" if a.get("gpu") else " (no GPU)")
@@ -338,6 +338,12 @@ def describe_actors(pool: dict) -> str:
         box = a.get("sandbox")
         if box:
             line += f"; sandbox workers {box.get('workers')} ({box.get('restarts')} replaced), spares {_spares(box)}"
+        prep = a.get("prepared")
+        if prep:
+            line += "; reference facts " + (
+                prep.get("skipped") or (f"not prepared: {prep['error']}" if prep.get("error") else
+                                        f"{prep.get('measured')} measured at start, {prep.get('known')} known, "
+                                        f"{len(prep.get('failed') or {})} failed"))
         lines.append(line + (f"; error: {str(a['error']).splitlines()[0]}" if a.get("error") else ""))
     auto = pool.get("autoscale")
     if auto:

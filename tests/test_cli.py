@@ -324,6 +324,12 @@ def test_verifiers_status_is_a_line_for_the_pool_and_one_an_actor():
     lines = describe_actors(pool).splitlines()
     assert lines[0].endswith("; spare sandbox workers 7/8 ready, 1 replacements found none ready")
     assert lines[1].endswith("utilization 0.50; sandbox workers 6 (3 replaced), spares 7/8 ready, 1 replacements found none ready")
+    # the reference facts each actor measured at start (VerifierPool.prepare), or why it measured none
+    pool["actors"][0]["prepared"] = {"measured": 20, "known": 1, "failed": {"t/bad": "invalid_input"}, "seconds": 0.8}
+    pool["actors"][1]["prepared"] = {"measured": 0, "known": 0, "failed": {}, "skipped": "compile-only: no reference runs"}
+    lines = describe_actors(pool).splitlines()
+    assert lines[1].endswith("; reference facts 20 measured at start, 1 known, 1 failed")
+    assert lines[2].endswith("; reference facts compile-only: no reference runs; error: actor died")
 
 
 def test_status_refuses_the_dashboard_url_in_one_line(capsys):

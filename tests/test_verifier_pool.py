@@ -52,6 +52,9 @@ def test_exactly_one_verdict_per_candidate_despite_actor_death(cluster, relu):
     # two actors, two candidates in flight on each (VerifyConfig.workers=2)
     pool = VerifierPool.remote(VerifyConfig(workers=2), RewardConfig(), 2, 0.0, 120.0)
     wait_for_pool(pool, lambda s: s["serving"] == 2, what="2 serving actors")
+    ray.get(pool.prepare.remote([relu]))  # each actor's own concurrency group: nothing to measure without a GPU
+    wait_for_pool(pool, lambda s: all("compile-only" in (a["prepared"] or {}).get("skipped", "") for a in s["actors"]),
+                  what="each actor's prepare summary")
     items = _batch(relu, 12, "c")
     ref = pool.verify_batch.remote(items)
     status = wait_for_pool(pool, lambda s: s["in_flight"] >= 3, what="candidates in flight")

@@ -60,6 +60,10 @@ def test_pool_on_gpus_one_verdict_each_despite_actor_death(items):
         assert status["mode"] == "gpu" and status["capacity_per_actor"] == 3
         if gpus >= 2:
             assert sorted(g for a in status["actors"] for g in a["gpu"]) == ["0", "1"], status["actors"]
+        tasks = list({task.task_id: task for _, task, _ in items}.values())
+        ray.get(pool.prepare.remote(tasks))  # as the trainer at start: each actor measures the reference facts
+        wait_for_pool(pool, lambda s: all((a["prepared"] or {}).get("measured") == len(tasks) for a in s["actors"]),
+                      what="each actor's reference facts measured", timeout=120.0, poll=0.1)
         ref = pool.verify_batch.remote(items)
         # mid-batch: some verdicts in, and work in flight on the actor to be killed
         status = wait_for_pool(pool, lambda s: s["completed"] >= 3 and max(a["in_flight"] for a in s["actors"]) >= 1,
@@ -74,6 +78,10 @@ def test_pool_on_gpus_one_verdict_each_despite_actor_death(items):
         got = {v.candidate_id: v.verdict for v in verdicts}
         assert got == alone, {cid: (got[cid], alone[cid]) for cid in got if got[cid] != alone[cid]}
         status = wait_for_pool(pool, lambda s: s["serving"] == 2, what="the killed actor restarted and serving", timeout=180.0, poll=0.1)
+        # the restarted actor is prepared again (its facts book started empty); the re-sent jobs may have measured some
+        wait_for_pool(pool, lambda s: all(sum((a["prepared"] or {}).get(k, 0) for k in ("measured", "known")) == len(tasks)
+                                          for a in s["actors"]), what="the restarted actor prepared", timeout=120.0, poll=0.1)
+        assert [a["sandbox"]["reference_facts"] for a in ray.get(pool.status.remote())["actors"]] == [len(tasks)] * 2
         assert status["completed"] == status["submitted"] == len(items)
         assert sum(a["failures"] for a in status["actors"]) == 1 and sum(a["restarts"] for a in status["actors"]) == 1
         handles = ray.get(pool.actors.remote())

@@ -348,3 +348,25 @@ def test_a_group_of_one_reference_measures_its_facts_once():
         assert [x.verdict for x in verdicts] == ["ok"] * 4, [x.reason for x in verdicts]
         # one measured; each other one found them known or waited for them (never measured too)
         assert v.stats()["reference_facts_used"] - used == 3 and v.stats()["reference_facts"] == 2
+
+
+def test_prepare_measures_each_reference_once_before_its_candidates():
+    """Verifier.prepare (what the trainer calls at start) measures each new reference's facts in a job of its
+    own: the candidates that come after run the reference once; a reference that breaks a rule is named with
+    the rule, and a malformed task too; a second prepare finds the facts known."""
+    cfg = VerifyConfig(mode="gpu", workers=2, spare_workers=0, compile_timeout_s=60.0, run_timeout_s=8.0,
+                       timing_trials=10)
+    fresh = Task("test/relu-prepared", "relu", 1, RELU_REF + "\n# a reference new to the verifier\n")
+    bad = Task("test/relu-nondeterministic", "relu", 1, NONDETERMINISTIC_REF)
+    with Verifier(cfg, RewardConfig(), device=0) as v:
+        out = v.prepare([fresh, fresh, bad, object()])
+        assert (out["measured"], out["known"]) == (1, 0), out
+        assert "reference-nondeterministic" in out["failed"]["test/relu-nondeterministic"], out
+        assert "task_id" in out["failed"]["?"], out  # the malformed task: the rule its check names
+        assert v.stats()["reference_facts"] == 1 and v.stats()["reference_facts_used"] == 0
+        verdicts = v.verify_many([(fresh, HONEST, f"g{i}") for i in range(2)])
+        assert [x.verdict for x in verdicts] == ["ok", "ok"], [x.reason for x in verdicts]
+        assert v.stats()["reference_facts_used"] == 2  # neither candidate measured them
+        assert all("fp32 error vs float64 at most" in x.reason for x in verdicts)
+        again = v.prepare([fresh])
+        assert (again["measured"], again["known"], again["failed"]) == (0, 1, {}), again

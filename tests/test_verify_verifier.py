@@ -107,6 +107,16 @@ def test_endless_loop_times_out_and_worker_is_replaced(verifier):
     check(verifier, HONEST, "ok")
 
 
+def test_prepare_measures_nothing_in_compile_only_mode(verifier):
+    """Verifier.prepare (reference facts ahead of the candidates) has nothing to measure without a GPU; a
+    verify after it is unchanged.  On a GPU:
+    tests/test_verify_gpu.py::test_prepare_measures_each_reference_once_before_its_candidates."""
+    out = verifier.prepare([TASK])
+    assert out["measured"] == 0 and "compile-only" in out["skipped"], out
+    assert verifier.stats()["reference_facts"] == 0
+    check(verifier, HONEST, "ok")
+
+
 def test_broken_reference_is_invalid_input(verifier):
     bad = Task("test/bad-ref", "bad", 1, RELU_REF.replace("    return []", "    return [undefined_name]"))
     v = check(verifier, HONEST, "invalid_input", task=bad)

@@ -305,6 +305,8 @@ class Trainer:
             f"weight sync {sync_mode}{f' ({sync_backend})' if sync_mode == 'broadcast' else ''}"
         )
         ray.get(self.pool.status.remote())
+        # the verifiers measure every task's reference facts now, while idle (the warm start), not in its first group
+        self.pool.prepare.remote(self.train_tasks + self.heldout[: cfg.eval.heldout_tasks])
 
         if self.resume:
             with waiting(con, "resume: the learner starts, then loads the newest checkpoint"):

@@ -60,13 +60,13 @@ READY_PING_S = 5.0
 """Wait for one readiness ping of a starting verifier actor (s); repeated until it answers or drains."""
 STATUS_PING_S = 2.0
 """Wait for an actor's sandbox counters (``info``) in :meth:`VerifierPool.status` before leaving them out (s)."""
-SANDBOX_KEYS = ("workers", "restarts", "spares", "spares_ready", "promoted", "gpu_gate_s")
+SANDBOX_KEYS = ("workers", "restarts", "spares", "spares_ready", "promoted", "reference_facts", "gpu_gate_s")
 """An actor's sandbox counters in :meth:`VerifierPool.status` (``actors[].sandbox``; :meth:`Verifier.stats`'s keys)."""
 RETIRE_CLOSE_S = 30.0
 """Wait for a drained actor to stop its sandbox workers before it is killed (s)."""
 
 
-@ray.remote(max_restarts=-1, max_task_retries=0, num_cpus=0, concurrency_groups={"control": 1})
+@ray.remote(max_restarts=-1, max_task_retries=0, num_cpus=0, concurrency_groups={"control": 1, "prepare": 1})
 class VerifierActor:
     """One verifier on one GPU (or on CPU in compile-only mode); wraps :class:`~dice_ray.verify.verifier.Verifier`.
 
@@ -100,11 +100,18 @@ class VerifierActor:
                 self.in_flight -= 1
                 self.done += 1
 
+    @ray.method(concurrency_group="prepare")
+    def prepare(self, tasks: list[Task]) -> dict:
+        """Measure the tasks' reference facts ahead of their candidates (:meth:`Verifier.prepare
+        <dice_ray.verify.verifier.Verifier.prepare>`, its summary); in its own concurrency group, beside
+        every verify thread."""
+        return self.verifier.prepare(tasks)
+
     @ray.method(concurrency_group="control")
     def info(self) -> dict:
         """Where it runs and what it did: node, gpu, mode, workers, incarnation (pid + nonce), done, in_flight,
         and ``sandbox``: its sandbox workers (:meth:`Verifier.stats <dice_ray.verify.verifier.Verifier.stats>`'s
-        ``workers``, ``restarts``, ``spares``, ``spares_ready``, ``promoted``, ``gpu_gate_s``)."""
+        ``workers``, ``restarts``, ``spares``, ``spares_ready``, ``promoted``, ``reference_facts``, ``gpu_gate_s``)."""
         with self._lock:
             done, in_flight = self.done, self.in_flight
         stats = self.verifier.stats()
@@ -153,6 +160,7 @@ class _Slot:
     in_flight_at_drain: int = 0
     done_after_drain: int = 0
     error: str | None = None
+    prepared: dict | None = None  # the summary of its last VerifierActor.prepare (VerifierPool.prepare)
     feeder: asyncio.Task | None = field(default=None, repr=False)
     calls: set = field(default_factory=set, repr=False)
 
@@ -168,7 +176,7 @@ class _Slot:
             "busy_s": round(self.busy_seconds(now), 2),
             "utilization": round(self.call_s / (self.capacity * age), 3),
             "draining": self.draining, "in_flight_at_drain": self.in_flight_at_drain,
-            "done_after_drain": self.done_after_drain, "error": self.error,
+            "done_after_drain": self.done_after_drain, "error": self.error, "prepared": self.prepared,
         }
 
 
@@ -231,6 +239,7 @@ class VerifierPool:
         self._last_change = time.monotonic()
         self._oversized_since: float | None = None
         self._batch: dict = {}
+        self._prepare_tasks: list[Task] = []  # prepare(): every actor measures their reference facts
         self.autoscale: dict | None = None
         if cluster_cfg is not None and cluster_cfg.verifier_autoscale:
             hi = cluster_cfg.max_verifiers
@@ -332,7 +341,18 @@ class VerifierPool:
             if not slot.draining:
                 slot.state = "serving"
             slot.ready.set()
+            if self._prepare_tasks:  # a new actor, or one Ray restarted: its facts book starts empty
+                slot.prepared = None
+                self._spawn(self._prepare(slot))
             return
+
+    async def _prepare(self, slot: _Slot) -> None:
+        """One actor's :meth:`VerifierActor.prepare` over the tasks :meth:`prepare` was given; its summary
+        goes to the slot's status row (an actor that dies meanwhile is prepared again once restarted)."""
+        try:
+            slot.prepared = await slot.handle.prepare.remote(self._prepare_tasks)
+        except Exception as exc:  # noqa: BLE001 - a dead actor is restarted and prepared by _wait_ready
+            slot.prepared = {"error": _first_line(exc)}
 
     def _fail_slot(self, slot: _Slot, message: str) -> None:
         slot.state, slot.error = "failed", message
@@ -589,6 +609,17 @@ class VerifierPool:
         self._batch["seconds"] = round(time.monotonic() - t0, 3)
         return verdicts
 
+    async def prepare(self, tasks: list[Task]) -> None:
+        """Have every verifier actor measure the reference facts of ``tasks`` in the background
+        (:meth:`Verifier.prepare <dice_ray.verify.verifier.Verifier.prepare>`), and each actor started or
+        restarted later too; returns at once.  The trainer calls it at start with the tasks of the run, so
+        their first groups find the facts measured (while the learner warm-starts the verifiers are idle)."""
+        await self._ensure_started()
+        self._prepare_tasks = list(tasks)
+        for slot in self._active():
+            if slot.ready.is_set():
+                self._spawn(self._prepare(slot))
+
     async def scale(self, n: int) -> dict:
         """Grow or shrink to ``n`` actors now; shrinking lets in-flight candidates finish first.
 
@@ -652,8 +683,9 @@ class VerifierPool:
         ``throughput_per_s`` (since the pool started), ``last_batch`` (n, seconds, peak queue depth,
         peak in flight of the latest ``verify_batch``), ``autoscale`` (None or its bounds),
         ``actors`` (one row each: state, in_flight, done, failures, restarts, busy_s, utilization,
-        draining counters; ``sandbox``: the serving actor's sandbox workers, replacements, spares,
-        spares ready, replacements that found no ready spare (``promoted``) and GPU gate seconds, None
+        draining counters, ``prepared``: the summary of its last :meth:`prepare`, None before one; ``sandbox``:
+        the serving actor's sandbox workers, replacements, spares, spares ready, replacements that found no
+        ready spare (``promoted``), references whose facts it keeps (``reference_facts``) and GPU gate seconds, None
         when it did not answer within :data:`STATUS_PING_S`), ``spares`` / ``spares_ready`` /
         ``promoted`` (summed over the actors that answered; None when none did), ``retired`` (rows of
         actors drained and stopped), ``errors``.

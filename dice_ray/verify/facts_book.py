@@ -38,6 +38,10 @@ class FactsBook:
         with self._cond:
             return len(self._facts)
 
+    def __contains__(self, key: object) -> bool:
+        with self._cond:
+            return key in self._facts
+
     def claim(self, key: str, token: object, timeout_s: float) -> dict[str, Any] | None:
         """A job (``token``) reached its reference stage: the reference's facts when known; else None,
         and the job measures them, unless another job is measuring them: then wait (at most

@@ -487,6 +487,8 @@ class Harness:
         return result
 
     def _run(self, job: dict[str, Any], stage: Callable[..., Any]) -> JobResult:
+        if job.get("reference_only"):
+            return self._reference_only(job, stage)
         s = self.settings
         guarded = bool(s.get("static_rules", True))
         # 1. load: execute the candidate module (this is where NVRTC compiles)
@@ -516,21 +518,59 @@ class Harness:
         # 2. reference: module, init inputs; the torch flags and the GPU as the job found them (the candidate
         # module ran at load: a flag it set or a kernel it left running would change what the reference computes)
         go = stage("reference")
-        self._restore_torch_state()
-        if self.mode == "gpu":
-            _synchronize(self.device)
-        try:
-            ref = exec_source(job["reference_src"], "<reference>", guarded=False)
-            _seed(s["seed"])
-            init_inputs = list(ref["get_init_inputs"]())
-        except (Exception, SystemExit) as e:  # noqa: BLE001 - sys.exit() in a reference is its failure
-            raise ReferenceError_("reference-exec", f"reference module or get_init_inputs() failed: {_error_text(e)}")
+        ref, init_inputs = self._load_reference(job["reference_src"])
         if self.mode == "compile_only":
             stage("run")
             return self._compile_only(cand, ref, init_inputs, refs)
         facts = go.get("reference_facts") if isinstance(go, dict) else None
         return self._gpu(cand, ref, init_inputs, refs, stage, job["reference_src"],
                          None if facts is None else ReferenceFacts.from_dict(facts))
+
+    def _load_reference(self, reference_src: str) -> tuple[dict[str, Any], list[Any]]:
+        """The reference module's namespace and its ``get_init_inputs()``, with the torch flags restored and
+        the GPU synchronized first.
+
+        Raises:
+            ReferenceError_: ``reference-exec``.
+        """
+        self._restore_torch_state()
+        if self.mode == "gpu":
+            _synchronize(self.device)
+        try:
+            ref = exec_source(reference_src, "<reference>", guarded=False)
+            _seed(self.settings["seed"])
+            return ref, list(ref["get_init_inputs"]())
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - sys.exit() in a reference is its failure
+            raise ReferenceError_("reference-exec", f"reference module or get_init_inputs() failed: {_error_text(e)}")
+
+    def _build_reference(self, ref: dict[str, Any], init_inputs: list[Any]) -> Any:
+        """``Model(*init_inputs)`` on the GPU, seeded, in eval mode.
+
+        Raises:
+            ReferenceError_: ``reference-build``.
+        """
+        _seed(self.settings["seed"])
+        try:
+            with self.dev:
+                return ref["Model"](*init_inputs).to(self.dev).eval()
+        except Exception as e:  # noqa: BLE001
+            raise ReferenceError_("reference-build", f"Model(*get_init_inputs()) failed: {_error_text(e)}") from None
+
+    def _reference_only(self, job: dict[str, Any], stage: Callable[..., Any]) -> JobResult:
+        """A job without a candidate (``reference_only``, :meth:`Verifier.prepare
+        <dice_ray.verify.verifier.Verifier.prepare>`): measure the reference's facts on trial 0's inputs, as a
+        candidate's first job would, and pass them on with the ``run`` stage's announcement.  Verdict ``ok``
+        (nothing was judged; ``reason`` says whether they were measured or already known), or
+        ``invalid_input`` naming the reference's broken rule (``reference-*``).  GPU mode only."""
+        go = stage("reference")
+        if isinstance(go, dict) and go.get("reference_facts"):
+            return JobResult("ok", reason="reference facts already known")
+        ref, init_inputs = self._load_reference(job["reference_src"])
+        ref_model = self._build_reference(ref, init_inputs)
+        inputs0 = self._inputs(ref, self.settings["seed"] + 1, self.dev)
+        _, _, facts = self._check_reference(ref_model, inputs0, None)
+        stage("run", reference_facts=facts.to_dict())
+        return JobResult("ok", reason="reference facts measured")
 
     @staticmethod
     def _unknown_kernels(refs: dict[str, set[str]], ns: dict[str, Any], model: Any) -> str:
@@ -645,12 +685,7 @@ class Harness:
         and passed on with the ``run`` stage's announcement)."""
         s = self.settings
         dev = self.dev
-        try:
-            _seed(s["seed"])
-            with dev:
-                ref_model = ref["Model"](*init_inputs).to(dev).eval()
-        except Exception as e:  # noqa: BLE001
-            raise ReferenceError_("reference-build", f"Model(*get_init_inputs()) failed: {_error_text(e)}") from None
+        ref_model = self._build_reference(ref, init_inputs)
         seeds = [s["seed"] + 1 + i for i in range(s["correctness_trials"])]
         inputs0 = self._inputs(ref, seeds[0], dev)
         ref_mutates, expected0, learnt = self._check_reference(ref_model, inputs0, facts)

@@ -30,7 +30,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from typing import Any
@@ -113,6 +113,11 @@ def _task_problem(task: Any) -> str | None:
     except TaskError as e:
         return str(e)
     return None
+
+
+def _reference_key(reference_src: str) -> str:
+    """The key of a reference's facts (:class:`~dice_ray.verify.facts_book.FactsBook`): sha256 of its source."""
+    return hashlib.sha256(reference_src.encode()).hexdigest()
 
 
 class Verifier:
@@ -475,23 +480,29 @@ class Verifier:
         }
         if inline is not None:
             job["inline"] = inline
+        return self._from_outcome(self._run_job(job))
+
+    def _run_job(self, job: dict[str, Any]) -> JobOutcome:
+        """Run ``job`` on an idle worker (waiting for one), swapping a dead or worn-out worker first and
+        after; the worker goes back to the idle queue (closed instead once the Verifier is).  A worker that
+        fails before it takes the job gives a ``died`` outcome (and its replacement is made)."""
         worker = self._idle.get()
         with self._lock:
             self._busy.add(worker)
         try:
             if not worker.alive() or worker.jobs >= self.verify_cfg.max_jobs_per_worker:
                 worker = self._swap(worker)
-            ref_key, token = hashlib.sha256(task.reference_src.encode()).hexdigest(), object()
+            ref_key, token = _reference_key(job["reference_src"]), object()
             try:
                 outcome = worker.run(job, self._limits, self._facts_exchange(ref_key, token))
             except WorkerError as e:
                 worker = self._swap(worker)
-                return {"verdict": "crash", "reason": f"sandbox worker failed: {e}"}
+                return JobOutcome("died", "load", detail=f"sandbox worker failed: {e}")
             finally:
                 self._facts.done(ref_key, token)
             if not worker.alive():
                 worker = self._swap(worker)
-            return self._from_outcome(outcome)
+            return outcome
         finally:
             with self._lock:
                 self._busy.discard(worker)
@@ -500,6 +511,65 @@ class Verifier:
                 worker.close()
             else:
                 self._idle.put(worker)
+
+    def prepare(self, tasks: Iterable[Any]) -> dict[str, Any]:
+        """Measure the reference facts of ``tasks`` before their candidates come (:mod:`~dice_ray.verify.reference_facts`:
+        the determinism check's second reference run and the float64 run, which a task's first job would
+        otherwise do while its group waits, :mod:`~dice_ray.verify.facts_book`).  Each reference not known
+        yet runs as a job of its own over the workers, under the GPU gate like any job (so it never runs
+        beside a timing stage); call it while the verifier is otherwise idle: the trainer does at start,
+        while the learner warm-starts (:meth:`VerifierPool.prepare <dice_ray.cluster.verifier_pool.VerifierPool.prepare>`).
+        Blocks until done; safe beside :meth:`verify` calls.
+
+        Args:
+            tasks: :class:`~dice_ray.tasks.task.Task` objects (``task_id``, ``reference_src``); duplicates
+                of one reference are measured once.
+
+        Returns:
+            ``{"measured": n, "known": n, "failed": {task_id: reason}, "seconds": s}``: references measured
+            now, known before, and those whose reference broke a rule (their candidates' verdicts will say
+            ``invalid_input`` with it) or whose task is malformed.  Nothing is measured in compile-only mode
+            or without the static rules (then the facts are never used): ``"skipped"`` says why.
+        Raises:
+            RuntimeError: the Verifier was closed.
+        """
+        t0 = time.monotonic()
+        if self._closed:
+            raise RuntimeError("Verifier is closed")
+        out: dict[str, Any] = {"measured": 0, "known": 0, "failed": {}, "seconds": 0.0}
+        if self.mode != "gpu" or not self.verify_cfg.static_rules:
+            return {**out, "skipped": "compile-only: no reference runs" if self.mode != "gpu" else
+                    "static rules off: reference facts are not used"}
+        todo: dict[str, Any] = {}
+        known: set[str] = set()
+        for task in tasks:
+            problem = _task_problem(task)
+            if problem is not None:
+                out["failed"][str(getattr(task, "task_id", "?"))] = problem
+                continue
+            key = _reference_key(task.reference_src)
+            if key in self._facts:
+                known.add(key)
+            else:
+                todo.setdefault(key, task)
+        out["known"] = len(known)
+
+        def measure(task: Any) -> tuple[Any, dict[str, Any]]:
+            job = {"task_id": task.task_id, "reference_src": task.reference_src, "reference_only": True,
+                   "cpu_budget_s": 2 * self.verify_cfg.run_timeout_s + 30}
+            with self._gate.job():
+                return task, self._from_outcome(self._run_job(job))
+
+        if todo:
+            with ThreadPoolExecutor(max_workers=min(self.workers, len(todo)), thread_name_prefix="prepare") as ex:
+                for task, fields in ex.map(measure, todo.values()):
+                    if fields.get("verdict") == "ok":
+                        out["measured"] += 1
+                    else:
+                        rule = f" [{fields['rule']}]" if fields.get("rule") else ""
+                        out["failed"][task.task_id] = f"{fields.get('verdict')}{rule}: {str(fields.get('reason', ''))[:300]}"
+        out["seconds"] = round(time.monotonic() - t0, 3)
+        return out
 
     def _facts_exchange(self, ref_key: str, token: object) -> Callable[[dict[str, Any]], dict[str, Any] | None] | None:
         """The job's ``on_stage`` hook (:meth:`WorkerProcess.run`) for the reference facts of ``ref_key``:
