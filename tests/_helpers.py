@@ -27,7 +27,8 @@ DETERMINISTIC = [
     "cluster.num_verifiers=1", "tasks.max_tasks=6",  # 5 training tasks: new epochs at steps 2 and 4
 ]
 """``dice-ray train`` overrides of a deterministic 6-step CPU run (compile-only verifiers): tests/test_resume_exact.py
-makes it straight, and again with a rollout worker crashing mid-step and a resume, to get the same per-step records."""
+makes it straight, then resumes a copy from step 3 with a rollout worker crashing mid-step, to get the same per-step
+records."""
 
 TIMING = {
     "learner_step_seconds", "rollout_seconds", "verify_seconds", "learn_seconds", "sync_seconds",

@@ -39,8 +39,8 @@ def dice_data() -> Path:
 
 @pytest.fixture(scope="session")
 def sft_cache(request, tmp_path_factory) -> Path:
-    """The ``sft.cache_dir`` of tests/test_resume_exact.py's ``dice-ray train`` runs, so their common warm start (same
-    tasks, model, SFT config and seed: one content hash) is trained once: pytest's cache folder (kept across
+    """The ``sft.cache_dir`` of tests/test_resume_exact.py's ``dice-ray train`` run, so its warm start (same tasks,
+    model, SFT config and seed: one content hash) is trained once a machine: pytest's cache folder (kept across
     sessions), or a folder of this session under ``-p no:cacheprovider``."""
     cache = getattr(request.config, "cache", None)
     return cache.mkdir("dice-ray-sft") if cache is not None else tmp_path_factory.mktemp("dice-ray-sft")

@@ -31,7 +31,7 @@ import numpy as np
 import ray
 import torch
 
-from dice_ray.config import DiceConfig
+from dice_ray.config import DEEPSPEED_OPS_DIR, DiceConfig
 
 
 @dataclass
@@ -190,8 +190,6 @@ def learner_env(use_gpu: bool) -> dict:
     """Environment for a learner rank: DeepSpeed's CPU accelerator without GPUs, and a persistent
     ``TORCH_EXTENSIONS_DIR`` so DeepSpeed's JIT ops, if any, build once per machine (on a CPU none: see
     ``dice_ray.policy.sft.deepspeed_initialize``)."""
-    from dice_ray.policy.sft import DEEPSPEED_OPS_DIR
-
     env = {"TORCH_EXTENSIONS_DIR": os.path.expanduser(DEEPSPEED_OPS_DIR)}
     if not use_gpu:
         env["DS_ACCELERATOR"] = "cpu"

@@ -31,7 +31,7 @@ class GroupRollout:
 
     Attributes:
         request: the scheduler's request (task, phase, seed).
-        rollouts: ``G`` :class:`~dice_ray.policy.sampler.Rollout` (token ids, unmask steps,
+        rollouts: ``G`` :class:`~dice_ray.policy.samples.Rollout` (token ids, unmask steps,
             behaviour log-probs).
         candidates: ``G`` candidate source files, assembled from the prompt's scaffold.
         tokens: response tokens generated for the group.

@@ -40,7 +40,7 @@ from dice_ray.cluster.scheduler import NAMESPACE, SCHEDULER_NAME, PhaseScheduler
 from dice_ray.cluster.storage import CheckpointStore, run_store_url
 from dice_ray.cluster.verifier_pool import POOL_NAME, VerifierPool
 from dice_ray.cluster.weight_sync import WeightSync, resolve_mode
-from dice_ray.config import DiceConfig, load_config
+from dice_ray.config import DEEPSPEED_OPS_DIR, DiceConfig, load_config
 from dice_ray.report import STOPPED_FILE, plot_curves, read_metrics
 from dice_ray.rl.advantages import group_advantages
 from dice_ray.tasks.loaders import load_tasks, split_tasks
@@ -123,8 +123,6 @@ def describe_learner(info: dict) -> str:
     ``deepspeed.initialize`` took :data:`SLOW_DEEPSPEED_S` or more: it builds its ops the first time), e.g.
     ``sdar policy, 0.55 M params, built, warm-started by SFT; DeepSpeed ZeRO-0 over gloo, 1 rank(s) on cpu; ready in
     1.3 s`` (on a GPU with Liger: ``... on cuda:0, fused kernels: swiglu, rope (Liger); ready in ...``)."""
-    from dice_ray.policy.sft import DEEPSPEED_OPS_DIR  # here: the policy stack (transformers) is seconds of import
-
     return (f"{info.get('family')} policy, {info.get('params', 0) / 1e6:.2f} M params, {info.get('model')}; "
             f"DeepSpeed ZeRO-{info.get('zero_stage')} over {info.get('backend')}, {info.get('ranks')} rank(s) on "
             f"{info.get('device')}"

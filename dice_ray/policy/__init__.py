@@ -7,6 +7,7 @@ Modules (import from them directly; importing this package does not load torch o
 * ``model``: Qwen3ForCausalLM with block-causal attention, the ``x_t ‖ x_0`` mask rule, KV cache.
 * ``families``: SDAR / LLaDA / Dream on transformers-native classes, checkpoint folders (LLaDA's names renamed).
 * ``policy``: :class:`DiffusionPolicy` (build / save / load / encode / decode / state_dict).
+* ``samples``: what the sampler returns (:class:`Rollout`, :class:`RolloutGroup`, :class:`SampleStats`), plain data.
 * ``sampler``: :func:`sample_group` (block diffusion, static / dynamic low-confidence remasking; LLaDA / Dream
   whole-response decoding) and :func:`infill_group` (prefix / suffix infilling, bidirectional families).
 * ``logprobs``: :func:`response_logprobs` (TraceRL / coupled-GRPO / diffu-GRPO log-probs, ``rl.logprob_estimator``).

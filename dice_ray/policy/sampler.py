@@ -31,7 +31,6 @@ once with the same drawing and remasking pieces (:func:`sample_masked_ids`; :fun
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 
@@ -39,65 +38,7 @@ from dice_ray.config import SamplingConfig
 from dice_ray.policy.graphs import CachedForward
 from dice_ray.policy.model import KVCache, block_mask, forward_hidden, prompt_blocks, token_logits
 from dice_ray.policy.policy import DiffusionPolicy
-
-
-@dataclass
-class Rollout:
-    """One sample of a group.
-
-    Attributes:
-        prompt_ids: prompt token ids (length P).
-        response_ids: response token ids, length a multiple of ``block_size`` (R).
-        unmask_step: per response token, the denoising step (0-based, within its block) that unmasked it.
-        behaviour_logprobs: per response token, log p(token) under the temperature-1 policy at that step.
-        text: the response decoded up to (not including) the first ``<|eos|>``.
-        finished: True when the response holds ``<|eos|>`` (False: cut at ``max_new_tokens``).
-        suffix_ids: infilling only (:func:`infill_group`): the fixed tokens after the span ``response_ids``.
-        tail_ids, tail_steps: LLaDA / Dream: the canvas positions after the response's first ``eos`` up to the
-            last one the sampler decoded before it stopped (it decodes by confidence, so a position after the
-            eventual ``eos`` may come first): the token and step there, ``<|mask|>`` and -1 where never
-            decoded. Not part of the response (no reward, no loss), but part of the later denoising states:
-            the TraceRL replay shows them (:func:`dice_ray.policy.logprobs.tracerl_logprobs`). Empty otherwise.
-
-    SDAR responses are a multiple of ``block_size`` long; LLaDA / Dream responses end at their first ``eos``.
-    """
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    unmask_step: list[int]
-    behaviour_logprobs: list[float]
-    text: str
-    finished: bool
-    suffix_ids: list[int] = field(default_factory=list)
-    tail_ids: list[int] = field(default_factory=list)
-    tail_steps: list[int] = field(default_factory=list)
-
-
-@dataclass
-class SampleStats:
-    """Throughput of one :func:`sample_group` call.
-
-    Attributes:
-        num_samples: G.
-        prompt_tokens: P.
-        new_tokens: sum of the G response lengths (tokens).
-        forwards: model forward passes (prefill + denoising steps).
-        seconds: wall time (s).
-        tokens_per_s: new_tokens / seconds.
-    """
-
-    num_samples: int
-    prompt_tokens: int
-    new_tokens: int
-    forwards: int
-    seconds: float
-    tokens_per_s: float
-
-
-class RolloutGroup(list):
-    """``list[Rollout]`` with the call's :class:`SampleStats` as ``.stats``."""
-
-    stats: SampleStats
+from dice_ray.policy.samples import Rollout, RolloutGroup, SampleStats  # the return types, kept light for the driver
 
 
 def transfer_schedule(block_size: int, steps: int) -> list[int]:

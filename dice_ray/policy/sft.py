@@ -64,7 +64,7 @@ import torch.nn.functional as F
 import yaml
 from safetensors.torch import load_model, save_model
 
-from dice_ray.config import DiceConfig, SFTConfig, load_config
+from dice_ray.config import DEEPSPEED_OPS_DIR, DiceConfig, SFTConfig, load_config
 from dice_ray.policy.logprobs import BIDIRECTIONAL
 from dice_ray.policy.model import KVCache, block_mask, forward_hidden, prompt_blocks, token_logits
 from dice_ray.policy.policy import DiffusionPolicy
@@ -352,10 +352,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-#: where DeepSpeed builds its JIT ops (``TORCH_EXTENSIONS_DIR``): once a machine, then cached
-DEEPSPEED_OPS_DIR = "~/.cache/dice-ray/torch_extensions"
 
 
 def deepspeed_initialize(**kwargs: Any) -> tuple[Any, ...]:
