@@ -557,8 +557,11 @@ class Verifier:
         def measure(task: Any) -> tuple[Any, dict[str, Any]]:
             job = {"task_id": task.task_id, "reference_src": task.reference_src, "reference_only": True,
                    "cpu_budget_s": 2 * self.verify_cfg.run_timeout_s + 30}
-            with self._gate.job():
-                return task, self._from_outcome(self._run_job(job))
+            try:
+                with self._gate.job():
+                    return task, self._from_outcome(self._run_job(job))
+            except Exception as e:  # noqa: BLE001 - an internal failure is that task's entry, as in verify()
+                return task, {"verdict": "crash", "reason": f"internal verifier error: {type(e).__name__}: {e}"}
 
         if todo:
             with ThreadPoolExecutor(max_workers=min(self.workers, len(todo)), thread_name_prefix="prepare") as ex:
