@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 #: ``dice_ray.policy.sft``, so the driver can name it without importing the policy stack: ~5 s on 2 cores)
 DEEPSPEED_OPS_DIR = "~/.cache/dice-ray/torch_extensions"
 
+
 class _Section(BaseModel):
     # allow_inf_nan=False: an inf tolerance or a NaN reward would pass every candidate or poison every step
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)

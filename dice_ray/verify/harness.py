@@ -543,18 +543,23 @@ class Harness:
         except (Exception, SystemExit) as e:  # noqa: BLE001 - sys.exit() in a reference is its failure
             raise ReferenceError_("reference-exec", f"reference module or get_init_inputs() failed: {_error_text(e)}")
 
-    def _build_reference(self, ref: dict[str, Any], init_inputs: list[Any]) -> Any:
-        """``Model(*init_inputs)`` on the GPU, seeded, in eval mode.
+    def _reference_on_trial0(self, ref: dict[str, Any], init_inputs: list[Any],
+                             facts: ReferenceFacts | None) -> tuple[Any, list[Any], bool, Any, ReferenceFacts]:
+        """``Model(*init_inputs)`` on the GPU (seeded, eval mode), trial 0's inputs (seed ``seed + 1``) and the
+        reference checked on them (:meth:`_check_reference`): ``(model, inputs0, mutates, expected0, facts)``.
+        One place for a candidate's job and a reference-only job, so both measure the same facts.
 
         Raises:
-            ReferenceError_: ``reference-build``.
+            ReferenceError_: ``reference-build``, ``reference-inputs`` or one of :meth:`_check_reference`'s.
         """
         _seed(self.settings["seed"])
         try:
             with self.dev:
-                return ref["Model"](*init_inputs).to(self.dev).eval()
+                ref_model = ref["Model"](*init_inputs).to(self.dev).eval()
         except Exception as e:  # noqa: BLE001
             raise ReferenceError_("reference-build", f"Model(*get_init_inputs()) failed: {_error_text(e)}") from None
+        inputs0 = self._inputs(ref, self.settings["seed"] + 1, self.dev)
+        return (ref_model, inputs0, *self._check_reference(ref_model, inputs0, facts))
 
     def _reference_only(self, job: dict[str, Any], stage: Callable[..., Any]) -> JobResult:
         """A job without a candidate (``reference_only``, :meth:`Verifier.prepare
@@ -566,9 +571,7 @@ class Harness:
         if isinstance(go, dict) and go.get("reference_facts"):
             return JobResult("ok", reason="reference facts already known")
         ref, init_inputs = self._load_reference(job["reference_src"])
-        ref_model = self._build_reference(ref, init_inputs)
-        inputs0 = self._inputs(ref, self.settings["seed"] + 1, self.dev)
-        _, _, facts = self._check_reference(ref_model, inputs0, None)
+        *_, facts = self._reference_on_trial0(ref, init_inputs, None)
         stage("run", reference_facts=facts.to_dict())
         return JobResult("ok", reason="reference facts measured")
 
@@ -685,10 +688,8 @@ class Harness:
         and passed on with the ``run`` stage's announcement)."""
         s = self.settings
         dev = self.dev
-        ref_model = self._build_reference(ref, init_inputs)
-        seeds = [s["seed"] + 1 + i for i in range(s["correctness_trials"])]
-        inputs0 = self._inputs(ref, seeds[0], dev)
-        ref_mutates, expected0, learnt = self._check_reference(ref_model, inputs0, facts)
+        ref_model, inputs0, ref_mutates, expected0, learnt = self._reference_on_trial0(ref, init_inputs, facts)
+        seeds = [s["seed"] + 1 + i for i in range(s["correctness_trials"])]  # trial 0's is inputs0's
 
         stage("run", **({} if learnt is facts else {"reference_facts": learnt.to_dict()}))
         facts = learnt
