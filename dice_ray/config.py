@@ -95,6 +95,13 @@ class ModelConfig(_Section):
         "over the whole masked response; every family trains with RL and SFT.",
     )
 
+    @model_validator(mode="after")
+    def _check_heads(self) -> "ModelConfig":
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"model.num_attention_heads={self.num_attention_heads} must be a multiple of "
+                             f"model.num_key_value_heads={self.num_key_value_heads} (grouped-query attention)")
+        return self
+
 
 class SamplingConfig(_Section):
     """Block-diffusion decoding (SDAR / Fast-dLLM low-confidence remasking)."""
@@ -197,11 +204,19 @@ class VerifyConfig(_Section):
     )
     half_rtol: float = Field(5e-2, gt=0.0, description="Relative tolerance when the reference output is fp16/bf16.")
     half_atol: float = Field(5e-2, ge=0.0, description="Absolute tolerance when the reference output is fp16/bf16.")
-    seed: int = Field(42, description="Seed of Model/ModelNew construction (KernelBench: 42); trial i uses seed+1+i.")
+    seed: int = Field(42, ge=0, lt=2**32, description="Seed of Model/ModelNew construction (KernelBench: 42).")
+    input_seed: int | None = Field(
+        None, ge=0, lt=2**31,
+        description="Base seed of the inputs (trial i: input_seed+1+i; timed call j: input_seed+1000+j). None: each "
+        "Verifier draws a secret one at random, so no candidate can compute its answers ahead from a known seed (a "
+        "known seed was a measured cheat: outputs precomputed in __init__, looked up by the kernel); set it only to "
+        "reproduce a verdict.")
     compile_timeout_s: float = Field(60.0, gt=0.0, description="Limit on executing the candidate module (NVRTC compiles).")
     run_timeout_s: float = Field(60.0, gt=0.0, description="Limit on each later stage: reference check, then run + timing.")
     start_timeout_s: float = Field(180.0, gt=0.0, description="Limit on starting a sandbox worker (import torch, CUDA init).")
-    arch: str = Field("sm_90", description="NVRTC target when no GPU is present (compile-only mode).")
+    arch: str = Field("sm_90", pattern=r"^(sm|compute)_\d{2,3}[af]?$",
+                      description="NVRTC target when no GPU is present (compile-only mode): sm_NN or compute_NN, "
+                      "optionally with a or f (sm_90a).")
     static_rules: bool = Field(
         True, description="Apply the static anti-cheat rules and the candidate's import guard. False only to test the sandbox."
     )
@@ -382,7 +397,8 @@ class RLConfig(_Section):
         "one pass with the whole response masked. The last two recompute the old log-probs at the start of "
         "each step (pre-update weights, same masks).",
     )
-    seed: int = Field(0, description="Seed of sampling, data order, the learner and the SFT warm start.")
+    seed: int = Field(0, ge=0, lt=2**32, description="Seed of sampling, data order, the learner and the SFT warm start "
+                      "(each rollout's is seed * 1,000,003 + step * 1000 + prompt: within torch's 64 bits).")
     max_staleness: int = Field(
         0, ge=0,
         description="Asynchronous pipeline (dice_ray.cluster.pipeline): rollout and verification run up to this many "
@@ -502,7 +518,8 @@ class DiceConfig(_Section):
     """Top-level config of ``dice-ray train``."""
 
     run_dir: str = Field("runs", description="Parent folder of run directories.")
-    run_name: str | None = Field(None, description="Run folder name under run_dir (None: a timestamp).")
+    run_name: str | None = Field(None, description="Run folder name under run_dir (None: a timestamp); one folder name, "
+                                 "no path separators (it names the run in storage_path too).")
     checkpoint_every: int = Field(1, ge=1, description="RL steps between checkpoints of dice-ray train.")
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept (oldest deleted first).")
     storage_path: str | None = Field(
@@ -522,6 +539,13 @@ class DiceConfig(_Section):
     rl: RLConfig = RLConfig()
     eval: EvalConfig = EvalConfig()
     cluster: ClusterConfig = ClusterConfig()
+
+    @field_validator("run_name")
+    @classmethod
+    def _one_folder_name(cls, name: str | None) -> str | None:
+        if name is not None and (name in ("", ".", "..") or any(c in name for c in "/\\\x00")):
+            raise ValueError(f"run_name={name!r} must be one folder name: not empty, '.' or '..', no '/', '\\' or NUL")
+        return name
 
     @model_validator(mode="after")
     def _check(self) -> "DiceConfig":

@@ -24,7 +24,13 @@ def test_repo_presets_validate():
 @pytest.mark.parametrize(
     "override, named",
     [("rl.num_generationz=4", "num_generationz"), ("rl.num_generations=1", "num_generations"),
-     ("sampling.remasking=sometimes", "remasking"), ("sampling.max_new_tokens=30", "block_size")],
+     ("sampling.remasking=sometimes", "remasking"), ("sampling.max_new_tokens=30", "block_size"),
+     # values that used to pass and fail later: every verdict a compile_error, an actor's traceback, a folder elsewhere
+     ("verify.arch=sm_bogus", r"arch\n.*should match pattern"),
+     ("model.num_attention_heads=3", "num_attention_heads=3 must be a multiple of model.num_key_value_heads=2"),
+     ("rl.seed=18446744073709551616", r"seed\n.*less than 4294967296"), ("rl.seed=-1", "seed"),
+     ("verify.seed=4294967296", "seed"), ("run_name=../../elsewhere", "must be one folder name"),
+     ("run_name=a/b", "must be one folder name"), ("run_name=..", "must be one folder name")],
 )
 def test_bad_key_or_value_names_it(override, named):
     with pytest.raises((ValidationError, ValueError), match=named):

@@ -130,6 +130,9 @@ def test_config_storage_path_validated():
         load_config(None, ["storage_path=' '"])
     with pytest.raises(ValueError, match="non-empty"):
         check_storage_url("")
+    with pytest.raises(ValidationError, match="one slash after its protocol"):  # a typo, not a folder named "s3:"
+        load_config(None, ["storage_path=s3:/bucket/runs"])
+    assert load_config(None, ["storage_path=runs:v2"]).storage_path == "runs:v2"  # a colon in a folder name is fine
     assert run_store_url("s3://b/runs/", "r1") == "s3://b/runs/r1"
 
 

@@ -4,6 +4,7 @@ JSON, Alpaca pairs and JSON Lines load the same way; too-large inputs are scaled
 
 from __future__ import annotations
 
+import codecs
 import json
 import time
 
@@ -208,8 +209,10 @@ def test_reference_file_and_kernelbench_folder(tmp_path):
         load_reference_file(lvl / "2_Broken.py")
     with pytest.raises(FileNotFoundError):
         load_reference_file(lvl / "3_Missing.py")
+    (lvl / "4_Bom.py").write_bytes(codecs.BOM_UTF8 + (lvl / "1_Relu.py").read_bytes())  # Python runs it: so do we
+    assert load_reference_file(lvl / "4_Bom.py").reference_src == (lvl / "1_Relu.py").read_text()
     report = load_tasks(f"kernelbench:{tmp_path}")
-    assert [t.task_id for t in report.tasks] == ["kernelbench/level2/1_Relu"]
+    assert [t.task_id for t in report.tasks] == ["kernelbench/level2/1_Relu", "kernelbench/level2/4_Bom"]
     assert [(r.index, r.rule) for r in report.rejected] == [("level2/2_Broken", "no-model-class")]
 
 
@@ -238,6 +241,15 @@ def _rules(report):
     return {(r.source.rsplit("/", 1)[-1], r.index): r.rule for r in report.rejected}
 
 
+def test_a_jsonl_line_that_is_not_utf8_loses_only_itself(tmp_path):
+    good = json.dumps({"reference": REF, "id": "good"}).encode()
+    f = tmp_path / "mixed.jsonl"
+    f.write_bytes(codecs.BOM_UTF8 + good + b'\n{"reference": "\xff"}\n' + good.replace(b"good", b"also") + b"\n")
+    report = load_tasks(f"jsonl:{f}")
+    assert [t.name for t in report.tasks] == ["mixed_good", "mixed_also"]
+    assert _rules(report) == {("mixed.jsonl", 2): "bad-json"} and "line 2: not UTF-8" in report.rejected[0].reason
+
+
 def test_bad_file_levels_are_rejected_per_file(tmp_path):
     """Empty file, not JSON, wrong top-level type: one file-level rejection each, loading goes on."""
     for spec, ext in (("kernelbench-json", "json"), ("alpaca", "json"), ("jsonl", "jsonl")):
@@ -250,7 +262,8 @@ def test_bad_file_levels_are_rejected_per_file(tmp_path):
             (d / "scalar.json").write_text('"a string"')
         report = load_tasks(f"{spec}:{d}")
         assert report.tasks == []
-        expected = {("empty." + ext, "file"): "empty-file", ("broken." + ext, "file"): "bad-json"}
+        # JSON Lines is decoded a line at a time: the bad bytes lose their line only
+        expected = {("empty." + ext, "file"): "empty-file", ("broken." + ext, 1 if ext == "jsonl" else "file"): "bad-json"}
         if ext == "json":
             expected |= {("text.json", "file"): "bad-json", ("scalar.json", "file"): "not-a-list"}
         assert _rules(report) == expected, spec

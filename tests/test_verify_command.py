@@ -50,7 +50,15 @@ def test_unusable_files_raise_naming_file_and_rule(files, which, content, rule):
     with pytest.raises(InputFileError) as info:
         verify_files(task, cand, VerifyConfig(mode="compile_only"))
     assert info.value.rule == rule and str(target) in str(info.value)
+    assert f"[{rule}] {rule}:" not in str(info.value)  # "[syntax-error] ... does not parse", not the rule twice
     assert isinstance(info.value, ValueError)
+
+
+def test_files_with_a_byte_order_mark_verify_as_python_reads_them(files):
+    task, cand = files
+    for f in files:
+        f.write_bytes(b"\xef\xbb\xbf" + f.read_bytes())
+    assert verify_files(task, cand, DiceConfig(verify=VerifyConfig(mode="compile_only"))).verdict == "ok"
 
 
 def test_folder_is_not_a_file(files, tmp_path):

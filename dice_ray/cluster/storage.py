@@ -24,11 +24,15 @@ def check_storage_url(url: str) -> str:
     """Validate ``storage_path``: a non-empty path or a URL whose protocol fsspec can open.
 
     Raises:
-        ValueError: ``url`` is empty, or its protocol is unknown to fsspec or needs a package that is
-            not installed (the message names the package, e.g. ``s3fs`` for ``s3://``).
+        ValueError: ``url`` is empty, has one slash after its protocol (``s3:/bucket``), or its protocol is
+            unknown to fsspec or needs a package that is not installed (the message names the package,
+            e.g. ``s3fs`` for ``s3://``).
     """
     if not url or not url.strip():
         raise ValueError("storage_path must be a non-empty folder or fsspec URL (e.g. s3://bucket/runs)")
+    if re.match(r"^[A-Za-z][\w+.-]+:/(?!/)", url):  # s3:/bucket: a URL missing a slash, not a folder named "s3:"
+        raise ValueError(f"storage_path={url!r} looks like a URL with one slash after its protocol; "
+                         "write PROTOCOL://... (s3://bucket/runs) or a plain folder")
     protocol = fsspec.core.split_protocol(url)[0] or "file"
     try:
         fsspec.get_filesystem_class(protocol)

@@ -246,20 +246,23 @@ class Trainer:
     # ---- set-up -------------------------------------------------------------------------------------
     def setup(self) -> None:
         cfg, con = self.cfg, self.console
-        # the tasks first: a bad tasks.spec fails before a run folder or a Ray cluster exists
+        # the tasks first, then Ray: a bad tasks.spec or address fails before a run folder exists
         report = load_tasks(cfg.tasks.spec, max_input_elements=cfg.tasks.max_input_elements)
         tasks = report.tasks[: cfg.tasks.max_tasks]  # None: all
         if not tasks:
             raise ValueError(f"tasks.spec={cfg.tasks.spec!r}: no task accepted ({report.summary()})")
+        self.ray_info = start_ray(cfg.cluster.address)  # an unreachable address fails before the run folder exists
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / STOPPED_FILE).unlink(missing_ok=True)  # a session starts: the last one's early end is history
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-        self.ray_info = start_ray(cfg.cluster.address)
         con.print(f"[bold]ray[/] {self.ray_info['address']}  dashboard: {self.ray_info['dashboard']}")
         con.print(f"[bold]tasks[/] {report.summary()}")
         self.train_tasks, self.heldout = split_tasks(tasks, cfg.tasks.heldout_fraction)
         self.tasks = {t.task_id: t for t in tasks}
         con.print(f"[bold]split[/] {len(self.train_tasks)} training tasks, {len(self.heldout)} held out")
+        if cfg.eval.heldout_tasks and not self.heldout:
+            con.print(f"[yellow]no held-out tasks[/]: eval.heldout_tasks={cfg.eval.heldout_tasks} is skipped "
+                      f"(tasks.heldout_fraction={cfg.tasks.heldout_fraction} of {len(tasks)} tasks holds none out)")
 
         gpus = int(ray.cluster_resources().get("GPU", 0))
         if cfg.cluster.fused_kernels == "liger" and not gpus:  # learner_gpus > 0 is checked with the config

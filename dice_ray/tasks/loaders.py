@@ -60,6 +60,7 @@ level, scaled ones, and rejections by rule.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import re
@@ -252,7 +253,7 @@ def load_reference_file(path: str | Path) -> Task:
     if not p.is_file():
         raise FileNotFoundError(f"reference file {p} " + ("is not a regular file" if p.exists() else "does not exist"))
     try:
-        src = p.read_text(encoding="utf-8")
+        src = p.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
         raise TaskError("not-utf8", f"reference file {p} is not UTF-8: {e}") from None
     validate_reference(src, field=f"reference file {p}")
@@ -273,8 +274,8 @@ def _load_builtin(root: Path, spec: str, cap: int | None) -> LoadReport:
             continue
         level, name = int(m.group(1)), m.group(3)
         try:
-            ref = (folder / "reference.py").read_text(encoding="utf-8")
-            sol = (folder / "solution.py").read_text(encoding="utf-8")
+            ref = (folder / "reference.py").read_text(encoding="utf-8-sig")
+            sol = (folder / "solution.py").read_text(encoding="utf-8-sig")
             report.files += [str(folder / "reference.py"), str(folder / "solution.py")]
             make_scaffold(sol, "fast")
             task = _capped(Task(f"builtin/L{level}/{name}", name, level, ref, sol, "fast"), cap, report)
@@ -320,16 +321,31 @@ def _data_files(path: Path, suffixes: tuple[str, ...], what: str) -> list[Path]:
     raise FileNotFoundError(f"{what} path {path} does not exist")
 
 
-def _read_text(file: Path) -> str:
-    """The file's text; TaskError ``bad-json`` (too large, unreadable, not UTF-8) or ``empty-file``."""
+def _read_bytes(file: Path) -> bytes:
+    """The file's bytes, a leading UTF-8 byte-order mark dropped (RFC 8259 allows it); TaskError ``bad-json``
+    (too large, unreadable) or ``empty-file``."""
     try:
         if file.stat().st_size > _MAX_JSON_BYTES:
             raise ValueError(f"file is larger than {_MAX_JSON_BYTES} bytes")
-        text = file.read_bytes().decode("utf-8-sig")  # a leading byte-order mark is dropped (RFC 8259 allows it)
-    except UnicodeDecodeError as e:
-        raise TaskError("bad-json", f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+        data = file.read_bytes().removeprefix(codecs.BOM_UTF8)
     except (OSError, ValueError) as e:
         raise TaskError("bad-json", str(e)) from None
+    if not data.strip():
+        raise TaskError("empty-file", "the file holds no JSON")
+    return data
+
+
+def _decode(data: bytes, where: str = "") -> str:
+    """``data`` as UTF-8 text; TaskError ``bad-json`` (with ``where``, e.g. ``"line 3: "``) when it is not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TaskError("bad-json", f"{where}not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def _read_text(file: Path) -> str:
+    """The file's text; TaskError ``bad-json`` (too large, unreadable, not UTF-8) or ``empty-file``."""
+    text = _decode(_read_bytes(file))
     if not text.strip():
         raise TaskError("empty-file", "the file holds no JSON")
     return text
@@ -357,13 +373,14 @@ def _read_json_list(file: Path, report: LoadReport) -> _Entries:
 
 
 def _read_json_lines(file: Path, report: LoadReport) -> _Entries:
-    """One record a non-blank line; a line that is not JSON is rejected (its line number) here."""
+    """One record a non-blank line; a line that is not UTF-8 JSON is rejected (its line number) here, the
+    others kept."""
     entries: _Entries = []
-    for n, line in enumerate(_read_text(file).split("\n"), 1):  # not splitlines: JSON may hold U+2028
-        if not line.strip():
-            continue
+    for n, raw in enumerate(_read_bytes(file).split(b"\n"), 1):  # not splitlines: JSON may hold U+2028
         try:
-            entries.append((n, _json_loads(line, f"line {n}: ")))
+            line = _decode(raw, f"line {n}: ")
+            if line.strip():
+                entries.append((n, _json_loads(line, f"line {n}: ")))
         except TaskError as e:
             report.rejected.append(Rejection(str(file), n, str(e)))
     return entries
@@ -562,7 +579,7 @@ def _load_kernelbench(root: Path, spec: str, cap: int | None) -> LoadReport:
         report.files.append(str(file))
         rel = file.relative_to(root).with_suffix("").as_posix()
         try:
-            src = file.read_text(encoding="utf-8")
+            src = file.read_text(encoding="utf-8-sig")
             validate_reference(src, field=f"{rel}.py")
             level = _level_from_path(file) or estimate_level(src)
             task = _capped(Task(f"kernelbench/{rel}", file.stem, level, src), cap, report)

@@ -23,6 +23,7 @@ import re
 import tokenize
 from functools import lru_cache
 
+from dice_ray.pysource import parse_python
 from dice_ray.tasks.scaffold import Scaffold, ScaffoldError, make_scaffold
 from dice_ray.tasks.task import Task
 
@@ -178,7 +179,7 @@ def compact_reference(src: str) -> str:
                     cut[row] = col
                 else:
                     drop.add(row)
-        for node in ast.walk(ast.parse(src)):
+        for node in ast.walk(parse_python(src)):
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
                 first = node.body[0]
                 if (

@@ -38,6 +38,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from dice_ray.pysource import parse_python
 from dice_ray.tasks.task import SourcePositions, call_name
 
 _TRIPLE_OPEN = re.compile(r"""\A([rRuU]?)(\"\"\"|''')""")
@@ -138,7 +139,7 @@ def _locate(solution_src: str, fmt: str) -> tuple[ast.expr, ast.stmt | None, Sou
     if not isinstance(solution_src, str):
         raise ScaffoldError(f"solution_src must be a str, got {type(solution_src).__name__}")
     try:
-        tree = ast.parse(solution_src)
+        tree = parse_python(solution_src)
     except (SyntaxError, ValueError) as e:
         raise ScaffoldError(f"solution_src does not parse: {e}") from None
     expr, call = _source_argument(tree, fmt)
@@ -208,7 +209,7 @@ def detect_format(solution_src: str) -> str:
         ScaffoldError: ``solution_src`` does not parse or calls neither loader.
     """
     try:
-        tree = ast.parse(solution_src)
+        tree = parse_python(solution_src)
     except (SyntaxError, ValueError) as e:
         raise ScaffoldError(f"solution_src does not parse: {e}") from None
     names = {call_name(n) for n in ast.walk(tree) if isinstance(n, ast.Call)}

@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from dice_ray.pysource import parse_python
+
 _NEWLINE = re.compile(r"\r\n|\r|\n")  # Python's line ends
 
 SolutionFormat = Literal["fast", "load_inline"]
@@ -37,11 +39,12 @@ class TaskError(ValueError):
     Attributes:
         rule: short id of the broken rule (``"syntax-error"``, ``"no-model-class"``, ...), used by
             :class:`dice_ray.tasks.loaders.LoadReport` to count rejections by reason.
+        message: what broke it (``str(error)`` is ``"rule: message"``).
     """
 
     def __init__(self, rule: str, message: str):
         super().__init__(f"{rule}: {message}")
-        self.rule = rule
+        self.rule, self.message = rule, message
 
 
 def _parse(src: object, field: str) -> ast.Module:
@@ -52,7 +55,7 @@ def _parse(src: object, field: str) -> ast.Module:
     if len(src) > MAX_SOURCE_CHARS:
         raise TaskError("too-large", f"{field} has {len(src)} characters, the limit is {MAX_SOURCE_CHARS}")
     try:
-        return ast.parse(src)
+        return parse_python(src)
     except SyntaxError as e:
         at = f"line {e.lineno}: " if e.lineno else ""
         raise TaskError("syntax-error", f"{field} does not parse: {at}{e.msg}") from None
@@ -298,7 +301,7 @@ def shape_constant(reference_src: str) -> tuple[str, int] | None:
         (cached by source: the verifier asks once a candidate, 1 ms a parse).
     """
     try:
-        node = _shape_constant_node(ast.parse(reference_src))
+        node = _shape_constant_node(parse_python(reference_src))
     except (SyntaxError, ValueError):
         return None
     return None if node is None else (node.targets[0].id, node.value.value)  # type: ignore[union-attr]

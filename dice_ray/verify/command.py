@@ -43,7 +43,7 @@ def read_source_file(path: str | Path) -> str:
     if size > MAX_FILE_BYTES:
         raise InputFileError(p, "too-large", f"{size} bytes, the limit is {MAX_FILE_BYTES}")
     try:
-        text = p.read_bytes().decode("utf-8")
+        text = p.read_bytes().decode("utf-8-sig")  # as Python reads a source file: a byte-order mark dropped
     except UnicodeDecodeError as e:
         raise InputFileError(p, "not-utf8", f"not UTF-8 text ({e.reason} at byte {e.start})") from None
     if not text.strip():
@@ -65,7 +65,7 @@ def load_task_file(path: str | Path) -> Any:
     try:
         return Task(task_id=f"file:{p.name}", name=p.stem, level=estimate_level(src), reference_src=src)
     except TaskError as e:
-        raise InputFileError(p, e.rule, str(e)) from None
+        raise InputFileError(p, e.rule, e.message) from None
 
 
 def verify_files(

@@ -46,6 +46,8 @@ import types
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dice_ray.pysource import parse_python
+
 __all__ = [
     "VENDOR_LIBRARIES",
     "InlineLoadError",
@@ -217,7 +219,7 @@ def is_inline(src: str | ast.Module) -> bool:
     (or ``cpp_extension`` from ``torch.utils``) or calls something named ``load_inline``.
     False for text that does not parse."""
     try:
-        tree = ast.parse(src) if isinstance(src, str) else src
+        tree = parse_python(src) if isinstance(src, str) else src
     except (SyntaxError, ValueError):
         return False
     for node in ast.walk(tree):
@@ -317,8 +319,12 @@ def _strings(value: Any, what: str, allow_none: bool = True) -> tuple[str, ...]:
         return ()
     if isinstance(value, str):
         return (value,)
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        return tuple(value)
+    if isinstance(value, (list, tuple)):
+        bad = next((i for i, v in enumerate(value) if not isinstance(v, str)), None)
+        if bad is None:
+            return tuple(value)
+        raise UnsupportedFormat(f"{what}: expected a string or a list of strings; item {bad} is a "
+                                f"{type(value[bad]).__name__}", what)
     raise UnsupportedFormat(f"{what}: expected a string or a list of strings, got {type(value).__name__}", what)
 
 
@@ -409,7 +415,7 @@ def extract_specs(src: str, *, allow_vendor_libraries: bool = False) -> list[Inl
             top-level assignment.
         SyntaxError: ``src`` is not Python.
     """
-    tree = ast.parse(src)
+    tree = parse_python(src)
     aliases = _aliases(tree)
     resolver = _Resolver(tree)
     top_calls: dict[int, tuple[str, int]] = {}

@@ -76,6 +76,11 @@ def main(argv: list[str]) -> int:
         # timing stage (the verifier's cold workers checked that path; it would hold the GPU alone ~70 ms)
         selftest = harness.self_test(stage, timing=not settings.get("forked", False))
         phases["self_test"] = time.monotonic() - started
+        if not selftest.startswith("ok"):  # a worker that fails a known-good candidate would fail them all
+            write_frame(fd_out, {"type": "failed", "error": f"self-test: the built-in relu candidate got {selftest} "
+                                 f"(the toolchain or the settings are broken: verify.arch={settings.get('arch')!r}, "
+                                 f"mode {mode})"})
+            return 2
         stage("limits")  # the GPU gate goes back: nothing below runs on the GPU
         gc.collect()  # the self-test's garbage (it may hold GPU memory), then everything into the permanent
         gc.freeze()  # generation: a full collection (every 50 jobs, under the gate) took 127 ms with torch, now ~0
