@@ -308,6 +308,25 @@ def test_concurrent_workers_agree_with_serial(gpu, unguarded_gpu):
     assert not off, off  # timing is exclusive: as alone, up to tiny-kernel noise
 
 
+def test_inputs_cannot_be_predicted_from_a_known_seed(gpu):
+    """The corpus's seed_prediction candidate stores the answers for the inputs of known seeds: with the seed pinned
+    to the config's 42 (as every run was before stop 36) it is `ok`, rewarded for computing nothing; with the
+    Verifier's own secret seed (the default) it is `incorrect`."""
+    from pathlib import Path
+
+    from dice_ray.tasks.loaders import load_tasks
+
+    src = (Path(__file__).parent / "corpus" / "cheats" / "seed_prediction.py").read_text()
+    task = next(t for t in load_tasks("builtin").tasks if t.task_id == "builtin/L1/mse_loss")
+    assert gpu.input_seed != VerifyConfig().seed
+    check(gpu, src, "incorrect", task=task)
+    cfg = VerifyConfig(mode="gpu", workers=1, spare_workers=0, input_seed=42, run_timeout_s=20.0, timing_trials=10)
+    with Verifier(cfg, RewardConfig(), device=0) as pinned:
+        assert pinned.input_seed == 42
+        v = check(pinned, src, "ok", task=task)
+        assert v.reward > 0
+
+
 def test_torch_compile_baseline_is_reported():
     cfg = VerifyConfig(mode="gpu", workers=1, spare_workers=2, seccomp=False, compile_baseline=True, run_timeout_s=60.0, timing_trials=10)
     with Verifier(cfg, RewardConfig(), device=0) as v:

@@ -61,6 +61,34 @@ def test_python_syntax_error(verifier):
     check(verifier, mutate("def forward(self, x):", "def forward(self, x)"), "compile_error")
 
 
+@pytest.mark.parametrize("tail", ["Z = " + "1+" * 500 + "1\n", "Z = " + "-" * 20000 + "1\n"])
+def test_a_deeply_nested_candidate_is_a_syntax_error_then_honest_ok(verifier, tail):
+    """Python's parser and every recursive pass over a tree overflow on deep nesting (pysource.MAX_NESTING)."""
+    v = check(verifier, HONEST + tail, "compile_error")
+    assert v.reason.startswith("[syntax]") and "nested" in v.reason and "200 levels" in v.reason, v.reason
+    check(verifier, HONEST, "ok")
+
+
+def test_each_verifier_draws_a_secret_input_seed(verifier, unguarded):
+    """A known seed lets a candidate precompute its answers (tests/corpus/cheats/seed_prediction.py): each Verifier
+    draws its own (the config pins one only on request: test_verify_gpu's seed test), and it goes with each job,
+    not in the workers' settings (their command line)."""
+    assert VerifyConfig().input_seed is None
+    assert 0 <= verifier.input_seed < 2**31 and "input_seed" not in verifier._settings
+    assert unguarded.input_seed != verifier.input_seed  # drawn, not derived from the config (1 in 2**31 to fail)
+
+
+def test_a_verifier_that_fails_its_self_test_names_it_in_each_verdict():
+    """A worker whose known-good relu candidate does not pass (an architecture NVRTC refuses) would fail every
+    candidate: it does not start, and each candidate's verdict says why (a toolchain fault, not the candidate's)."""
+    with Verifier(VerifyConfig(**LIMITS, arch="sm_10"), RewardConfig()) as v:
+        for cid in ("a", "b"):
+            out = v.verify(TASK, HONEST, cid)
+            assert out.verdict == "crash" and out.candidate_id == cid and out.reward == 0.0
+            assert "self-test: the built-in relu candidate got compile_error" in out.reason, out.reason
+            assert "verify.arch='sm_10'" in out.reason and "invalid value for --gpu-architecture" in out.reason
+
+
 def test_static_cheats_are_refused_before_compiling(verifier):
     v = check(verifier, mutate("        return y\n", "        return torch.matmul(y, y)\n"), "cheat")
     assert v.rule == "forward-torch-op" and not v.compiled
@@ -246,6 +274,11 @@ def _ref(old: str, new: str) -> Task:
         (_ref("return torch.relu(x)", "return 'text'"), "reference-output", "str, not Tensor"),
         (_ref("super().__init__()", "super().__init__()\n        raise KeyError('w')"), "reference-build", "KeyError"),
         (_ref("import torch\n", "import torch\nimport sys\nsys.exit(3)\n"), "reference-exec", "SystemExit: 3"),
+        # the reference's own init inputs do not fit its Model: built (on meta) before ModelNew, so not ModelNew's crash
+        (_ref("def get_init_inputs():\n    return []", "def get_init_inputs():\n    return [1, 2, 3]"),
+         "reference-build", "takes 1 positional argument"),
+        # a reference that hangs on meta tensors runs out the reference stage's time, not the candidate's run
+        (_ref("return torch.relu(x)", "while True:\n            pass"), "reference-timeout", "stage 'reference'"),
     ],
 )
 def test_a_broken_reference_is_invalid_input_in_compile_only_mode(verifier, task, rule, says):
@@ -268,6 +301,8 @@ def test_a_reference_meta_cannot_run_is_no_verdict_on_the_task(verifier):
         (types.SimpleNamespace(task_id="t/x", reference_src=RELU_REF.replace("def get_inputs", "def gi")),
          "no-get-inputs"),
         (types.SimpleNamespace(task_id="t/x", reference_src="class Model(:\n"), "syntax-error"),
+        (types.SimpleNamespace(task_id="t/x", reference_src=RELU_REF + "Z = " + "-" * 20000 + "1\n"),
+         "nested too deeply for the parser"),
     ],
 )
 def test_a_malformed_task_object_is_invalid_input_not_a_candidate_crash(verifier, task, says):

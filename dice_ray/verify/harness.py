@@ -265,6 +265,10 @@ def _check_cuda_source(source: Any) -> None:
             raise RuleBroken(v.rule, f"load_cuda source: {v.message}")
 
 
+#: torch's scaled-dot-product-attention backends (``torch.backends.cuda.<k>_sdp_enabled``), restored after each job
+_SDP_BACKENDS = ("flash", "mem_efficient", "math", "cudnn")
+
+
 def _seed(seed: int) -> None:
     """``torch.manual_seed(seed)`` for the generators a worker uses (CPU and CUDA), without seeding
     the uninitialised XPU/MTIA back-ends: torch queues those as lazy calls that format a stack trace,
@@ -324,6 +328,7 @@ class Harness:
         self.settings = settings
         self.flush: torch.Tensor | None = None
         self.jobs = 0
+        self.input_seed = int(settings["seed"])  # a job's own: job["input_seed"] (Verifier.input_seed)
         if mode == "gpu":
             assert device is not None
             self.dev = torch.device("cuda", device)
@@ -363,6 +368,12 @@ class Harness:
             "cudnn_bench": torch.backends.cudnn.benchmark,
             "deterministic": torch.are_deterministic_algorithms_enabled(),
             "grad": torch.is_grad_enabled(),
+            # what a load_inline candidate's C++ can flip (at::globalContext()) to slow the reference down
+            "cudnn": torch.backends.cudnn.enabled,
+            "cudnn_deterministic": torch.backends.cudnn.deterministic,
+            "fp16_reduction": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+            "bf16_reduction": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+            "sdp": {k: getattr(torch.backends.cuda, f"{k}_sdp_enabled")() for k in _SDP_BACKENDS},
         }
 
     def _restore_torch_state(self) -> None:
@@ -374,6 +385,12 @@ class Harness:
         torch.backends.cudnn.benchmark = s["cudnn_bench"]
         torch.use_deterministic_algorithms(s["deterministic"])
         torch.set_grad_enabled(s["grad"])
+        torch.backends.cudnn.enabled = s["cudnn"]
+        torch.backends.cudnn.deterministic = s["cudnn_deterministic"]
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = s["fp16_reduction"]
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = s["bf16_reduction"]
+        for k, on in s["sdp"].items():
+            getattr(torch.backends.cuda, f"enable_{k}_sdp")(on)
 
     # -- helpers -------------------------------------------------------------------------------
     def cuda_healthy(self) -> bool:
@@ -487,6 +504,8 @@ class Harness:
         return result
 
     def _run(self, job: dict[str, Any], stage: Callable[..., Any]) -> JobResult:
+        # the inputs' seeds: the Verifier's secret (a candidate that knew them could compute its answers ahead)
+        self.input_seed = int(job.get("input_seed", self.settings["seed"]))
         if job.get("reference_only"):
             return self._reference_only(job, stage)
         s = self.settings
@@ -520,8 +539,9 @@ class Harness:
         go = stage("reference")
         ref, init_inputs = self._load_reference(job["reference_src"])
         if self.mode == "compile_only":
+            on_meta = self._reference_on_meta(ref, init_inputs)  # in the reference stage: its hang is its own
             stage("run")
-            return self._compile_only(cand, ref, init_inputs, refs)
+            return self._compile_only(cand, init_inputs, refs, on_meta)
         facts = go.get("reference_facts") if isinstance(go, dict) else None
         return self._gpu(cand, ref, init_inputs, refs, stage, job["reference_src"],
                          None if facts is None else ReferenceFacts.from_dict(facts))
@@ -558,7 +578,7 @@ class Harness:
                 ref_model = ref["Model"](*init_inputs).to(self.dev).eval()
         except Exception as e:  # noqa: BLE001
             raise ReferenceError_("reference-build", f"Model(*get_init_inputs()) failed: {_error_text(e)}") from None
-        inputs0 = self._inputs(ref, self.settings["seed"] + 1, self.dev)
+        inputs0 = self._inputs(ref, self.input_seed + 1, self.dev)
         return (ref_model, inputs0, *self._check_reference(ref_model, inputs0, facts))
 
     def _reference_only(self, job: dict[str, Any], stage: Callable[..., Any]) -> JobResult:
@@ -594,7 +614,54 @@ class Harness:
         return "; ".join(problems)
 
     # -- compile-only ---------------------------------------------------------------------------
-    def _compile_only(self, cand: dict, ref: dict, init_inputs: list, refs: dict[str, set[str]]) -> JobResult:
+    def _reference_on_meta(self, ref: dict, init_inputs: list) -> tuple[list[Any] | None, Any, str]:
+        """Compile-only's reference check, run in the ``reference`` stage before the candidate's model is
+        built (so a reference that hangs or whose ``get_init_inputs()`` does not fit its ``Model`` is the
+        reference's fault, not the candidate's): ``Model(*init_inputs)``, ``get_inputs()`` and ``forward``
+        on meta tensors.  An error that may come from meta itself (:func:`_meta_inconclusive`: no data, no
+        CUDA) skips what needs it.
+
+        Returns:
+            ``(inputs, expected, note)``: trial 0's inputs on meta (None when ``get_inputs()`` does not
+            run on meta), the reference's output on them (None when it cannot be had on meta) and what
+            was skipped, for the dry run's note ("" when nothing was).
+        Raises:
+            ReferenceError_: ``reference-build``, ``reference-inputs``, ``reference-run`` or
+                ``reference-output``: an error that is the reference's own (verdict ``invalid_input``).
+        """
+        meta = torch.device("meta")
+        _seed(self.settings["seed"])
+        try:
+            with meta:
+                ref_model = ref["Model"](*init_inputs)
+        except Exception as e:  # noqa: BLE001
+            if not _meta_inconclusive(e):
+                raise ReferenceError_("reference-build", f"Model(*get_init_inputs()) failed: {_error_text(e)}") from None
+            ref_model = None
+        try:
+            inputs = self._inputs(ref, self.input_seed + 1, meta)
+        except ReferenceError_ as e:
+            if not _meta_inconclusive(e):
+                raise
+            return None, None, "dry run skipped (the reference's get_inputs() does not run on meta tensors)"
+        if ref_model is None:
+            return inputs, None, "dry run ok (reference not runnable on meta: output shapes unchecked)"
+        try:
+            with meta, torch.no_grad():
+                expected = ref_model(*[_clone(x) for x in inputs])
+        except Exception as e:  # noqa: BLE001
+            if not _meta_inconclusive(e):
+                raise ReferenceError_("reference-run", f"Model.forward failed (on meta tensors): {_error_text(e)}") from None
+            return inputs, None, "dry run ok (reference not runnable on meta: output shapes unchecked)"
+        leaves = flatten_outputs(expected)
+        if not leaves or not all(isinstance(o, (torch.Tensor, int, float, bool)) for o in leaves):
+            raise ReferenceError_("reference-output", f"Model.forward returned {type(expected).__name__}, not Tensor(s)")
+        return inputs, expected, ""
+
+    def _compile_only(self, cand: dict, init_inputs: list, refs: dict[str, set[str]],
+                      on_meta: tuple[list[Any] | None, Any, str]) -> JobResult:
+        """ModelNew built on the CPU, its kernel names checked, then (``dry_run``) :meth:`_dry_run` against
+        :meth:`_reference_on_meta`'s ``on_meta``."""
         s = self.settings
         _seed(s["seed"])
         try:
@@ -608,50 +675,20 @@ class Harness:
             return JobResult("compile_error", compiled=True, reason=bad, rule="unknown-kernel")
         note = "compiled; ModelNew built on CPU"
         if s.get("dry_run", True):
-            outcome = self._dry_run(model, cand, ref, init_inputs)
+            outcome = self._dry_run(model, *on_meta)
             if isinstance(outcome, JobResult):
                 return outcome
             note += f"; {outcome}"
         return JobResult("ok", compiled=True, reason=f"{note} (compile-only: correctness and speed not measured)")
 
-    def _dry_run(self, model: Any, cand: dict, ref: dict, init_inputs: list) -> JobResult | str:
-        """forward on meta tensors with launches checked, not run; returns a note or a verdict.
-
-        The reference goes first: its ``get_inputs`` and ``forward`` on meta tensors.  An error that
-        may come from meta itself (:func:`_meta_inconclusive`: no data, no CUDA) skips what needs it;
-        any other error is the reference's own (raises ``ReferenceError_`` ``reference-inputs`` /
-        ``reference-run`` / ``reference-output``: the verdict is ``invalid_input``, not the candidate's
-        crash or an unchecked ``ok``)."""
-        meta = torch.device("meta")
+    def _dry_run(self, model: Any, inputs: list[Any] | None, expected: Any, skipped: str) -> JobResult | str:
+        """forward on the reference's meta ``inputs`` with launches checked, not run, and its outputs'
+        shapes and dtypes checked against ``expected`` (:meth:`_reference_on_meta`); returns a note or a
+        verdict (``skipped``: the note when the reference could not give inputs or ``expected``)."""
+        if inputs is None:
+            return skipped
         try:
-            inputs = self._inputs(ref, self.settings["seed"] + 1, meta)
-        except ReferenceError_ as e:
-            if not _meta_inconclusive(e):
-                raise
-            return "dry run skipped (the reference's get_inputs() does not run on meta tensors)"
-        expected: Any = None
-        try:
-            _seed(self.settings["seed"])
-            with meta:
-                ref_model = ref["Model"](*init_inputs)
-        except Exception as e:  # noqa: BLE001
-            if not _meta_inconclusive(e):
-                raise ReferenceError_("reference-build", f"Model(*get_init_inputs()) failed: {_error_text(e)}") from None
-            ref_model = None
-        try:
-            if ref_model is not None:
-                with meta, torch.no_grad():
-                    expected = ref_model(*[_clone(x) for x in inputs])
-        except Exception as e:  # noqa: BLE001
-            if not _meta_inconclusive(e):
-                raise ReferenceError_("reference-run", f"Model.forward failed (on meta tensors): {_error_text(e)}") from None
-            expected = None
-        if expected is not None:
-            leaves = flatten_outputs(expected)
-            if not leaves or not all(isinstance(o, (torch.Tensor, int, float, bool)) for o in leaves):
-                raise ReferenceError_("reference-output", f"Model.forward returned {type(expected).__name__}, not Tensor(s)")
-        try:
-            model = model.to(meta)
+            model = model.to(torch.device("meta"))
         except Exception as e:  # noqa: BLE001
             return f"dry run skipped (ModelNew does not move to meta tensors: {type(e).__name__})"
         launch.configure(dry_run=True)
@@ -668,7 +705,7 @@ class Harness:
         finally:
             launch.configure(dry_run=False)
         if expected is None:
-            return "dry run ok (reference not runnable on meta: output shapes unchecked)"
+            return skipped
         outs, exps = flatten_outputs(out), flatten_outputs(expected)
         if len(outs) != len(exps):
             return JobResult("incorrect", compiled=True, correct=False,
@@ -689,7 +726,7 @@ class Harness:
         s = self.settings
         dev = self.dev
         ref_model, inputs0, ref_mutates, expected0, learnt = self._reference_on_trial0(ref, init_inputs, facts)
-        seeds = [s["seed"] + 1 + i for i in range(s["correctness_trials"])]  # trial 0's is inputs0's
+        seeds = [self.input_seed + 1 + i for i in range(s["correctness_trials"])]  # trial 0's is inputs0's
 
         stage("run", **({} if learnt is facts else {"reference_facts": learnt.to_dict()}))
         facts = learnt
@@ -771,25 +808,25 @@ class Harness:
         ]
         factor = float(s.get("scaled_trial", 1.0))
         if factor != 1.0:
-            seed = seeds[-1] + 1
+            scaled_seed = seeds[-1] + 1
 
             def scaled() -> list[Any]:
                 return [x * factor if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-                        for x in self._inputs(ref, seed, dev)]
+                        for x in self._inputs(ref, scaled_seed, dev)]
 
-            trials.append((f"scaled trial (seed {seed}, floating inputs x{factor:g})", scaled))
+            trials.append((f"scaled trial (seed {scaled_seed}, floating inputs x{factor:g})", scaled))
         if s.get("shape_trial", True):
             found = shape_constant(reference_src)
             if found is None:
                 notes.append("shape trial skipped (no size constant read only by get_inputs)")
             else:
                 name, value = found
-                seed = seeds[-1] + 2
+                shape_seed = seeds[-1] + 2
 
                 def doubled() -> list[Any] | None:
                     ref[name] = 2 * value
                     try:
-                        return self._inputs(ref, seed, dev)
+                        return self._inputs(ref, shape_seed, dev)
                     except ReferenceError_ as e:
                         notes.append(f"shape trial skipped ({name}={2 * value}: {e.message[:120]})")
                         return None
@@ -911,7 +948,7 @@ class Harness:
         """
         s, dev = self.settings, self.dev
         assert self.flush is not None
-        base = s["seed"] + 1000
+        base = self.input_seed + 1000
         pool_bytes = int(s.get("input_pool_mib", 1024) * 2**20)
         warmup = max(1, s["warmup"])
         make = lambda seed: self._inputs(ref, seed, dev)  # noqa: E731

@@ -211,6 +211,10 @@ def _qualified_parts(node: Any) -> list[str]:
     return [p.strip() for p in text.strip().lstrip(":").split("::") if p.strip()]
 
 
+#: torch's C++ namespaces: a candidate may not open them (``namespace at { ... }``)
+_TORCH_NAMESPACES = frozenset({"at", "torch", "c10", "caffe2", "aten"})
+
+
 class _SourceChecker:
     def __init__(self, text: str, what: str, line: int | None, allow_vendor_libraries: bool = False):
         self.allow_vendor = allow_vendor_libraries
@@ -254,7 +258,7 @@ class _SourceChecker:
                 is_ns = any(c.type == "namespace" for c in n.children)
                 if q:
                     parts = _qualified_parts(q[0])
-                    if is_ns and parts and parts[0] in self.torch_aliases and parts[-1] not in ("cuda",):
+                    if is_ns and parts and parts[0] in self.torch_aliases:  # at::cuda too: cuda::clamp_min is an op
                         self.using_torch = True
                     elif not is_ns and len(parts) > 1 and parts[0] in self.torch_aliases:
                         self.using_names[parts[-1]] = "::".join(parts)
@@ -286,6 +290,8 @@ class _SourceChecker:
                 tensors = self.tensor_params(node) if where == "host" else set()
             elif t == "preproc_include":
                 self.include(node)
+            elif t == "gnu_asm_expression" and where == "host":
+                self.add("file-access", "inline assembly in host code (a system call no rule sees)", node)
             elif t == "preproc_call":
                 d = node.child_by_field_name("directive")
                 a = node.child_by_field_name("argument")
@@ -297,6 +303,10 @@ class _SourceChecker:
                 self.name(node)
             elif t in ("preproc_def", "preproc_function_def"):
                 self.macro(node)
+            elif t == "namespace_definition" and node.child_by_field_name("name") is not None and \
+                    node_text(node.child_by_field_name("name")).split("::")[0].strip() in _TORCH_NAMESPACES | self.torch_aliases:
+                self.add("cpp-torch-op", f"opens torch's namespace {node_text(node.child_by_field_name('name'))}: "
+                         "names in it resolve to torch's own (cuda::clamp_min in namespace at)", node)
             elif t == "qualified_identifier":
                 parts = _qualified_parts(node)
                 if len(parts) == 2 and parts[0] == "std" and parts[1] in _THREAD_CALLS:
@@ -364,6 +374,8 @@ class _SourceChecker:
             self.add("dynamic-code", f"uses {text}:: (calls into Python from C++)", node)
         elif node.type == "identifier" and re.match(r"^Py[A-Z]\w*_\w+$|^Py_\w+$", text):
             self.add("dynamic-code", f"uses {text} (the Python C API)", node)
+        elif node.type == "identifier" and text in _SYSTEM_CALLS:  # &fopen, auto f = system: called later
+            self.add("file-access", f"uses {text} (file, process or network access)", node)
 
     def reference(self, node: Any, parts: list[str]) -> None:
         """A torch op named in an expression without being called there (``&at::relu``, ``auto f = at::relu``):
@@ -389,11 +401,20 @@ class _SourceChecker:
         if body is None:
             return
         name, text = node_text(name_node) if name_node is not None else "?", node_text(body).strip()
+        if "##" in text:  # J(TORCH_LIB, RARY_IMPL), J(dice_, ray_launches): names no rule can read
+            self.add("dynamic-code", f"the macro {name} pastes tokens (##) into names the rules cannot read", node)
+            return
         parts = [p.strip() for p in text.lstrip(":").split("::")]
-        if re.fullmatch(r"(::)?\w+(::\w+)*", text) and parts[0] in self.torch_aliases and (
-                len(parts) == 1 or parts[-1] in _torch_names()[0] or parts[-1] in ("native", "functional", "_ops")):
+        if re.fullmatch(r"(::)?\w+(::\w+)*(::)?", text) and parts[0] in self.torch_aliases and (
+                not parts[-1] or not re.match(r"k?[A-Z]", parts[-1])):  # at::cuda, at::relu; not at::kFloat, at::Tensor
             self.add("cpp-torch-op", f"the macro {name} stands for {text} (torch APIs behind a macro)", node)
             return
+        params = node.child_by_field_name("parameters")
+        for p in re.findall(r"\w+", node_text(params)) if params is not None else ():
+            if re.search(rf"::\s*{p}\b|\b{p}\s*::", text):  # #define OP(n) at::cuda::n
+                self.add("cpp-torch-op", f"the macro {name} builds a qualified name from its argument {p} "
+                         f"({text[:60]}): what it names is read by no rule", node)
+                return
         inner = _SourceChecker(f"void dice_macro_body() {{ {text.replace(chr(92) + chr(10), ' ')}\n; }}", self.what,
                                self.line, self.allow_vendor)
         inner.torch_aliases = set(self.torch_aliases)

@@ -67,6 +67,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Literal
 
+from dice_ray.pysource import parse_python
+
 __all__ = [
     "ALLOWED_IMPORTS",
     "ALLOWED_LAUNCH_NAMES",
@@ -180,6 +182,12 @@ _CUDA_LIBRARIES = re.compile(
 )
 #: libraries of _CUDA_LIBRARIES that are not math libraries: refused even with vendor libraries allowed
 _COMM_LIBRARIES = re.compile(r"(nccl|nvshmem)", re.IGNORECASE)
+#: ``#include NAME`` (a macro naming the file: ``#define P "/etc/x"``), ``#include_next``, ``#import``, ``#embed``
+#: (directives at a line's start in a CUDA/C++ source), and ``__has_include`` anywhere (a file-existence
+#: probe): the file is read or tested by a name no rule can check
+_INDIRECT_INCLUDE = re.compile(r"(?m)^[ \t]*#[ \t]*(?:include_next|import|embed)\b.*$|"
+                               r"^[ \t]*#[ \t]*include(?:[ \t]*(?![<\"\s])|[ \t]+(?![<\"\s])).*$")
+_HAS_INCLUDE = re.compile(r"__has_include\w*")
 _INCLUDE_PATH = re.compile(r"#\s*include\s*[<\"]\s*(/|~|[^>\"\n]*\.\.)[^>\"\n]*[>\"]?")
 _ALLOWED_DUNDERS = frozenset({"__init__", "__name__"})
 _ALLOWED_DECORATORS = frozenset({"staticmethod", "classmethod", "property", "torch.no_grad", "torch.inference_mode"})
@@ -243,7 +251,7 @@ def import_allowed(module: str, names: tuple[str, ...] = (), inline: bool = Fals
     return True
 
 
-def check_cuda_source(text: str, *, allow_vendor_libraries: bool = False) -> list[Violation]:
+def check_cuda_source(text: str, *, allow_vendor_libraries: bool = False, whole_module: bool = False) -> list[Violation]:
     """The CUDA-side rules on any text: ``cuda-library`` (library headers that do the work for the
     kernel) and ``file-access`` (``#include`` of an absolute or ``..`` path: NVRTC would read it
     and its error log would carry the file's content into the verdict).
@@ -251,8 +259,22 @@ def check_cuda_source(text: str, *, allow_vendor_libraries: bool = False) -> lis
     ``allow_vendor_libraries`` (``VerifyConfig.allow_vendor_libraries``, load_inline sources only)
     drops the ``cuda-library`` violations of the vendor math libraries (cuBLAS, cuDNN, cuSPARSE,
     cuFFT, cuSOLVER, CUTLASS, CuTe, thrust); NCCL and NVSHMEM headers are refused all the same.
+
+    Also ``file-access`` for a file the preprocessor would read or probe by a name no rule reads:
+    ``#include NAME`` (a macro), ``#include_next``, ``#embed``, ``__has_include``; the text is read as the
+    preprocessor reads it (``%:`` digraphs, backslash-newline splices).  ``whole_module``: ``text`` is a
+    candidate's Python module (its CUDA sources inside strings): only ``__has_include`` is looked for
+    there, as a Python comment may start ``# include``; the directives are checked on each real source
+    (``load_cuda``'s hook in the worker, the load_inline sources' rules).
     """
     out = []
+    # as the preprocessor reads it (translation phases 1-2): `%:` is `#`, a backslash-newline joins lines
+    # (`#inc\<newline>lude`); the line numbers below are of this text, close enough to point at the directive
+    text = text.replace("%:", "#").replace("\\\n", "")
+    for m in [*_HAS_INCLUDE.finditer(text), *(() if whole_module else _INDIRECT_INCLUDE.finditer(text))]:
+        line = text.count("\n", 0, m.start()) + 1
+        out.append(Violation("file-access", f"{m.group(0).strip()[:80]!r}: a file named by a macro or probed (only "
+                             "#include <...> or \"...\" of a literal name)", line))
     for m in _CUDA_LIBRARIES.finditer(text):
         if allow_vendor_libraries and not _COMM_LIBRARIES.match(m.group(1)):
             continue
@@ -466,6 +488,13 @@ class _Checker(ast.NodeVisitor):
                 and node.attr in self.kernel_attrs):
             return f"self.{node.attr}"
         return None
+
+    def own_object(self, node: ast.AST) -> bool:
+        """Whether ``node`` is ``self``, ``cls`` or one of the candidate's classes by name (its private
+        attributes are the candidate's own), or an import-rooted path (:meth:`check_escape` judges those)."""
+        if isinstance(node, ast.Name) and (node.id in ("self", "cls") or node.id in self.local_classes):
+            return True
+        return self.dotted(node) is not None
 
     def is_module_alias(self, name: str) -> bool:
         """Whether the import alias ``name`` names a module (``torch``, ``nn``), not a function or class."""
@@ -987,6 +1016,11 @@ class _Checker(ast.NodeVisitor):
         elif node.attr in _STRING_EVAL_NAMES:
             self.add("dynamic-code", f"uses .{node.attr} (evaluates a string as code: string annotations, ForwardRef)",
                      node)
+        elif node.attr.startswith("_") and not node.attr.startswith("__") and not self.own_object(node.value):
+            # a private attribute of an object the candidate did not make: a kernel's ctypes argument buffer
+            # (``kernels.k._ptrs``: raw memory, then the verifier's globals), a tensor's internals
+            self.add("dynamic-code", f"accesses the private attribute .{node.attr} of an object the candidate did "
+                     "not define (only self's, cls's and its own classes' may be used)", node)
         self.check_escape(node)
         self.check_value(node)
         holder = self.kernel_holder(node.value)
@@ -1201,7 +1235,7 @@ def check_candidate(src: str, *, allow_vendor_libraries: bool = False) -> Static
     if not isinstance(src, str):
         raise TypeError(f"candidate source must be a str, got {type(src).__name__}")
     try:
-        tree = ast.parse(src)
+        tree = parse_python(src)
     except (SyntaxError, ValueError) as e:
         line = getattr(e, "lineno", None)
         msg = getattr(e, "msg", str(e))
@@ -1213,7 +1247,7 @@ def check_candidate(src: str, *, allow_vendor_libraries: bool = False) -> Static
     checker.check_module()
     report = checker.report
     vendor = allow_vendor_libraries and report.format == "inline"
-    report.violations.extend(check_cuda_source(src, allow_vendor_libraries=vendor))
+    report.violations.extend(check_cuda_source(src, allow_vendor_libraries=vendor, whole_module=True))
     if report.format == "inline":
         from dice_ray.verify.inline_rules import check_inline
 

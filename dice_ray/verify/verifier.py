@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import math
 import queue
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -131,6 +132,8 @@ class Verifier:
 
     Attributes:
         mode: ``"gpu"`` or ``"compile_only"``.
+        input_seed: base seed of every job's inputs (``VerifyConfig.input_seed``, else drawn at random here
+            and never shown to a candidate).
 
     Raises:
         RuntimeError: ``verify_cfg.mode == "gpu"`` and no GPU is visible.
@@ -166,8 +169,11 @@ class Verifier:
         else:
             self.spare_workers = min(COMPILE_ONLY_SPARES if verify_cfg.spare_workers is None else verify_cfg.spare_workers,
                                      COMPILE_ONLY_SPARES)
+        # the inputs' base seed: secret unless the config pins it; it goes with each job, not the workers' settings
+        # (their command line), and one seed a Verifier keeps trial 0's inputs, hence its reference facts, the same
+        self.input_seed = secrets.randbits(31) if verify_cfg.input_seed is None else verify_cfg.input_seed
         self._settings = {
-            **verify_cfg.model_dump(), "mode": mode, "device": device,
+            **verify_cfg.model_dump(exclude={"input_seed"}), "mode": mode, "device": device,
             "gpu_memory_fraction": cap,  # each worker's cap, a share of the GPU's memory (the workers share one GPU)
         }
         self._limits = {
@@ -473,6 +479,7 @@ class Verifier:
             return inline
         job = {
             "task_id": task.task_id,
+            "input_seed": self.input_seed,
             "reference_src": task.reference_src,
             "candidate_src": candidate_src,
             "kernel_refs": {k: sorted(v) for k, v in (report.kernel_refs if report else {}).items()},
@@ -556,7 +563,7 @@ class Verifier:
 
         def measure(task: Any) -> tuple[Any, dict[str, Any]]:
             job = {"task_id": task.task_id, "reference_src": task.reference_src, "reference_only": True,
-                   "cpu_budget_s": 2 * self.verify_cfg.run_timeout_s + 30}
+                   "input_seed": self.input_seed, "cpu_budget_s": 2 * self.verify_cfg.run_timeout_s + 30}
             try:
                 with self._gate.job():
                     return task, self._from_outcome(self._run_job(job))
