@@ -77,6 +77,10 @@ CORPUS = [
     ("cache via container", mutate("        super().__init__()\n", "        super().__init__()\n        self.c = []\n",
                                    in_forward("self.c.append(y)")), "forward-state"),
     ("global statement", in_forward("global CACHE"), "forward-state"),
+    # a tensor of self's changed in place: a call counter that switches the computation after the correctness trials
+    ("call counter in a tensor", in_forward("n = self.calls.item()\nself.calls.fill_(n + 1)"), "forward-state"),
+    ("counter through a name", in_forward("c = self.calls\nc.zero_()"), "forward-state"),
+    ("counter through a view", in_forward("v = self.calls.view(-1)\nv.fill_(1)"), "forward-state"),
     ("mutable default", mutate("def forward(self, x):", "def forward(self, x, _cache={}):"), "forward-state"),
     ("module-level cache", at_top("CACHE = {}"), "module-state"),
     ("top-level call", at_top("torch.manual_seed(0)"), "module-state"),

@@ -489,6 +489,11 @@ class _Checker(ast.NodeVisitor):
             return f"self.{node.attr}"
         return None
 
+    def bound_to_self(self, name: str) -> bool:
+        """Whether ``name`` is bound somewhere to a value rooted at ``self`` (``c = self.calls``, ``v = self.w.view(-1)``)."""
+        return any(isinstance(v, ast.AST) and isinstance(_root(v), ast.Name) and _root(v).id == "self"
+                   for v in self.bindings.get(name, ()))
+
     def own_object(self, node: ast.AST) -> bool:
         """Whether ``node`` is ``self``, ``cls`` or one of the candidate's classes by name (its private
         attributes are the candidate's own), or an import-rooted path (:meth:`check_escape` judges those)."""
@@ -1165,7 +1170,11 @@ class _Checker(ast.NodeVisitor):
                          node)
             return
         root = _root(f.value)
-        if f.attr in _MUTATORS and isinstance(root, ast.Name) and (root.id == "self" or root.id in self.module_names):
+        in_place = f.attr in _MUTATORS or (f.attr.endswith("_") and not f.attr.startswith("_"))  # fill_, zero_
+        if in_place and isinstance(root, ast.Name) and (root.id == "self" or root.id in self.module_names
+                                                        or self.bound_to_self(root.id)):
+            # a tensor of self's (or a name bound to one: c = self.calls) changed in place is state across calls: a
+            # call counter that switches the computation once the correctness trials are over
             self.add("forward-state", f"run-time code mutates {ast.unparse(f)}", node)
             return
         if f.attr in _tensor_compute_methods():
