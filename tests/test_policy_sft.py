@@ -174,7 +174,7 @@ def test_warm_start_reports_progress_between_log_every_steps_when_slow(tmp_path,
     assert "loss" not in lines[0]  # no window recorded yet
     assert ", loss " in lines[1] and "(step" not in lines[1]  # step 2 is a log_every boundary
     assert "(step 2)" in lines[2]  # step 3 shows step 2's window
-    left = [float(line.split("at most ~")[1].split(" s left")[0]) for line in lines]
+    left = [float(line.split(", ~")[1].split(" s left at this pace")[0]) for line in lines]
     assert all(x >= 0 for x in left) and left[-1] <= left[0] + 1.0
 
 

@@ -635,16 +635,16 @@ is sooner: on loaded cores 50 steps can take minutes."""
 
 
 def _progress_line(run: SFTRun, steps: int, elapsed_s: float) -> str:
-    """``warm start: step 120/800, loss 4.468 (step 100), 106 s, at most ~600 s left``: the loss is the last
-    recorded window's (named when it is not this step's); the time left assumes every step runs (a
-    ``target_loss`` may stop earlier)."""
+    """``warm start: step 120/800, loss 4.468 (step 100), 106 s, ~600 s left at this pace``: the loss is the last
+    recorded window's (named when it is not this step's); the time left assumes every step runs at the mean
+    pace so far (a ``target_loss`` may stop earlier; other load on the cores may slow the rest down)."""
     parts = [f"warm start: step {run.step}/{steps}"]
     if run.losses:
         at, loss = run.losses[-1]
         parts.append(f"loss {loss:.3f}" + ("" if at == run.step else f" (step {at})"))
     parts.append(f"{elapsed_s:.0f} s")
     if run.step:
-        parts.append(f"at most ~{elapsed_s / run.step * (steps - run.step):.0f} s left")
+        parts.append(f"~{elapsed_s / run.step * (steps - run.step):.0f} s left at this pace")
     return ", ".join(parts)
 
 
