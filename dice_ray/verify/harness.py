@@ -644,15 +644,16 @@ class Harness:
             if not _meta_inconclusive(e):
                 raise
             return None, None, "dry run skipped (the reference's get_inputs() does not run on meta tensors)"
+        unrunnable = "dry run ok (reference not runnable on meta: output shapes unchecked)"
         if ref_model is None:
-            return inputs, None, "dry run ok (reference not runnable on meta: output shapes unchecked)"
+            return inputs, None, unrunnable
         try:
             with meta, torch.no_grad():
                 expected = ref_model(*[_clone(x) for x in inputs])
         except Exception as e:  # noqa: BLE001
             if not _meta_inconclusive(e):
                 raise ReferenceError_("reference-run", f"Model.forward failed (on meta tensors): {_error_text(e)}") from None
-            return inputs, None, "dry run ok (reference not runnable on meta: output shapes unchecked)"
+            return inputs, None, unrunnable
         leaves = flatten_outputs(expected)
         if not leaves or not all(isinstance(o, (torch.Tensor, int, float, bool)) for o in leaves):
             raise ReferenceError_("reference-output", f"Model.forward returned {type(expected).__name__}, not Tensor(s)")
