@@ -120,6 +120,9 @@ class CompileError(RuntimeError):
         self.arch = arch
         super().__init__(f"NVRTC compile for {arch} failed:\n{log.strip()}")
 
+    def __reduce__(self):  # pickles with its own arguments (it crosses Ray and process boundaries)
+        return type(self), (self.log, self.arch)
+
 
 # ----------------------------------------------------------------------------------------------
 # Compile (NVRTC) and the PTX parameter table

@@ -63,6 +63,9 @@ class ClusterUnreachable(ConnectionError):
         super().__init__(f"no Ray cluster answers at {address} ({probe.detail}): none runs there now (not started "
                          "yet, or already ended)")
 
+    def __reduce__(self):  # pickles with its own arguments
+        return type(self), (self.address, self.probe)
+
 
 class ClusterRefused(ConnectionError):
     """The Ray head at ``address`` answered but refused the connection (token authentication); the
@@ -71,6 +74,9 @@ class ClusterRefused(ConnectionError):
     def __init__(self, address: str, probe: GcsProbe):
         self.address, self.probe = address, probe
         super().__init__(f"the Ray cluster at {address} answered but refused the connection ({probe.detail}); {AUTH_HINT}")
+
+    def __reduce__(self):  # pickles with its own arguments
+        return type(self), (self.address, self.probe)
 
 
 def _host(address: str) -> str:

@@ -46,6 +46,9 @@ class TaskError(ValueError):
         super().__init__(f"{rule}: {message}")
         self.rule, self.message = rule, message
 
+    def __reduce__(self):  # pickles with its own arguments (it crosses Ray and process boundaries)
+        return type(self), (self.rule, self.message)
+
 
 def _parse(src: object, field: str) -> ast.Module:
     if not isinstance(src, str):

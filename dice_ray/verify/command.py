@@ -20,12 +20,16 @@ class InputFileError(ValueError):
         path: the file.
         rule: ``missing``, ``not-a-file``, ``too-large``, ``not-utf8``, ``empty``, or a task rule
             of :class:`dice_ray.tasks.task.TaskError` (``syntax-error``, ``no-model-class``, ...).
+        message: what broke it.
     """
 
     def __init__(self, path: str | Path, rule: str, message: str):
         super().__init__(f"{path}: [{rule}] {message}")
         self.path = str(path)
-        self.rule = rule
+        self.rule, self.message = rule, message
+
+    def __reduce__(self):  # pickles with its own arguments
+        return type(self), (self.path, self.rule, self.message)
 
 
 def read_source_file(path: str | Path) -> str:

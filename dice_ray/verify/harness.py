@@ -129,6 +129,9 @@ class RuleBroken(Exception):
         self.rule = rule
         self.message = message
 
+    def __reduce__(self):  # pickles with its own arguments
+        return type(self), (self.rule, self.message)
+
 
 class ReferenceError_(Exception):
     """The task's reference failed (verdict ``invalid_input``; ``rule`` names how)."""
@@ -137,6 +140,9 @@ class ReferenceError_(Exception):
         super().__init__(f"[{rule}] {message}")
         self.rule = rule
         self.message = message
+
+    def __reduce__(self):  # pickles with its own arguments
+        return type(self), (self.rule, self.message)
 
 
 @dataclass
