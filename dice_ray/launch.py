@@ -16,12 +16,15 @@ Measured (builtin suite, 56 kernels): NVRTC sm_90 cubin compile median 32 ms on 
 machines, 52 ms on the H200 host; host-side cost of one launch 13 us (``torch.relu_``: 10 us).
 
 Process-wide state: a compile cache keyed by the SHA-256 of (source, arch, options), a module
-cache per (image, device), and a launch counter (:func:`launch_count`) that the verifier reads to
-enforce "every timed call launches at least one of the candidate's kernels".
+cache per (image, device), a launch counter (:func:`launch_count`) that the verifier reads to
+enforce "every timed call launches at least one of the candidate's kernels", and a switch that
+skips launches while still counting them (:func:`kernels_suppressed`, the verifier's ablation of
+the candidate's kernels: rule ``kernel-not-used``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import operator
@@ -33,7 +36,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 __all__ = [
     "CompileError",
@@ -45,6 +48,7 @@ __all__ = [
     "compile_cuda",
     "compile_stats",
     "configure",
+    "kernels_suppressed",
     "launch_count",
     "load_cuda",
 ]
@@ -366,6 +370,7 @@ class _Config:
 
 _config = _Config()
 _launches = 0
+_suppressed = False  # launches counted but not run (kernels_suppressed); private: candidates cannot read it
 _contexts: dict[int, Any] = {}  # device ordinal -> CUcontext (primary)
 _modules: dict[tuple[str, int], tuple[Any, dict[str, Any]]] = {}  # (key, device) -> (CUmodule, functions)
 
@@ -430,8 +435,33 @@ def _context(device: int) -> Any:
 
 
 def launch_count() -> int:
-    """Kernel launches made through :class:`KernelModule` in this process (dry runs included)."""
+    """Kernel launches made through :class:`KernelModule` in this process (dry runs and suppressed
+    launches included)."""
     return _launches
+
+
+@contextlib.contextmanager
+def kernels_suppressed() -> Iterator[None]:
+    """Inside the block, every kernel call of a :class:`KernelModule` does all a launch does (checks
+    its arguments, counts in :func:`launch_count`) except ``cuLaunchKernel``: no kernel runs.
+
+    The verifier's ablation of the candidate's kernels (dice-ray's own rule ``kernel-not-used``,
+    :mod:`dice_ray.verify.harness`): a forward whose outputs are still right with its kernels
+    skipped computed them with torch's copy/fill ops, not its kernels.  Counting the skipped
+    launches keeps ``no-kernel-launch`` from firing instead.  Process-wide (one flag, read on every
+    launch); the previous state is restored on exit, also when the block raises, so blocks nest.
+    The flag is a private module global: candidates may not read private attributes of objects
+    they did not define (rule ``dynamic-code``), so a candidate can neither read nor clear it (it
+    can still notice that its kernels did not run, from a value one of them writes: the ablation
+    catches kernels that do nothing, not a candidate that checks for it).
+    """
+    global _suppressed
+    prior = _suppressed
+    _suppressed = True
+    try:
+        yield
+    finally:
+        _suppressed = prior
 
 
 # ----------------------------------------------------------------------------------------------
@@ -578,7 +608,8 @@ class Kernel:
                 else self._value(p, a, device) for p, a, ptr in zip(self.params, args, pointer)]
 
     def __call__(self, grid: Any, block: Any, args: tuple = (), shared_mem: int = 0) -> None:
-        """Launch on ``torch.cuda.current_stream()`` (asynchronous, like any CUDA launch).
+        """Launch on ``torch.cuda.current_stream()`` (asynchronous, like any CUDA launch); inside
+        :func:`kernels_suppressed` the launch is checked and counted but not made.
 
         Args:
             grid, block: an int or a tuple of up to 3 ints (missing dimensions are 1).
@@ -617,6 +648,10 @@ class Kernel:
             attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             _check(driver.cuFuncSetAttribute(self._function, attr, smem), f"kernel {self.name}: shared_mem={smem}")
             self._smem_set = smem
+        if _suppressed:  # kernels_suppressed(): counted, not run
+            with _lock:
+                _launches += 1
+            return
         stream = _stream(_raw_stream(mod.device))
         for attempt in (0, 1):
             with self._lock:  # one argument buffer a kernel; the driver copies it during cuLaunchKernel

@@ -182,6 +182,8 @@ int host(float* x) {
     out = instrument_cuda(src)
     assert out.kernels == ("k1", "k2", "k3") and out.launch_sites == 3 and out.counting == "host"
     assert out.source.count("atomicAdd(&::dice_ray_kernel_runs") == 3 and "helper(float v) { return" in out.source
+    # the kernel switch (rule kernel-not-used) in every kernel, after the device counter, on the counter's line
+    assert out.source.count("atomicAdd(&::dice_ray_kernel_runs, 1ULL); if (::dice_ray_skip_kernels) return; \n") == 3
     assert "(k1<float><<<1, 32>>>(x), ::dice_ray_launch_done())" in out.source
     assert "::dice_ray_note_launch(cudaLaunchKernel(" in out.source
     macro = instrument_cuda("#define GO(k) k<<<1,1>>>()\n__global__ void k() {}\nvoid h() { GO(k); }\n")
@@ -197,7 +199,7 @@ template <int N> __global__ void __launch_bounds__(128) tk(float* y) { y[N] = 2.
 extern "C" __global__ void ck(float* y) { if (!y) return; y[0] = 3.f; }
 int more() { tk<4><<<1, 1>>>(nullptr); ck<<<1, 1>>>(nullptr); return 0; }
 '''))
-    assert r.ok, r.log
+    assert r.ok, r.log  # cuda.cu with the counters and the kernel switch, main.cpp with their bindings
     assert r.kernels == ("fill", "tk", "ck") and r.counting == "host"
     cuda = FAST_CUDA + "__global__ void bad(float* y) {\n    y[0] = = 1;\n}\n"
     bad = builder(cache).build(fast_spec("err", cuda))
@@ -205,6 +207,7 @@ int more() { tk<4><<<1, 1>>>(nullptr); ck<<<1, 1>>>(nullptr); return 0; }
     line = cuda.splitlines().index("    y[0] = = 1;") + 1
     assert f"cuda.cu({line}): error" in bad.log, bad.log  # the candidate's own line number
     assert "dice_ray_kernel_runs" not in bad.log  # the injected counter is not shown as the candidate's code
+    assert "dice_ray_skip_kernels" not in bad.log
     assert bad.reason().startswith("load_inline build failed (compile error)")
 
 
@@ -501,6 +504,37 @@ def test_launch_count_sums_the_current_modules_until_reset():
         assert inline.launch_count() == 3 + 5 and inline.kernel_runs() == 10
         inline.reset()
         assert inline.launch_count() == 0
+    finally:
+        inline.reset()
+
+
+def test_kernels_suppressed_sets_the_switch_of_every_module_and_clears_it():
+    """The kernel ablation's switch (rule kernel-not-used): set on every current extension inside the block,
+    cleared on exit, also when the block raises; an extension that cannot set it raises RuntimeError before
+    the block runs, and the ones already set are cleared.  (On a GPU: tests/test_verify_inline_gpu.py.)"""
+    class Ext:  # what a built extension exports besides the candidate's functions
+        def __init__(self, name, err=0):
+            self.__name__, self.err, self.calls = name, err, []
+
+        def _dice_ray_skip_kernels(self, on):
+            self.calls.append(on)
+            return self.err if on else 0
+
+    a, b = Ext("a"), Ext("b")
+    inline._current[:] = [(a, "host"), (b, "device")]
+    try:
+        with inline.kernels_suppressed():
+            assert a.calls == b.calls == [1]
+        assert a.calls == b.calls == [1, 0]
+        with pytest.raises(ZeroDivisionError), inline.kernels_suppressed():
+            1 / 0  # noqa: B018
+        assert a.calls == b.calls == [1, 0, 1, 0]
+        bad = Ext("bad", err=700)
+        inline._current[:] = [(a, "host"), (bad, "host"), (b, "host")]
+        ran = []
+        with pytest.raises(RuntimeError, match="bad: setting the kernel switch failed"), inline.kernels_suppressed():
+            ran.append(1)
+        assert not ran and a.calls[-2:] == [1, 0] and bad.calls == [1, 0] and b.calls == [1, 0, 1, 0]
     finally:
         inline.reset()
 

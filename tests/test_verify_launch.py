@@ -160,3 +160,20 @@ def test_mangled_kernel_found_by_plain_name():
     mod = launch.load_cuda("__global__ void scale(float* x, float a) { x[threadIdx.x] *= a; }")
     assert mod.kernel_names[0].startswith("_Z5scale")
     assert mod.has_kernel("scale") and mod.scale.name == mod.kernel_names[0]
+
+
+def test_kernels_suppressed_sets_and_restores_the_switch():
+    """The verifier's kernel ablation (rule kernel-not-used): the switch Kernel.__call__ reads is set inside
+    the block and put back as it was on exit, also when the block raises and when blocks nest.  (Launches
+    skipped under it: tests/test_verify_gpu.py::test_launcher_in_process.)"""
+    assert launch._suppressed is False
+    with launch.kernels_suppressed():
+        assert launch._suppressed is True
+        with launch.kernels_suppressed():
+            assert launch._suppressed is True
+        assert launch._suppressed is True  # an inner block leaves the outer one's switch on
+    assert launch._suppressed is False
+    with pytest.raises(ZeroDivisionError):
+        with launch.kernels_suppressed():
+            1 / 0  # noqa: B018
+    assert launch._suppressed is False

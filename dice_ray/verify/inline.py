@@ -27,7 +27,9 @@ Launch counting (run-time rule ``no-kernel-launch``): :func:`launch_count` sums 
 counters compiled into the current candidate's extensions (no CUDA call, so the harness may read
 it inside a timed window), or a module's device counter when its launches could not all be
 wrapped; :func:`kernel_runs` reads the device counters (kernels that really started;
-synchronising).  See :mod:`dice_ray.verify.inline_compile` for how the counters are compiled in.
+synchronising).  :func:`kernels_suppressed` makes every kernel of those extensions return at entry
+(still counted): the verifier's ablation of the candidate's kernels (rule ``kernel-not-used``).  See
+:mod:`dice_ray.verify.inline_compile` for how the counters and that switch are compiled in.
 
 Everything here runs in the worker too: no pydantic, tree-sitter imported lazily.
 """
@@ -35,6 +37,7 @@ Everything here runs in the worker too: no pydantic, tree-sitter imported lazily
 from __future__ import annotations
 
 import ast
+import contextlib
 import dis
 import hashlib
 import importlib.util
@@ -44,7 +47,7 @@ import re
 import sys
 import types
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from dice_ray.pysource import parse_python
 
@@ -57,6 +60,7 @@ __all__ = [
     "extract_specs",
     "is_inline",
     "kernel_runs",
+    "kernels_suppressed",
     "launch_count",
     "reset",
     "spec_from_call",
@@ -496,6 +500,43 @@ def kernel_runs() -> int:
     """Kernels of the current candidate that really started on the GPU (device counters, read with
     ``cudaMemcpyFromSymbol``: synchronises with the device; never inside a timed window)."""
     return sum(int(mod._dice_ray_kernel_runs()) for mod, _ in _current)
+
+
+@contextlib.contextmanager
+def kernels_suppressed() -> Iterator[None]:
+    """Inside the block, every ``__global__`` kernel of the current candidate's extensions returns
+    at entry: launches happen and are counted (host and device counters, so ``no-kernel-launch``
+    does not fire), no kernel work is done.  Torch ops, ``cudaMemcpy`` and vendor-library kernels
+    in the candidate's host code still run.
+
+    The verifier's ablation of the candidate's kernels (dice-ray's own rule ``kernel-not-used``,
+    :mod:`dice_ray.verify.harness`).  Sets the ``__constant__`` flag compiled into each extension
+    (:data:`~dice_ray.verify.inline_compile.COUNTER_PREFIX`) through its ``_dice_ray_skip_kernels``
+    binding, which candidates cannot reach (the facade the candidate gets holds only its
+    ``functions``; C++ names containing ``dice_ray`` are ``patching``).  Setting and clearing the flag
+    each synchronise the device (work queued before runs its kernels, work after sees the flag) and
+    reset the CUDA runtime's last error (a launch refused inside the block, e.g. a grid computed
+    from a kernel's unwritten output, would otherwise stop the host counter from counting the
+    launches after it).  The flag is cleared on exit, also when the block raises.
+
+    Raises:
+        RuntimeError: an extension could not set its flag (a ``cudaError_t`` code; the block does
+            not run), or could not clear it on exit.
+    """
+    mods = [mod for mod, _ in _current]
+    done: list[Any] = []
+    try:
+        for mod in mods:
+            err = int(mod._dice_ray_skip_kernels(1))
+            done.append(mod)  # cleared on exit even when setting failed half way
+            if err:
+                raise RuntimeError(f"load_inline extension {mod.__name__}: setting the kernel switch failed "
+                                   f"(cudaError_t {err})")
+        yield
+    finally:
+        failed = [mod.__name__ for mod in done if int(mod._dice_ray_skip_kernels(0))]
+        if failed:
+            raise RuntimeError(f"load_inline extensions {failed}: clearing the kernel switch failed")
 
 
 class _Stub:

@@ -12,6 +12,10 @@ nothing here caches or runs in parallel.
   with a launch that cannot be wrapped (in a ``#define``, device-side, ``cuLaunchKernel``) is
   counted by its device counter (``counting == "device"``: a synchronising read, measured ~4.5 us a
   call inside the timed window on the H200 machine).
+* The kernel switch: after the counter, every ``__global__`` body returns at once while the
+  ``__constant__`` flag ``dice_ray_skip_kernels`` is set (``_dice_ray_skip_kernels(1)``, bound like the
+  counter readers; :func:`dice_ray.verify.inline.kernels_suppressed`): launches are counted, no
+  kernel work happens.  The verifier's ablation of the candidate's kernels (rule ``kernel-not-used``).
 * The files: ``main.cpp`` (:func:`main_file`: ``cpp_sources`` + pybind11 bindings of
   ``functions`` + the counter readers) and ``cuda.cu`` (:func:`cuda_file`: the instrumented CUDA
   sources between the counter prefix and suffix); ``#line`` directives keep the candidate's line
@@ -68,7 +72,7 @@ __all__ = [
 ]
 
 #: bump when the generated files or flags change in a way the toolchain key does not see
-COMPILE_VERSION = 3
+COMPILE_VERSION = 4
 MAX_LOG = 20_000
 
 
@@ -87,6 +91,7 @@ LAUNCH_APIS = frozenset({"cudaLaunchKernel", "cudaLaunchCooperativeKernel", "cud
                          "cudaLaunchKernelEx"})
 COUNTER_PREFIX = """#include <cuda_runtime.h>
 __device__ unsigned long long dice_ray_kernel_runs = 0;
+__constant__ int dice_ray_skip_kernels = 0;
 static unsigned long long dice_ray_launches = 0;
 static inline void dice_ray_launch_done() { if (cudaPeekAtLastError() == cudaSuccess) ++dice_ray_launches; }
 static inline cudaError_t dice_ray_note_launch(cudaError_t e) { if (e == cudaSuccess) ++dice_ray_launches; return e; }
@@ -98,9 +103,17 @@ extern "C" unsigned long long dice_ray_kernel_runs_read() {
   if (cudaMemcpyFromSymbol(&v, dice_ray_kernel_runs, sizeof(v)) != cudaSuccess) return ~0ULL;
   return v;
 }
+extern "C" int dice_ray_skip_kernels_set(int on) {
+  (void)cudaGetLastError();  // a launch refused while skipping must not stop dice_ray_launch_done counting later
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) e = cudaMemcpyToSymbol(dice_ray_skip_kernels, &on, sizeof(on));
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  return (int)e;
+}
 """
+#: the first line of every ``__global__`` body: the device counter (one thread), then the kernel switch
 _KERNEL_ENTRY = ("if ((threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) == 0) "
-                 "atomicAdd(&::dice_ray_kernel_runs, 1ULL); ")
+                 "atomicAdd(&::dice_ray_kernel_runs, 1ULL); if (::dice_ray_skip_kernels) return; ")
 
 
 @dataclass(frozen=True)
@@ -124,8 +137,8 @@ class Instrumented:
 
 
 def instrument_cuda(source: str) -> Instrumented:
-    """Add the launch counters to a CUDA source (``cuda.cu`` before :func:`cuda_file` puts the
-    counter prefix and suffix around it).
+    """Add the launch counters and the kernel switch to a CUDA source (``cuda.cu`` before
+    :func:`cuda_file` puts the counter prefix and suffix around it).
 
     Raises:
         ImportError: tree-sitter / tree-sitter-cuda are not installed.
@@ -355,18 +368,21 @@ def detect_toolchain(host_opt: str, lite: bool, pch: bool) -> Toolchain:
 def main_file(spec: InlineSpec, modname: str, has_cuda: bool) -> str:
     """``main.cpp``: as torch's load_inline writes it (``torch/extension.h`` unless
     ``no_implicit_headers``, then ``cpp_sources``, then ``m.def`` of every function), plus the
-    launch counter readers (``_dice_ray_launches``, ``_dice_ray_kernel_runs``) when there is CUDA."""
+    launch counter readers (``_dice_ray_launches``, ``_dice_ray_kernel_runs``) and the kernel switch
+    (``_dice_ray_skip_kernels(on)``: returns a ``cudaError_t``, 0 when set) when there is CUDA."""
     lines = [] if spec.no_implicit_headers else ["#include <torch/extension.h>"]
     lines += [f"#define TORCH_EXTENSION_NAME {modname}", '#line 1 "main.cpp"', spec.cpp_source, "",
               '#line 1 "dice_ray_bindings.cpp"']
     if has_cuda:
         lines += ['extern "C" unsigned long long dice_ray_launches_read();',
-                  'extern "C" unsigned long long dice_ray_kernel_runs_read();']
+                  'extern "C" unsigned long long dice_ray_kernel_runs_read();',
+                  'extern "C" int dice_ray_skip_kernels_set(int on);']
     lines.append(f"PYBIND11_MODULE({modname}, m) {{")
     lines += [f'  m.def("{f}", &{f}, "{f}");' for f in spec.functions]
     if has_cuda:
         lines += ['  m.def("_dice_ray_launches", &dice_ray_launches_read);',
-                  '  m.def("_dice_ray_kernel_runs", &dice_ray_kernel_runs_read);']
+                  '  m.def("_dice_ray_kernel_runs", &dice_ray_kernel_runs_read);',
+                  '  m.def("_dice_ray_skip_kernels", &dice_ray_skip_kernels_set);']
     lines.append("}")
     return "\n".join(lines) + "\n"
 
