@@ -271,6 +271,20 @@ def _close_pipes(pipes: list[tuple[int, int]]) -> None:
         os.close(fd)
 
 
+def test_close_kills_a_starting_worker_and_the_fork_server_at_once():
+    """A Verifier closed while its worker and fork server still import torch (``dice-ray verify`` on a candidate a
+    static rule refused) kills both rather than asking them to exit: neither reads a request before its start-up
+    ends, and close() used to wait 5 s for each.  Their folders are removed."""
+    import signal
+
+    v = Verifier(VerifyConfig(mode="compile_only", workers=1), RewardConfig())
+    worker, zygote = v._idle.queue[0], v._zygote
+    assert zygote is not None and not worker.ready  # seconds of imports ahead of both
+    v.close()
+    assert worker._killed and worker.proc.poll() is not None and not os.path.exists(worker.workdir)
+    assert zygote.proc.returncode == -signal.SIGKILL and not os.path.exists(zygote.workdir)
+
+
 def test_a_killed_worker_is_dead_at_once_and_reaped_by_close():
     """kill(wait=False) (a crashed worker: the verdict does not wait for its CUDA context's teardown)
     makes alive() False at once; close() waits for the exit and removes the worker's folder, and only its

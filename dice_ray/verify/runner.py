@@ -574,14 +574,15 @@ class WorkerProcess:
             pass
 
     def close(self) -> None:
-        """Ask the worker to exit, kill it if it does not within 5 s, wait for its start-up thread to end,
-        close its pipes and remove its folder.  Only the first call acts (a second would close pipe
-        descriptor numbers another thread may have reused)."""
+        """Ask a ready worker to exit (kill it if it does not within 5 s; one still starting is killed at
+        once: it reads no request until its start-up ends, seconds of torch import and CUDA set-up), wait
+        for its start-up thread to end, close its pipes and remove its folder.  Only the first call acts (a
+        second would close pipe descriptor numbers another thread may have reused)."""
         with self._closing:
             if self._closed:
                 return
             self._closed = True
-        if self.alive():
+        if self.alive() and self.ready:
             try:
                 write_frame(self._w, {"op": "exit"})
                 self.proc.wait(timeout=5)

@@ -20,6 +20,7 @@ import ctypes
 import gc
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -86,14 +87,15 @@ class Zygote:
         return pid
 
     def close(self) -> None:
-        """Stop the fork server (running workers are not affected)."""
+        """Stop the fork server (running workers are not affected) and remove its folder.  It is killed
+        rather than asked: it holds nothing to save, and one still importing torch would read the closed
+        socket only seconds later."""
         try:
             self.sock.close()
         finally:
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+            self.proc.kill()
+            self.proc.wait()
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def _recv_request(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
