@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dice_ray.config import RewardConfig
-from dice_ray.verify.correctness import compare_outputs
+from dice_ray.verify.correctness import compare_outputs, constant_outputs
 from dice_ray.verify.reward import compute_reward
 from dice_ray.verify.verdict import Verdict
 
@@ -164,6 +164,50 @@ def test_timed_output_checks_report_wrong_calls_and_compare_aliased_outputs_at_o
     tiny = TimedOutputChecks(dict(TOL, half_rtol=5e-2, half_atol=5e-2), lambda j: f"call {j}", keep_bytes=1)
     with pytest.raises(_Mismatch, match="call 7: output 0: "):
         tiny.add(7, ref, ref[:8], [])  # over the kept budget: compared (and refused) at once
+
+
+def test_constant_outputs():
+    """Outputs a zero-filled (or any filled) buffer matches: the kernel ablation skips them."""
+    assert constant_outputs(torch.zeros(4, 4)) and constant_outputs((torch.full((8,), 2.5), 3, None))
+    assert constant_outputs(torch.tensor(1.7)) and constant_outputs(torch.empty(0)) and constant_outputs([])
+    assert constant_outputs(torch.full((5,), float("nan"))) and constant_outputs(torch.ones(6, dtype=torch.bool))
+    assert not constant_outputs(torch.arange(4.0)) and not constant_outputs((torch.zeros(3), torch.tensor([0, 1])))
+    assert not constant_outputs(torch.tensor([1.0, float("nan")])) and not constant_outputs(torch.randn(3, 3).t())
+
+
+def test_kernel_ablation_without_a_gpu(monkeypatch):
+    """Harness._ablate (rule kernel-not-used) on CPU tensors: outputs right while the kernels are switched
+    off are a cheat, wrong outputs and a raising forward change nothing, constant references are skipped
+    with a note, and the switch is on only during the ablated call.  (On a GPU, with real kernels:
+    tests/test_verify_gpu.py::test_outputs_right_without_the_kernels_are_a_cheat.)"""
+    from dice_ray import launch
+    from dice_ray.verify import harness
+    from dice_ray.verify.harness import Harness, RuleBroken
+
+    h = object.__new__(Harness)  # the parts _ablate uses, without a worker's set-up
+    h.settings, h.device = dict(TOL, half_rtol=5e-2, half_atol=5e-2), None
+    monkeypatch.setattr(h, "_poison_free_memory", lambda: None)
+    monkeypatch.setattr(harness, "_synchronize", lambda device: None)
+    seen = []
+
+    def model(by_copy):
+        def forward(x):
+            seen.append(launch._suppressed)
+            if by_copy is None:
+                raise RuntimeError("needs its kernels")
+            return x.t().contiguous() if by_copy else torch.full_like(x.t(), float("nan"))
+        return forward
+
+    x = torch.randn(6, 4)
+    notes: list[str] = []
+    h._ablate(model(False), [x], x.t().contiguous(), "trial 1", notes)  # honest: its kernels did not write
+    h._ablate(model(None), [x], x.t().contiguous(), "trial 1", notes)
+    with pytest.raises(RuleBroken, match="trial 1: with every launch") as e:
+        h._ablate(model(True), [x], x.t().contiguous(), "trial 1", notes)
+    assert e.value.rule == "kernel-not-used" and seen == [True, True, True] and not launch._suppressed
+    assert notes == []
+    h._ablate(model(True), [x], torch.zeros(4, 6), "trial 1", notes)  # a constant reference: not ablated
+    assert notes == ["kernel ablation skipped (constant reference outputs)"] and len(seen) == 3
 
 
 @pytest.mark.gpu

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -68,6 +69,15 @@ def test_launcher_in_process():
         mod.relu_kernel(grid=4, block=256, args=(x, y, x.numel()))
     s.synchronize()
     assert torch.equal(y, torch.relu(x))
+    y.fill_(7.0)
+    before = launch.launch_count()
+    with launch.kernels_suppressed():  # the kernel ablation's switch: counted, not run
+        mod.relu_kernel(grid=4, block=256, args=(x, y, x.numel()))
+    torch.cuda.synchronize()
+    assert launch.launch_count() == before + 1 and bool((y == 7.0).all())
+    mod.relu_kernel(grid=4, block=256, args=(x, y, x.numel()))  # switched on again
+    torch.cuda.synchronize()
+    assert torch.equal(y, torch.relu(x))
 
 
 def test_correct_relu_is_ok_with_speedup(gpu):
@@ -129,6 +139,25 @@ def test_launching_only_during_correctness_is_a_cheat(gpu):
         "            kernels.relu_kernel(grid=(n + 255) // 256, block=256, args=(x, y, self.calls, n))\n"), src)
     v = check(gpu, src, "cheat")
     assert v.rule == "no-kernel-launch" and "timed" in v.reason
+
+
+TRANSPOSE_REF = RELU_REF.replace("return torch.relu(x)", "return x.t().contiguous()").replace(
+    "torch.randn(1024, 1024)", "torch.randn(1024, 768)")
+TRANSPOSE = Task("test/transpose", "transpose", 1, TRANSPOSE_REF)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_outputs_right_without_the_kernels_are_a_cheat(gpu):
+    """Rule kernel-not-used (the kernel ablation): a transpose answered by x.t().contiguous() (copy ops
+    forward may run) beside a launch of its own kernel over zero elements passes every other rule; its
+    outputs are still right with its kernels counted but not run.  The honest transpose (the built-in
+    solution) and the honest relu stay ok."""
+    honest = (REPO / "dice_ray/tasks/builtin/L1_36_transpose/solution.py").read_text()
+    v = check(gpu, honest, "ok", task=TRANSPOSE)
+    assert v.correct is True and "kernel ablation skipped" not in v.reason
+    check(gpu, HONEST, "ok")
+    v = check(gpu, (REPO / "tests/corpus/cheats/transpose_by_copy.py").read_text(), "cheat", task=TRANSPOSE)
+    assert v.rule == "kernel-not-used" and v.reason.startswith("trial 1 "), v.reason
 
 
 def test_torch_op_hidden_from_static_rules_is_a_cheat(gpu):

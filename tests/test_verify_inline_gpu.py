@@ -33,6 +33,12 @@ def get_init_inputs():
     return []
 """
 COPY_REF = RELU_REF.replace("torch.relu(x)", "x * 1.0")
+TRANSPOSE_REF = RELU_REF.replace("torch.relu(x)", "x.t().contiguous()").replace("torch.randn(1 << 20)",
+                                                                                "torch.randn(1024, 768)")
+#: the transpose answered by ATen copy ops in the host code, beside a launch of the kernel over zero elements
+TRANSPOSE_BY_COPY = CANDIDATE.replace("auto y = torch::empty_like(x);", "auto y = x.t().contiguous();").replace(
+    "relu_kernel<<<(n + 255) / 256, 256>>>(x.contiguous().data_ptr<float>(), y.data_ptr<float>(), n);",
+    "relu_kernel<<<1, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), 0);")
 #: DICE infilling records (id -> verdict observed on the H200 machine, 2026-11-30), chosen for varied
 #: ops and moderate input sizes; 7278 (maximum(x, 0) fused) computes wrong values in 175 of 432 elements
 DICE_EXPECTED = {617: "ok", 3890: "ok", 7773: "ok", 136: "ok", 7278: "incorrect", 6180: "ok", 3635: "ok",
@@ -83,6 +89,13 @@ def test_build_link_load_and_count_launches_in_process(cache):
     torch.cuda.synchronize()
     assert torch.equal(y, torch.relu(x))
     assert inline.launch_count() == before + 3 and inline.kernel_runs() == runs + 3
+    x2 = x.abs() + 1.0  # relu(x2) == x2: values no freed block holds
+    with inline.kernels_suppressed():  # the kernel ablation's switch: launched, counted, returns at entry
+        z = model(x2)
+    torch.cuda.synchronize()
+    assert inline.launch_count() == before + 4 and inline.kernel_runs() == runs + 4
+    assert not torch.equal(z, x2)
+    assert torch.equal(model(x2), x2)  # switched off again
 
 
 def test_dice_records_end_to_end(gpu, dice_data):
@@ -132,6 +145,9 @@ def test_cheats_and_errors(gpu):
     v = gpu.verify(Task("test/copy", "copy", 1, COPY_REF), decoy, "decoy")
     record("decoy", v.model_dump())
     assert v.verdict == "cheat" and v.rule == "no-kernel-launch", v.reason
+    v = gpu.verify(Task("test/transpose", "transpose", 1, TRANSPOSE_REF), TRANSPOSE_BY_COPY, "transpose-by-copy")
+    record("transpose_by_copy", v.model_dump())
+    assert v.verdict == "cheat" and v.rule == "kernel-not-used", v.reason
     broken = CANDIDATE.replace("int i = blockIdx.x", "int i = = blockIdx.x")
     v = gpu.verify(relu, broken, "broken")
     assert v.verdict == "compile_error" and "cuda.cu(" in v.reason and "error" in v.reason, v.reason

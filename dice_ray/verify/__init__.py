@@ -19,12 +19,16 @@ absolute tolerance (scaled atol); reused freed output buffers and unwritten elem
 memory poisoned with NaN, candidate run before the reference); input mutation; side streams,
 threads and patched timers (static rules, timing through pre-bound CUDA events on the launch
 stream); torch fallbacks (static rules + a dispatch-mode op check); decoy kernels (launch counter
-on every call); behaviour that changes after the correctness phase (a launch check on every timed
-call and a final comparison after timing).
+on every call); answers computed by the copy ops forward may run beside a kernel that does nothing
+(a kernel ablation: one call with the candidate's kernels counted but not run); behaviour that
+changes after the correctness phase (a launch check on every timed call and a final comparison
+after timing).
 
 Known gaps: a kernel that writes out of bounds without faulting can corrupt later candidates in the
 same worker; RLIMIT_AS is not set on GPU workers (CUDA reserves huge ranges); timing is device time
 between CUDA events on the launching stream (``timing``): work on another stream that ends within
 5-10 us of a window's stream end goes untimed; the dispatch-mode op check runs only in the
-correctness trials and the dry run (the launch check runs on every call, the import guard always).
+correctness trials and the dry run (the launch check runs on every call, the import guard always);
+the kernel ablation only sees a kernel that does nothing the outputs need: one that writes a single
+element of an answer copied by torch passes it.
 """

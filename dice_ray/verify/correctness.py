@@ -18,8 +18,8 @@ import torch
 
 from dice_ray.verify import mismatch_kernel
 
-__all__ = ["Comparison", "compare_outputs", "count_mismatches", "count_mismatches_batch", "flatten_outputs",
-           "tolerance"]
+__all__ = ["Comparison", "compare_outputs", "constant_outputs", "count_mismatches", "count_mismatches_batch",
+           "flatten_outputs", "tolerance"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -45,6 +45,27 @@ def flatten_outputs(obj: Any) -> list[Any]:
             out.extend(flatten_outputs(o))
         return out
     return [obj]
+
+
+def constant_outputs(obj: Any) -> bool:
+    """Whether every tensor of a forward's output holds one value (zero spread: all zeros, all ones,
+    one element or none; NaN counts as equal to NaN); numbers and None count as constant.
+
+    Such an output is matched by a buffer filled with that value and nothing else (``torch.zeros``,
+    ``fill_``), so it says nothing about whether a kernel computed it: the verifier skips its
+    kernel ablation (rule ``kernel-not-used``) for a reference output like this.  Reads one bool a
+    tensor (synchronises).
+    """
+    for o in flatten_outputs(obj):
+        if isinstance(o, torch.Tensor) and o.numel() > 1:
+            flat = o.detach().reshape(-1)
+            first = flat[:1].expand_as(flat)
+            same = flat == first
+            if flat.is_floating_point() or flat.is_complex():
+                same = same | (torch.isnan(flat) & torch.isnan(first))
+            if not bool(same.all()):
+                return False
+    return True
 
 
 def _compare_tensor(i: int, out: torch.Tensor, ref: torch.Tensor, tol: tuple[float, float, float, float]) -> Comparison:

@@ -19,6 +19,11 @@ with the run-time anti-cheat rules added:
   type), so a candidate that returns ``torch.empty`` memory, or leaves elements unwritten, reads NaN;
 * trials: ``correctness_trials`` seeds, then the inputs at another scale (``scaled_trial``), then a
   size constant of ``get_inputs`` doubled (:func:`shape_constant`): hard-coded shapes fail;
+* the kernel ablation (dice-ray's own rule ``kernel-not-used``): before the second trial's call the
+  candidate runs once on that trial's inputs with every launch of its kernels counted but not run
+  (:func:`dice_ray.launch.kernels_suppressed`, :func:`dice_ray.verify.inline.kernels_suppressed`);
+  outputs that still match the reference were computed by its allowed copy/fill ops, not its kernels
+  (a transpose as ``x.t().contiguous()`` next to a kernel that does nothing);
 * fp32 outputs are compared with a float64 run of the reference: ``precision-downgrade`` (from the
   second job of a reference on, a bound from its facts, :mod:`dice_ray.verify.reference_facts`,
   clears an honest output without the float64 run);
@@ -55,7 +60,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from dice_ray import launch
 from dice_ray.tasks.task import shape_constant
 from dice_ray.verify import gpu_spin, inline, mismatch_kernel, reference_facts, timing
-from dice_ray.verify.correctness import Comparison, compare_outputs, count_mismatches_batch, flatten_outputs
+from dice_ray.verify.correctness import (Comparison, compare_outputs, constant_outputs, count_mismatches_batch,
+                                         flatten_outputs)
 from dice_ray.verify.reference_facts import ReferenceFacts
 from dice_ray.verify.rules import check_cuda_source, import_allowed
 
@@ -67,6 +73,8 @@ _equal = torch.equal
 _perf = time.perf_counter
 _fast_launches = launch.launch_count
 _inline_launches = inline.launch_count
+_suppress_fast = launch.kernels_suppressed
+_suppress_inline = inline.kernels_suppressed
 
 
 def _launch_count() -> int:
@@ -753,7 +761,7 @@ class Harness:
             if n:
                 stage("run")  # between trials: a worker waiting to time goes first (runner.GpuGate)
             failed = self._trial(model, ref_model, make, label, ref_mutates, precision=facts if n == 0 else None,
-                                 notes=notes, expected=expected0 if n == 0 else None)
+                                 notes=notes, expected=expected0 if n == 0 else None, ablate=n == 1)
             expected0 = None
             if failed is not None:
                 return failed
@@ -845,11 +853,12 @@ class Harness:
 
     def _trial(self, model: Any, ref_model: Any, make: Callable[[], list[Any] | None], label: str,
                ref_mutates: bool, precision: ReferenceFacts | None, notes: list[str],
-               expected: Any = None) -> JobResult | None:
+               expected: Any = None, ablate: bool = False) -> JobResult | None:
         """One correctness trial: the reference first (its outputs stay alive; ``expected``: its output on
         these inputs, already computed), then the candidate on NaN-poisoned free memory with cloned
         inputs; returns a failing verdict or None.  ``precision``: the reference's facts on these
         inputs (trial 0), to check the candidate's precision with (:meth:`_check_precision`).
+        ``ablate``: run :meth:`_ablate` on these inputs first (the trial after trial 0).
 
         Seeded trials must run the reference; a scaled or shape trial the reference cannot run (it
         raises or gives NaN/inf) is skipped with a note.
@@ -872,6 +881,8 @@ class Harness:
         if not seeded and not _finite(expected):
             notes.append(f"{label.split(' (')[0]} skipped (the reference gives NaN/inf there)")
             return None
+        if ablate:
+            self._ablate(model, inputs, expected, label, notes)
         pristine = inputs  # never handed to anyone (the reference ran on clones): the copy to compare with
         cand_in = [_clone(x) for x in inputs]
         self._poison_free_memory()
@@ -898,6 +909,47 @@ class Harness:
         if not seeded:
             notes.append(f"{label} correct")
         return None
+
+    def _ablate(self, model: Any, inputs: list[Any], expected: Any, label: str, notes: list[str]) -> None:
+        """Rule ``kernel-not-used`` (dice-ray's own rule: an ablation of the candidate's kernels).
+
+        Runs ``model`` once on clones of ``inputs`` (NaN-poisoned free memory first, as in a trial) with
+        every launch of its kernels counted but not run (:func:`dice_ray.launch.kernels_suppressed` for
+        load_cuda kernels, :func:`dice_ray.verify.inline.kernels_suppressed` for load_inline ones), and
+        compares its outputs with ``expected`` (the reference's on ``inputs``).  Forward may run torch's
+        allocation/view/copy/fill ops (:data:`ALLOWED_ATEN_OPS`) and ``no-kernel-launch`` only asks for a
+        launch, so a data-movement task (transpose, concat, padding) can be answered by
+        ``x.t().contiguous()`` next to a kernel that does nothing; outputs that are right without the
+        kernels were computed that way.  Nothing changes when the ablated call raises (it needed its
+        kernels) or gives wrong outputs.  Skipped, with a note, when every reference output is constant
+        (:func:`~dice_ray.verify.correctness.constant_outputs`: an honest ``torch.zeros`` output buffer
+        would match it).
+
+        The harness runs it in the trial after trial 0, before that trial's own call, on that trial's
+        inputs: the candidate has not seen them, so no buffer it kept (an output buffer made in
+        ``__init__`` and reused) holds their answer, and trial 0's call already did any first-call set-up.
+
+        Raises:
+            RuleBroken: ``kernel-not-used``.
+            RuntimeError: a load_inline extension could not set or clear its kernel switch.
+        """
+        if constant_outputs(expected):
+            notes.append("kernel ablation skipped (constant reference outputs)")
+            return
+        cand_in = [_clone(x) for x in inputs]
+        self._poison_free_memory()
+        with _suppress_fast(), _suppress_inline():
+            try:
+                with torch.no_grad():
+                    out = model(*cand_in)
+                _synchronize(self.device)
+                _check_output_types(out)
+            except (Exception, SystemExit):  # noqa: BLE001 - it needed its kernels: no verdict from this run
+                return
+        if self._compare(out, expected).ok:
+            raise RuleBroken("kernel-not-used",
+                             f"{label}: with every launch of the candidate's kernels counted but not run, forward's "
+                             "outputs still match the reference: its torch copy/fill ops computed them, not its kernels")
 
     def _check_precision(self, ref_model: Any, inputs: list[Any], expected: Any, out: Any,
                          facts: ReferenceFacts) -> str:

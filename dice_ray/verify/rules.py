@@ -4,8 +4,8 @@ The candidate format is INTERFACES.md's fast format: a Python module that compil
 ``dice_ray.launch.load_cuda`` and whose ``ModelNew.forward`` launches those kernels.  These rules
 close the fallbacks and tricks that KernelBench's evaluator lets through (DESIGN.md's list of known
 cheats; KernelBench's own ``kernel_static_checker.py`` is regex-based and opt-in).  The run-time
-rules (kernel launched on every call, torch ops seen by a dispatch mode, input mutation, output
-type) are enforced by :mod:`dice_ray.verify.harness` in the sandbox.
+rules (kernel launched on every call, outputs that need the kernels, torch ops seen by a dispatch
+mode, input mutation, output type) are enforced by :mod:`dice_ray.verify.harness` in the sandbox.
 
 Decisions (documented so prompts can state them):
 
@@ -118,6 +118,9 @@ RULES: dict[str, Rule] = {
         Rule("cuda-library", "cheat", "no cuBLAS / cuDNN / CUTLASS / CuTe / thrust / cuSPARSE / cuFFT / cuSOLVER includes "
              "(load_inline format: allowed with verify.allow_vendor_libraries, NCCL/NVSHMEM never)"),
         Rule("no-kernel-launch", "cheat", "forward must launch at least one of the candidate's kernels on every call"),
+        Rule("kernel-not-used", "cheat",
+             "outputs must need the candidate's kernels: right with every kernel launch skipped means torch's "
+             "copy/fill ops computed them"),
         Rule("input-mutation", "cheat", "the candidate must not modify its inputs"),
         Rule("output-type", "cheat", "outputs must be plain torch.Tensor objects (no subclasses or lazy objects)"),
         Rule("cpp-torch-op", "cheat",
