@@ -272,16 +272,21 @@ def _close_pipes(pipes: list[tuple[int, int]]) -> None:
 
 
 def test_close_kills_a_starting_worker_and_the_fork_server_at_once():
-    """A Verifier closed while its worker and fork server still import torch (``dice-ray verify`` on a candidate a
-    static rule refused) kills both rather than asking them to exit: neither reads a request before its start-up
-    ends, and close() used to wait 5 s for each.  Their folders are removed."""
+    """A Verifier closed while its worker still imports torch (``dice-ray verify`` on a candidate a static rule
+    refused) kills it rather than asking it to exit: it reads no request before its start-up ends, and close()
+    used to wait 5 s for it; so does a fork server's close().  A compile-only Verifier starts no fork server
+    until it needs spares.  Their folders are removed."""
     import signal
 
+    from dice_ray.verify.zygote import Zygote
+
     v = Verifier(VerifyConfig(mode="compile_only", workers=1), RewardConfig())
-    worker, zygote = v._idle.queue[0], v._zygote
-    assert zygote is not None and not worker.ready  # seconds of imports ahead of both
+    worker = v._idle.queue[0]
+    assert v._zygote is None and not worker.ready  # seconds of imports ahead of the worker
     v.close()
     assert worker._killed and worker.proc.poll() is not None and not os.path.exists(worker.workdir)
+    zygote = Zygote()
+    zygote.close()  # still importing torch
     assert zygote.proc.returncode == -signal.SIGKILL and not os.path.exists(zygote.workdir)
 
 

@@ -191,11 +191,9 @@ class Verifier:
         self._spares: list[WorkerProcess] = []
         self._closed = False
         self._zygote: Zygote | None = None
-        if verify_cfg.fork_server:
-            try:
-                self._zygote = Zygote()
-            except (ZygoteError, OSError):
-                self._zygote = None
+        self._zygote_tried = False
+        if mode == "gpu":  # its spares fork now; compile-only starts the fork server with its first spares
+            self._start_zygote()
         for _ in range(self.workers):
             self._idle.put(WorkerProcess(self._settings, gate=self._gate))  # cold: the zygote is still importing torch
         if mode == "gpu":
@@ -226,6 +224,20 @@ class Verifier:
         pids = self.worker_pids
         return pids[0] if pids else None
 
+    def _start_zygote(self) -> None:
+        """Start the fork server (:class:`~dice_ray.verify.zygote.Zygote`) once, if ``fork_server`` is on and the
+        Verifier is open; a platform without one leaves ``_zygote`` None (cold starts).  A compile-only Verifier
+        calls it with its first spares: most never replace a worker, and the fork server is one more process
+        importing torch (~4 CPU-s) beside the worker's own start-up."""
+        with self._lock:
+            if self._zygote_tried or self._closed or not self.verify_cfg.fork_server:
+                return
+            self._zygote_tried = True
+            try:
+                self._zygote = Zygote()
+            except (ZygoteError, OSError):
+                self._zygote = None
+
     def _spare(self) -> WorkerProcess:
         """A new spare worker: forked at once, its CUDA set-up in the verifier's idle time (``background``)."""
         return WorkerProcess(self._settings, self._zygote, self._gate, background=True)
@@ -236,8 +248,8 @@ class Verifier:
         the job that lost its worker waits for neither (a crashed worker's exit, its CUDA context torn
         down, takes ~0.1 s; a fork from the zygote tens of ms).
 
-        In compile-only mode spares start at the first replacement, so a Verifier that never sees a
-        crash runs ``workers`` processes (on a GPU they start with the Verifier); a crash costs a swap instead of a cold start
+        In compile-only mode spares (and the fork server they fork from) start at the first replacement,
+        so a Verifier that never sees a crash runs ``workers`` processes (on a GPU they start with the Verifier); a crash costs a swap instead of a cold start
         (torch import and CUDA init, ~8 s on an H200 machine).  Replacements are forked from the
         :class:`~dice_ray.verify.zygote.Zygote` (torch already imported) when ``fork_server`` is on.
         Starting a process does not block: a new worker boots while the others serve.
@@ -314,11 +326,14 @@ class Verifier:
                     self.reaped_idle += len(batch)
 
     def _refill(self, retired: list[WorkerProcess], forks: int) -> None:
-        """Close ``retired`` workers (reaping killed ones, removing their folders) and fork ``forks`` spares."""
+        """Close ``retired`` workers (reaping killed ones, removing their folders) and fork ``forks`` spares
+        (starting the fork server first if it is not running yet: compile-only's first spares)."""
         for w in retired:
             w.close()
         fresh: list[WorkerProcess] = []
         try:
+            if forks:
+                self._start_zygote()
             for _ in range(forks):
                 fresh.append(self._spare())
         finally:
