@@ -240,6 +240,20 @@ class StaticReport:
         return (errors or self.violations or [None])[0]
 
 
+def _dice_ray_use_ok(dotted: str) -> bool:
+    """Whether an import-rooted name may be used: of dice_ray only ``dice_ray.launch.<name>`` for the
+    :data:`ALLOWED_LAUNCH_NAMES` (``import dice_ray.launch`` is allowed, and ``dice_ray.launch.configure``
+    would turn the worker's CUDA source check off)."""
+    parts = dotted.split(".")
+    return parts[0] != "dice_ray" or (parts[:2] == ["dice_ray", "launch"] and len(parts) > 2
+                                      and parts[2] in ALLOWED_LAUNCH_NAMES)
+
+
+def _dice_ray_use_message(dotted: str) -> str:
+    return (f"uses {dotted}: of dice_ray a candidate may use only dice_ray.launch's "
+            f"{', '.join(sorted(ALLOWED_LAUNCH_NAMES))} (the others configure the verifier)")
+
+
 def import_allowed(module: str, names: tuple[str, ...] = (), inline: bool = False) -> bool:
     """Whether ``import module`` / ``from module import names`` is on the allow-list; with
     ``inline`` (the load_inline format) also ``torch.utils.cpp_extension`` for ``load_inline``."""
@@ -529,6 +543,8 @@ class _Checker(ast.NodeVisitor):
             self.add("dynamic-code", f"uses {d}, which returns a module (its attributes escape the rules)", node)
         elif hit is not None:
             self.add(hit[0], f"{d} reaches the module {hit[1]}", node)
+        elif not _dice_ray_use_ok(d):
+            self.add("patching", _dice_ray_use_message(d), node)
         elif parts[0] == "torch" and any(p in _TORCH_FILE_IO for p in parts[1:]):
             self.add("file-access", f"uses {d} (file I/O)", node)
         elif parts[0] == "torch" and any(p.startswith("_") and not p.startswith("__") for p in parts[1:]):
@@ -908,6 +924,9 @@ class _Checker(ast.NodeVisitor):
             self.add(_FORBIDDEN_BUILTINS[node.id], f"uses {node.id}", node)
         elif node.id.startswith("__") and node.id not in _ALLOWED_DUNDERS:
             self.add("dynamic-code", f"uses the dunder name {node.id}", node)
+        elif (node.id in self.aliases and isinstance(node.ctx, ast.Load) and not _dice_ray_use_ok(self.aliases[node.id])
+              and not isinstance(getattr(node, "parent", None), ast.Attribute)):  # attributes: check_escape
+            self.add("patching", _dice_ray_use_message(self.aliases[node.id]), node)
         elif node.id == "self" and self.runtime_depth and isinstance(node.ctx, ast.Load) and not self.self_ok(node):
             self.add("forward-state", "run-time code uses self as a value (under another name its attributes are "
                      "state across calls and escape the rules on self)", node)
