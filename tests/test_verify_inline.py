@@ -211,6 +211,49 @@ int more() { tk<4><<<1, 1>>>(nullptr); ck<<<1, 1>>>(nullptr); return 0; }
     assert bad.reason().startswith("load_inline build failed (compile error)")
 
 
+def test_each_linked_extension_is_a_module_of_its_own_name(cache, tmp_path):
+    """Candidates with the same cpp_sources share main.o, hence its module name; one process imports a module
+    name once (pybind11 3's multi-phase init), so a worker that imported one such extension ran its functions
+    for the next candidates too (seen on the H200: a transpose candidate judged by the copy candidate before it).
+    The link renames main.o's init function per .so (inline_compile.rename_init_command); here two .so files
+    from one main.o, each with its own launch(), import side by side and each runs its own code."""
+    import subprocess
+
+    from dice_ray.verify.inline_compile import module_name, rename_init_command
+
+    r = builder(cache).build(fast_spec("names"))
+    assert r.ok, r.log
+    main_o = r.objects[0]
+    syms = subprocess.run(["nm", main_o], capture_output=True, text=True, check=True).stdout
+    (shared,) = [line.split()[-1][len("PyInit_"):] for line in syms.splitlines() if " T PyInit_" in line]
+    libs = {}
+    for v, own in ((1, module_name("1" * 20)), (2, module_name("2" * 20)), (3, shared), (4, shared)):
+        (tmp_path / f"f{v}.cpp").write_text(
+            f"int launch(int n) {{ return n * {v}; }}\n"
+            'extern "C" unsigned long long dice_ray_launches_read() { return 0; }\n'
+            'extern "C" unsigned long long dice_ray_kernel_runs_read() { return 0; }\n'
+            'extern "C" int dice_ray_skip_kernels_set(int) { return 0; }\n')
+        subprocess.run(["g++", "-fPIC", "-c", f"f{v}.cpp", "-o", f"f{v}.o"], cwd=tmp_path, check=True)
+        main = main_o
+        if own != shared:
+            subprocess.run(rename_init_command(main_o, f"m{v}.o", shared, own), cwd=tmp_path, check=True)
+            main = f"m{v}.o"
+        subprocess.run(["g++", "-shared", main, f"f{v}.o", "-o", f"e{v}.so"], cwd=tmp_path, check=True)
+        libs[v] = (own, str(tmp_path / f"e{v}.so"))
+    code = f"""
+import importlib.util, json
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+print(json.dumps([load(name, path).launch(10) for name, path in {list(libs.values())!r}]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    # renamed: each its own; not renamed (the old link): the second .so of a name gives back the first module
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [10, 20, 30, 30]
+
+
 # -- the compile pool ------------------------------------------------------------------------------
 def test_cache_hit_is_much_faster_and_shared_across_builders(cache):
     b = builder(cache)

@@ -65,6 +65,8 @@ from dice_ray.verify.inline_compile import (
     detect_toolchain,
     instrument_cuda,
     link_command,
+    module_name,
+    rename_init_command,
     main_command,
     main_file,
     run_limited,
@@ -410,7 +412,7 @@ class InlineBuilder:
 
     def _result(self, spec: InlineSpec, inst: Any, main_key: str, key: str, o: _Obj, cached: bool = False,
                 objects: tuple[str, ...] = (), so: str | None = None) -> BuildResult:
-        return BuildResult(key=key, ok=o.ok, kind=o.kind, module=f"dice_{main_key[:20]}", path=so, objects=objects,
+        return BuildResult(key=key, ok=o.ok, kind=o.kind, module=module_name(key), path=so, objects=objects,
                            log=o.log, cached=cached, lite=o.lite, counting=inst.counting if inst else "host",
                            kernels=inst.kernels if inst else (), has_cuda=inst is not None)
 
@@ -440,7 +442,7 @@ class InlineBuilder:
         fut.set_result(r)
 
     def _build(self, spec: InlineSpec, inst: Any, main_key: str, cuda_key: str | None, key: str) -> BuildResult:
-        modname = f"dice_{main_key[:20]}"
+        modname = module_name(main_key)
         main_fut = self._obj_pool.submit(self._object, main_key,
                                          lambda: self._compile_main(spec, modname, inst is not None, main_key))
         cuda = (self._object(cuda_key, lambda: self._compile_cuda(spec, inst.source, cuda_key)) if cuda_key
@@ -458,7 +460,8 @@ class InlineBuilder:
             so_path = self.dir / "lib" / f"{key}.so"
             if not so_path.exists():
                 cached = False
-                linked = self._link(objects, so_path, self.vendor_link_args(spec))  # type: ignore[arg-type]
+                linked = self._link(objects, so_path, self.vendor_link_args(spec),  # type: ignore[arg-type]
+                                    rename=(modname, module_name(key)))
                 if not linked.ok:
                     return self._result(spec, inst, main_key, key, linked)
             so = str(so_path)
@@ -584,11 +587,24 @@ class InlineBuilder:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
 
-    def _link(self, objects: tuple[str, ...], so_path: Path, extra: list[str] | None = None) -> _Obj:
+    def _link(self, objects: tuple[str, ...], so_path: Path, extra: list[str] | None = None,
+              rename: tuple[str, str] | None = None) -> _Obj:
+        """Link ``objects`` (main.o first) into ``so_path``; ``rename=(shared, own)``: the extension's init
+        function is renamed from main.o's ``PyInit_<shared>`` to ``PyInit_<own>`` in a copy of main.o
+        (:func:`~dice_ray.verify.inline_compile.rename_init_command`), so every ``.so`` is a module of its own
+        name: main.o is shared by the candidates whose ``cpp_sources`` are the same, and a worker that
+        imported one of them got that first module again for the others (their own CUDA code never ran)."""
         tmp = self._tmpdir("link")
         try:
+            secs = 0.0
+            if rename is not None:
+                kind, log, secs = self._run(rename_init_command(objects[0], "main.o", *rename), tmp)
+                if kind != "ok":
+                    return _Obj(False, kind, None, f"renaming the module's init function failed:\n{log}", secs)
+                objects = (str(tmp / "main.o"), *objects[1:])
             cmd = link_command(self.tc, objects, "ext.so", cuda=len(objects) > 1) + list(extra or ())
-            kind, log, secs = self._run(cmd, tmp)
+            kind, log, link_secs = self._run(cmd, tmp)
+            secs += link_secs
             with self._lock:
                 self._stats["link_s"] += secs
             if kind != "ok":

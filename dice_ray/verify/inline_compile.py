@@ -67,12 +67,14 @@ __all__ = [
     "link_command",
     "main_command",
     "main_file",
+    "module_name",
+    "rename_init_command",
     "run_limited",
     "write_headers",
 ]
 
 #: bump when the generated files or flags change in a way the toolchain key does not see
-COMPILE_VERSION = 4
+COMPILE_VERSION = 5
 MAX_LOG = 20_000
 
 
@@ -427,6 +429,19 @@ def cuda_command(tc: Toolchain, arch: str, host_opt: str, include_dir: Path, nam
     for inc in (*tc.torch_includes, tc.python_include):
         cmd += ["-isystem", inc]
     return [*cmd, *extra, "-c", "inline_build.cu", "-o", "cuda.o"]
+
+
+def module_name(key: str) -> str:
+    """The Python module name of a build: ``dice_<first 20 hex digits of its content key>`` (main.o's,
+    shared by the specs with the same ``cpp_sources``, or a linked ``.so``'s own)."""
+    return f"dice_{key[:20]}"
+
+
+def rename_init_command(main_obj: str, out: str, shared: str, own: str) -> list[str]:
+    """objcopy of ``main_obj`` to ``out`` with its ``PyInit_<shared>`` renamed ``PyInit_<own>``: one process
+    imports a module name once (pybind11 3's multi-phase init, measured: a second ``.so`` of the same
+    name gave back the first module), so each linked extension needs a name of its own."""
+    return ["objcopy", f"--redefine-sym=PyInit_{shared}=PyInit_{own}", main_obj, out]
 
 
 def link_command(tc: Toolchain, objects: tuple[str, ...], out: str, cuda: bool) -> list[str]:
