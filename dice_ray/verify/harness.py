@@ -881,11 +881,12 @@ class Harness:
         if not seeded and not _finite(expected):
             notes.append(f"{label.split(' (')[0]} skipped (the reference gives NaN/inf there)")
             return None
+        self._poison_free_memory()  # one fill serves the ablation's call and this trial's (after it only its own
+        # outputs were freed: NaN where its skipped kernels wrote nothing, else what did not match the reference)
         if ablate:
             self._ablate(model, inputs, expected, label, notes)
         pristine = inputs  # never handed to anyone (the reference ran on clones): the copy to compare with
         cand_in = [_clone(x) for x in inputs]
-        self._poison_free_memory()
         t_call = _perf()
         try:
             out = self._call_candidate(model, cand_in, record=True)
@@ -913,7 +914,7 @@ class Harness:
     def _ablate(self, model: Any, inputs: list[Any], expected: Any, label: str, notes: list[str]) -> None:
         """Rule ``kernel-not-used`` (dice-ray's own rule: an ablation of the candidate's kernels).
 
-        Runs ``model`` once on clones of ``inputs`` (NaN-poisoned free memory first, as in a trial) with
+        Runs ``model`` once on clones of ``inputs`` (on the free memory the trial just NaN-poisoned) with
         every launch of its kernels counted but not run (:func:`dice_ray.launch.kernels_suppressed` for
         load_cuda kernels, :func:`dice_ray.verify.inline.kernels_suppressed` for load_inline ones), and
         compares its outputs with ``expected`` (the reference's on ``inputs``).  Forward may run torch's
@@ -937,7 +938,6 @@ class Harness:
             notes.append("kernel ablation skipped (constant reference outputs)")
             return
         cand_in = [_clone(x) for x in inputs]
-        self._poison_free_memory()
         with _suppress_fast(), _suppress_inline():
             try:
                 with torch.no_grad():
