@@ -118,6 +118,11 @@ def test_static_input_elements_and_level():
     two_inputs = "N = 2048 * 2\nh, w = 8, 4\n" + REF.replace("(N, 1024)", "(N, h * w), torch.rand(N)")
     assert static_input_elements(two_inputs) == 4096 * 32 + 4096
     assert static_input_elements(REF) == 0  # N unknown: a lower bound, not a guess
+    # get_inputs's own constants count (a reference sized through a local escaped the bound: 10**6 x 10**6)
+    local = REF.replace("    return [torch.randn(N, 1024)]", "    n = 10**6\n    return [torch.randn(n, n)]")
+    assert local != REF and static_input_elements(local) == 10**12
+    rebound = REF_SMALL.replace("    return [torch.randn(N, 1024)]", "    N = int(input())\n    return [torch.randn(N, 1024)]")
+    assert rebound != REF_SMALL and static_input_elements(rebound) == 0  # rebound to something unknown: unknown
     assert estimate_level(REF_SMALL) == 1
     assert estimate_level(REF_SMALL.replace("torch.relu(x)", "torch.relu(x) + torch.sigmoid(x)")) == 2
 

@@ -223,6 +223,26 @@ def _static_value(node: ast.AST, env: dict[str, object]) -> object:
     raise _Unknown
 
 
+def _bind_constants(statements: list[ast.stmt], env: dict[str, object]) -> dict[str, object]:
+    """``env`` with the constant assignments among ``statements`` (in order; a later one rebinds) added."""
+    for node in statements:
+        if isinstance(node, ast.Assign):
+            try:
+                value = _static_value(node.value, env)
+            except _Unknown:
+                for target in node.targets:  # a name bound to something unknown is unknown from here on
+                    for name in ast.walk(target):
+                        if isinstance(name, ast.Name):
+                            env.pop(name.id, None)
+                continue
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    env[target.id] = value
+                elif isinstance(target, ast.Tuple) and isinstance(value, tuple) and len(value) == len(target.elts):
+                    env.update({t.id: v for t, v in zip(target.elts, value) if isinstance(t, ast.Name)})
+    return env
+
+
 def static_input_elements(reference_src: str) -> int:
     """A lower bound of the elements ``get_inputs()`` allocates, found without executing anything.
 
@@ -235,22 +255,13 @@ def static_input_elements(reference_src: str) -> int:
         TaskError: the reference breaks a rule of :func:`validate_reference`.
     """
     tree = validate_reference(reference_src)
-    env: dict[str, object] = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign):
-            try:
-                value = _static_value(node.value, env)
-            except _Unknown:
-                continue
-            for target in node.targets:
-                if isinstance(target, ast.Name):
-                    env[target.id] = value
-                elif isinstance(target, ast.Tuple) and isinstance(value, tuple) and len(value) == len(target.elts):
-                    env.update({t.id: v for t, v in zip(target.elts, value) if isinstance(t, ast.Name)})
+    env = _bind_constants(tree.body, {})
     get_inputs = next(
         (n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "get_inputs"),
         None,
     )
+    if get_inputs is not None:  # its own constants too (n = 10**6; randn(n, n))
+        env = _bind_constants(get_inputs.body, dict(env))
     total = 0
     for call in ast.walk(get_inputs) if get_inputs is not None else ():
         if not (isinstance(call, ast.Call) and call_name(call) in _TENSOR_FACTORIES):
