@@ -185,7 +185,7 @@ def test_kernel_ablation_without_a_gpu(monkeypatch):
     from dice_ray.verify.harness import Harness, RuleBroken
 
     h = object.__new__(Harness)  # the parts _ablate uses, without a worker's set-up
-    h.settings, h.device = dict(TOL, half_rtol=5e-2, half_atol=5e-2), None
+    h.settings, h.device, h._host_reads = dict(TOL, half_rtol=5e-2, half_atol=5e-2), None, []
     monkeypatch.setattr(h, "_poison_free_memory", lambda: None)
     monkeypatch.setattr(harness, "_synchronize", lambda device: None)
     seen = []
@@ -208,6 +208,74 @@ def test_kernel_ablation_without_a_gpu(monkeypatch):
     assert notes == []
     h._ablate(model(True), [x], torch.zeros(4, 6), "trial 1", notes)  # a constant reference: not ablated
     assert notes == ["kernel ablation skipped (constant reference outputs)"] and len(seen) == 3
+
+
+def test_kernel_ablation_answers_host_reads_as_the_real_call_did(monkeypatch):
+    """A forward that reads a flag its kernel sets (``item()``) and raises when the flag is clear would tell
+    the ablated call from a real one and dodge rule kernel-not-used: the ablated call's host reads are
+    answered with those OpRecorder kept from the previous recorded call (HostReadReplay), so it sees the flag
+    set and its copy-op answer is caught.  (On a GPU, with a real kernel and a copy to a host tensor too:
+    tests/corpus/cheats/ablation_probe_*.py.)"""
+    from dice_ray import launch
+    from dice_ray.verify import harness
+    from dice_ray.verify.harness import Harness, OpRecorder, RuleBroken
+
+    h = object.__new__(Harness)
+    h.settings, h.device, h._host_reads = dict(TOL, half_rtol=5e-2, half_atol=5e-2), None, []
+    monkeypatch.setattr(h, "_poison_free_memory", lambda: None)
+    monkeypatch.setattr(harness, "_synchronize", lambda device: None)
+
+    def probing(x):
+        flag = torch.zeros(1, dtype=torch.int32)
+        if not launch._suppressed:
+            flag.fill_(1)  # what its kernel does
+        if flag.item() == 0:
+            raise RuntimeError("its kernels were skipped")
+        return x.t().contiguous()
+
+    def honest(x):  # reads a count its kernel makes, then fills the output with its kernel
+        count = torch.zeros(1, dtype=torch.int64)
+        if not launch._suppressed:
+            count.fill_(x.numel())
+        out = torch.full((int(count.item()),), float("nan"))
+        if not launch._suppressed:
+            out.copy_(x.reshape(-1) * 2)
+        return out
+
+    x = torch.randn(6, 4)
+    h._ablate(probing, [x], x.t().contiguous(), "trial 1", [])  # nothing recorded: it raises, no verdict
+    for forward, expected in ((probing, x.t().contiguous()), (honest, x.reshape(-1) * 2)):
+        recorder = OpRecorder()
+        with recorder:
+            forward(torch.randn(6, 4))  # the previous trial's call, on other inputs
+        h._host_reads = recorder.host_reads
+        if forward is honest:
+            assert [r[:2] for r in recorder.host_reads] == [("scalar", torch.int64)]
+            h._ablate(honest, [x], expected, "trial 1", [])  # its outputs still need its kernels
+        else:
+            assert recorder.host_reads == [("scalar", torch.int32, 1)]
+            with pytest.raises(RuleBroken, match="trial 1: with every launch") as e:
+                h._ablate(probing, [x], expected, "trial 1", [])
+            assert e.value.rule == "kernel-not-used"
+
+
+def test_host_read_replay_answers_in_order_and_only_like_for_like():
+    """HostReadReplay: the n-th scalar read of the recorded dtype gets the n-th recorded value (item, bool, int
+    and float all read through aten _local_scalar_dense); another dtype, or a read past the record, reads the
+    tensor; OpRecorder keeps scalar reads in order, and forbidden ops as before."""
+    from dice_ray.verify.harness import HostReadReplay, OpRecorder
+
+    one = torch.tensor([1], dtype=torch.int32)
+    recorder = OpRecorder()
+    with recorder:
+        one.item(), bool(one), float(torch.tensor([2.5])), one + one
+    assert recorder.host_reads == [("scalar", torch.int32, 1), ("scalar", torch.int32, 1),
+                                   ("scalar", torch.float32, 2.5)]
+    assert recorder.forbidden == ["add"]
+    zero = torch.tensor([0], dtype=torch.int32)
+    with HostReadReplay(recorder.host_reads) as replay:
+        got = [zero.item(), bool(zero), int(torch.tensor([7])), zero.item()]
+    assert got == [1, True, 7, 0] and replay.replayed == 2  # int64 is not float32's: read; then past the record
 
 
 @pytest.mark.gpu

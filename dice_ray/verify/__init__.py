@@ -20,7 +20,8 @@ memory poisoned with NaN, candidate run before the reference); input mutation; s
 threads and patched timers (static rules, timing through pre-bound CUDA events on the launch
 stream); torch fallbacks (static rules + a dispatch-mode op check); decoy kernels (launch counter
 on every call); answers computed by the copy ops forward may run beside a kernel that does nothing
-(a kernel ablation: one call with the candidate's kernels counted but not run); behaviour that
+(a kernel ablation: one call with the candidate's kernels counted but not run, its host reads
+answered as in the real call before it, so a flag its kernel sets does not tell it); behaviour that
 changes after the correctness phase (a launch check on every timed call and a final comparison
 after timing).
 
@@ -30,5 +31,6 @@ between CUDA events on the launching stream (``timing``): work on another stream
 5-10 us of a window's stream end goes untimed; the dispatch-mode op check runs only in the
 correctness trials and the dry run (the launch check runs on every call, the import guard always);
 the kernel ablation only sees a kernel that does nothing the outputs need: one that writes a single
-element of an answer copied by torch passes it.
+element of an answer copied by torch passes it, and load_inline host code can see that its kernels
+were skipped by reading device memory with ``cudaMemcpy`` (only reads through aten ops are replayed).
 """

@@ -23,7 +23,8 @@ with the run-time anti-cheat rules added:
   candidate runs once on that trial's inputs with every launch of its kernels counted but not run
   (:func:`dice_ray.launch.kernels_suppressed`, :func:`dice_ray.verify.inline.kernels_suppressed`);
   outputs that still match the reference were computed by its allowed copy/fill ops, not its kernels
-  (a transpose as ``x.t().contiguous()`` next to a kernel that does nothing);
+  (a transpose as ``x.t().contiguous()`` next to a kernel that does nothing); the values forward reads
+  onto the host in that call are the previous trial's (:class:`HostReadReplay`);
 * fp32 outputs are compared with a float64 run of the reference: ``precision-downgrade`` (from the
   second job of a reference on, a bound from its facts, :mod:`dice_ray.verify.reference_facts`,
   clears an honest output without the float64 run);
@@ -65,7 +66,7 @@ from dice_ray.verify.correctness import (Comparison, compare_outputs, constant_o
 from dice_ray.verify.reference_facts import ReferenceFacts
 from dice_ray.verify.rules import check_cuda_source, import_allowed
 
-__all__ = ["ALLOWED_ATEN_OPS", "Harness", "JobResult", "RuleBroken", "warm_imports"]
+__all__ = ["ALLOWED_ATEN_OPS", "Harness", "HostReadReplay", "JobResult", "OpRecorder", "RuleBroken", "warm_imports"]
 
 # Bound at import, before any candidate runs (patching these later cannot fool the harness).
 _synchronize = torch.cuda.synchronize
@@ -179,17 +180,72 @@ class JobResult:
         return asdict(self)
 
 
+_MAX_HOST_READS = 64  # host reads of one call kept for the kernel ablation's replay (HostReadReplay)
+_MAX_HOST_COPY_BYTES = 2**20  # a device-to-host copy larger than this is not kept (nor replayed)
+
+
+def _device_to_host(args: tuple) -> bool:
+    """Whether ``copy_(dst, src)``'s arguments copy device memory into a host tensor."""
+    return (len(args) >= 2 and isinstance(args[1], torch.Tensor) and args[0].device.type == "cpu"
+            and args[1].device.type not in ("cpu", "meta"))
+
+
 class OpRecorder(TorchDispatchMode):
-    """Records the aten ops run under it that are not in :data:`ALLOWED_ATEN_OPS`."""
+    """Records the aten ops run under it that are not in :data:`ALLOWED_ATEN_OPS` (``forbidden``), and the
+    values the code read from tensors onto the host (``host_reads``, in order: ``("scalar", dtype, value)``
+    for ``item()``/``bool()``/``int()``/``float()`` (aten ``_local_scalar_dense``), ``("copy", host tensor)``
+    for a device-to-host ``copy_`` of at most 1 MiB; the first 64), for :class:`HostReadReplay`."""
 
     def __init__(self) -> None:
         super().__init__()
         self.forbidden: list[str] = []
+        self.host_reads: list[tuple] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         name = func.overloadpacket.__name__
         if name not in ALLOWED_ATEN_OPS and name not in self.forbidden:
             self.forbidden.append(name)
+        out = func(*args, **(kwargs or {}))
+        if len(self.host_reads) < _MAX_HOST_READS:
+            if name == "_local_scalar_dense":
+                self.host_reads.append(("scalar", args[0].dtype, out))
+            elif (name == "copy_" and _device_to_host(args)
+                  and args[0].numel() * args[0].element_size() <= _MAX_HOST_COPY_BYTES):
+                self.host_reads.append(("copy", args[0].clone()))
+        return out
+
+
+class HostReadReplay(TorchDispatchMode):
+    """Answers the host reads of the code run under it with those an earlier call made (``reads``: an
+    :class:`OpRecorder`'s ``host_reads``), in order: the n-th ``_local_scalar_dense`` of a tensor of the
+    recorded dtype gets the n-th recorded scalar, the n-th device-to-host ``copy_`` into a host tensor of
+    the recorded shape and dtype gets the n-th recorded copy; reads past the record, or of another dtype
+    or shape, read the tensor.  Every op runs as it would without the mode.
+
+    The kernel ablation (rule ``kernel-not-used``, :meth:`Harness._ablate`) runs forward under it, so a
+    forward that checks a flag its kernel writes (``if flag.item() == 0: raise``) sees the flag as set,
+    as in its real call, and cannot tell that its kernels were skipped.  ``replayed`` counts the reads
+    answered from the record.
+    """
+
+    def __init__(self, reads: list[tuple]) -> None:
+        super().__init__()
+        self._scalars = [r for r in reads if r[0] == "scalar"]
+        self._copies = [r[1] for r in reads if r[0] == "copy"]
+        self.replayed = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        name = func.overloadpacket.__name__
+        if name == "_local_scalar_dense" and self._scalars:
+            _, dtype, value = self._scalars.pop(0)
+            if dtype == args[0].dtype:
+                self.replayed += 1
+                return value
+        elif name == "copy_" and self._copies and _device_to_host(args):
+            kept = self._copies.pop(0)
+            if kept.shape == args[0].shape and kept.dtype == args[0].dtype:
+                self.replayed += 1
+                return func(args[0], kept)
         return func(*args, **(kwargs or {}))
 
 
@@ -454,6 +510,7 @@ class Harness:
             if rec is not None:
                 with rec:
                     out = model(*args)
+                self._host_reads = rec.host_reads  # for the kernel ablation's replay (_ablate)
             else:
                 out = model(*args)
         if _launch_count() == before:
@@ -482,6 +539,7 @@ class Harness:
         for a bad candidate or reference."""
         result = JobResult("crash")
         self._error_at: float | None = None  # when the candidate's forward raised (_trial)
+        self._host_reads: list[tuple] = []  # the last recorded call's host reads (OpRecorder), replayed by _ablate
         try:
             result = self._run(job, stage)
         except RuleBroken as e:
@@ -924,7 +982,11 @@ class Harness:
         kernels were computed that way.  Nothing changes when the ablated call raises (it needed its
         kernels) or gives wrong outputs.  Skipped, with a note, when every reference output is constant
         (:func:`~dice_ray.verify.correctness.constant_outputs`: an honest ``torch.zeros`` output buffer
-        would match it).
+        would match it).  Values forward reads onto the host (``item()``, a copy to a host tensor) are
+        answered with those of the previous trial's call (:class:`HostReadReplay`): a forward that checks
+        a flag its kernel sets, and raises or returns garbage when the flag is clear, cannot tell the
+        ablated call from a real one (a forward whose outputs need its kernels still gets wrong outputs:
+        the replayed values are another input's).
 
         The harness runs it in the trial after trial 0, before that trial's own call, on that trial's
         inputs: the candidate has not seen them, so no buffer it kept (an output buffer made in
@@ -940,7 +1002,7 @@ class Harness:
         cand_in = [_clone(x) for x in inputs]
         with _suppress_fast(), _suppress_inline():
             try:
-                with torch.no_grad():
+                with torch.no_grad(), HostReadReplay(self._host_reads):
                     out = model(*cand_in)
                 _synchronize(self.device)
                 _check_output_types(out)
