@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -276,6 +277,10 @@ def test_host_read_replay_answers_in_order_and_only_like_for_like():
     with HostReadReplay(recorder.host_reads) as replay:
         got = [zero.item(), bool(zero), int(torch.tensor([7])), zero.item()]
     assert got == [1, True, 7, 0] and replay.replayed == 2  # int64 is not float32's: read; then past the record
+    pinned = OpRecorder()  # rule host-memory at run time: an allocation with pin_memory=True (needs CUDA to succeed)
+    with pinned, contextlib.suppress(RuntimeError):
+        torch.zeros(1, pin_memory=True)
+    assert pinned.pinned == ["zeros"] and pinned.forbidden == []
 
 
 @pytest.mark.gpu

@@ -384,6 +384,18 @@ def test_honest_inline_candidate_passes_the_rules():
     ("    auto h = at::cuda::getCurrentCUDABlasHandle();", "#include <ATen/cuda/CUDAContext.h>", "cuda-library"),
     ("", "#include <cublas_v2.h>", "cuda-library"),
     ("    cudaStream_t s; cudaStreamCreate(&s);", "", "cuda-stream"),
+    # memory a kernel writes and the host reads outside torch (a flag that tells forward its kernels ran)
+    ("    int h; cudaMemcpy(&h, y.data_ptr(), 4, cudaMemcpyDeviceToHost);", "", "host-memory"),
+    ("    int h; cudaMemcpy(&h, y.data_ptr(), 4, (cudaMemcpyKind)2);", "", "host-memory"),
+    ("    int h; cudaMemcpyAsync(&h, y.data_ptr(), 4, KIND, 0);", "#define KIND cudaMemcpyDefault", "host-memory"),
+    ("    int* f; cudaMallocManaged(&f, 4);", "", "host-memory"),
+    ("    int* f; cudaHostAlloc(&f, 4, 0);", "", "host-memory"),
+    ("    auto f = torch::zeros({1}, torch::TensorOptions().pinned_memory(true));", "", "host-memory"),
+    ("    int h = 0; cudaMemcpyFromSymbol(&h, flag, 4);", "__device__ int flag;", "host-memory"),
+    ("", "__managed__ int flag;", "host-memory"),
+    ("    int h[2] = {1, 2}; int* d; cudaMalloc(&d, 8); cudaMemcpy(d, h, 8, cudaMemcpyHostToDevice);\n"
+     "    cudaMemcpy(d, d, 4, ::cudaMemcpyDeviceToDevice); cudaMemcpyToSymbol(c, h, 8); cudaFree(d);",
+     "__constant__ int c[2];", None),
     ("    std::thread t([] {}); t.join();", "#include <thread>", "forbidden-import"),
     ("    std::system(\"ls\");", "#include <cstdlib>", "file-access"),
     ("    auto p = popen(\"ls\", \"r\");", "", "file-access"),

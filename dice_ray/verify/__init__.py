@@ -31,6 +31,7 @@ between CUDA events on the launching stream (``timing``): work on another stream
 5-10 us of a window's stream end goes untimed; the dispatch-mode op check runs only in the
 correctness trials and the dry run (the launch check runs on every call, the import guard always);
 the kernel ablation only sees a kernel that does nothing the outputs need: one that writes a single
-element of an answer copied by torch passes it, and load_inline host code can see that its kernels
-were skipped by reading device memory with ``cudaMemcpy`` (only reads through aten ops are replayed).
+element of an answer copied by torch passes it (host reads through aten ops are replayed in it; the
+other ways for a kernel to reach the host, pinned, mapped or managed memory and device-to-host
+``cudaMemcpy``, are static rule ``host-memory``, pinned allocations also a run-time one).
 """

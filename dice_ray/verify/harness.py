@@ -194,17 +194,21 @@ class OpRecorder(TorchDispatchMode):
     """Records the aten ops run under it that are not in :data:`ALLOWED_ATEN_OPS` (``forbidden``), and the
     values the code read from tensors onto the host (``host_reads``, in order: ``("scalar", dtype, value)``
     for ``item()``/``bool()``/``int()``/``float()`` (aten ``_local_scalar_dense``), ``("copy", host tensor)``
-    for a device-to-host ``copy_`` of at most 1 MiB; the first 64), for :class:`HostReadReplay`."""
+    for a device-to-host ``copy_`` of at most 1 MiB; the first 64), for :class:`HostReadReplay`; and the ops that
+    allocated pinned host memory (``pinned``: rule ``host-memory``, which a kernel given its address writes)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.forbidden: list[str] = []
         self.host_reads: list[tuple] = []
+        self.pinned: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         name = func.overloadpacket.__name__
         if name not in ALLOWED_ATEN_OPS and name not in self.forbidden:
             self.forbidden.append(name)
+        if kwargs and kwargs.get("pin_memory") and name not in self.pinned:
+            self.pinned.append(name)
         out = func(*args, **(kwargs or {}))
         if len(self.host_reads) < _MAX_HOST_READS:
             if name == "_local_scalar_dense":
@@ -515,6 +519,9 @@ class Harness:
                 out = model(*args)
         if _launch_count() == before:
             raise RuleBroken("no-kernel-launch", "a call of ModelNew.forward launched no kernel of the candidate")
+        if rec is not None and rec.pinned:
+            raise RuleBroken("host-memory", f"forward allocated pinned host memory ({', '.join(rec.pinned)} with "
+                             "pin_memory=True): a kernel given its address writes host memory")
         if rec is not None and rec.forbidden:
             raise RuleBroken("forward-torch-op", f"forward ran torch ops outside its kernels: {rec.forbidden}")
         _check_output_types(out)

@@ -105,6 +105,20 @@ _STREAM_NAMES = re.compile(
     r"cuEvent\w*|getStreamFromPool|getStreamFromExternal|CUDAStreamGuard|OptionalCUDAStreamGuard|"
     r"CUDAMultiStreamGuard|setCurrentCUDAStream|CUDAGraph|CUDAEvent)$"
 )
+#: memory both the host and a kernel reach (pinned, mapped, managed), and copies from device to host outside
+#: torch: a kernel that writes a flag there tells the host code that it ran, which the verifier's kernel
+#: ablation must not (rule ``host-memory``; none of DICE's 4,099 solutions uses one)
+_HOST_MEMORY_NAMES = re.compile(
+    r"^(cudaMallocManaged|cudaMallocHost|cudaHostAlloc|cudaHostRegister|cudaHostGetDevicePointer|cudaMemcpyDeviceToHost|"
+    r"cudaMemcpyDefault|cudaMemcpyFromSymbol\w*|cudaMemcpy3D\w*|cudaMemcpyPeer\w*|cudaMemcpy\w*FromArray\w*|"
+    r"cudaMemPrefetchAsync|cudaMemAdvise\w*|cudaStreamAttachMemAsync|cuMemAllocManaged|cuMemHostAlloc|cuMemAllocHost\w*|"
+    r"cuMemHostRegister\w*|cuMemHostGetDevicePointer\w*|cuMemcpy\w*|__managed__|pinned_memory|pin_memory|"
+    r"getPinnedMemoryAllocator|getCachingHostAllocator|CachingHostAllocator\w*|HostAllocator)$")
+#: cudaMemcpy calls -> the index of their cudaMemcpyKind argument (optional for the ToSymbol ones), and the kinds
+#: that copy nothing to the host
+_MEMCPY_KIND_ARG = {"cudaMemcpy": 3, "cudaMemcpyAsync": 3, "cudaMemcpy2D": 6, "cudaMemcpy2DAsync": 6,
+                    "cudaMemcpyToSymbol": 4, "cudaMemcpyToSymbolAsync": 4}
+_MEMCPY_KINDS_OK = frozenset({"cudaMemcpyHostToDevice", "cudaMemcpyDeviceToDevice", "cudaMemcpyHostToHost"})
 _THREAD_CALLS = frozenset({"pthread_create", "thread", "jthread", "async", "packaged_task"})
 _SYSTEM_CALLS = frozenset({"system", "popen", "fork", "vfork", "execl", "execlp", "execle", "execv", "execvp",
                            "execvpe", "execve", "posix_spawn", "posix_spawnp", "dlopen", "dlsym", "fopen", "freopen",
@@ -301,6 +315,9 @@ class _SourceChecker:
                 self.launches += 1
             elif t in ("identifier", "type_identifier", "namespace_identifier", "field_identifier"):
                 self.name(node)
+            elif t == "type_qualifier" and node_text(node) == "__managed__":
+                self.add("host-memory", "declares a __managed__ variable (memory a kernel writes and the host reads "
+                         "outside torch)", node)
             elif t in ("preproc_def", "preproc_function_def"):
                 self.macro(node)
             elif t == "namespace_definition" and node.child_by_field_name("name") is not None and \
@@ -370,6 +387,8 @@ class _SourceChecker:
             self.add("cuda-library", f"uses {text} (a vendor math library)", node)
         elif _STREAM_NAMES.match(text):
             self.add("cuda-stream", f"uses {text} (streams, events or graphs hide work from the timed stream)", node)
+        elif _HOST_MEMORY_NAMES.match(text):
+            self.add("host-memory", f"uses {text} (memory a kernel writes and the host reads outside torch)", node)
         elif node.type == "namespace_identifier" and text in ("py", "pybind11"):
             self.add("dynamic-code", f"uses {text}:: (calls into Python from C++)", node)
         elif node.type == "identifier" and re.match(r"^Py[A-Z]\w*_\w+$|^Py_\w+$", text):
@@ -439,6 +458,8 @@ class _SourceChecker:
                          "ATen APIs are allowed: compute must be in the candidate's kernels)", node)
         elif fn.type == "identifier":
             name = node_text(fn)
+            if name in _MEMCPY_KIND_ARG:
+                self.memcpy_kind(node, name)
             if name in _SYSTEM_CALLS:
                 self.add("file-access", f"calls {name}()", node)
             elif name in ("pthread_create",):
@@ -460,6 +481,19 @@ class _SourceChecker:
             if method in _torch_names()[1]:
                 self.add("cpp-torch-op", f"host code calls the tensor method .{method}() (only allocation, view and "
                          "metadata methods are allowed)", node)
+
+    def memcpy_kind(self, node: Any, name: str) -> None:
+        """``host-memory`` unless a cudaMemcpy's kind is spelled as one that copies nothing to the host (a cast
+        integer, a variable or a macro may be cudaMemcpyDeviceToHost)."""
+        args = self.arguments(node)
+        at = _MEMCPY_KIND_ARG[name]
+        if len(args) <= at and "ToSymbol" in name:
+            return  # the default kind: cudaMemcpyHostToDevice
+        kind = node_text(args[at]).strip() if len(args) > at else "(none)"
+        if kind.split("::")[-1] not in _MEMCPY_KINDS_OK:
+            self.add("host-memory", f"{name}(...) with kind {kind}: only cudaMemcpyHostToDevice, "
+                     "cudaMemcpyDeviceToDevice and cudaMemcpyHostToHost may be spelled (reads of device memory go "
+                     "through torch)", node)
 
     @staticmethod
     def arguments(call: Any) -> list[Any]:

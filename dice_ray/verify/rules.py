@@ -117,6 +117,9 @@ RULES: dict[str, Rule] = {
         Rule("module-state", "cheat", "module top level: imports, defs, classes, constants and load_cuda(...) only"),
         Rule("cuda-library", "cheat", "no cuBLAS / cuDNN / CUTLASS / CuTe / thrust / cuSPARSE / cuFFT / cuSOLVER includes "
              "(load_inline format: allowed with verify.allow_vendor_libraries, NCCL/NVSHMEM never)"),
+        Rule("host-memory", "cheat",
+             "no memory that kernels write and the host reads outside torch: pinned, mapped or managed memory, "
+             "device-to-host cudaMemcpy (a kernel's flag there tells forward whether its kernels ran)"),
         Rule("no-kernel-launch", "cheat", "forward must launch at least one of the candidate's kernels on every call"),
         Rule("kernel-not-used", "cheat",
              "outputs must need the candidate's kernels: right with every kernel launch skipped means torch's "
@@ -1038,6 +1041,8 @@ class _Checker(ast.NodeVisitor):
             self.add("dynamic-code", f"accesses .{node.attr} (frames and globals)", node)
         elif node.attr in _FILE_IO_ATTRS:
             self.add("file-access", f"uses .{node.attr} (file I/O)", node)
+        elif node.attr == "pin_memory":
+            self.add("host-memory", "uses .pin_memory (pinned host memory: a kernel given its address writes it)", node)
         elif node.attr in ("format", "format_map") and isinstance(node.ctx, ast.Load):
             self.check_format(node)
         elif node.attr in _STRING_EVAL_NAMES:
@@ -1144,6 +1149,9 @@ class _Checker(ast.NodeVisitor):
         d = self.dotted(f)
         if isinstance(f, ast.Name) and f.id == "type" and len(node.args) == 3:
             self.add("dynamic-code", "type() with 3 arguments creates a class dynamically", node)
+        for k in node.keywords:
+            if k.arg == "pin_memory" and not (isinstance(k.value, ast.Constant) and k.value.value in (False, None)):
+                self.add("host-memory", "pin_memory= (pinned host memory: a kernel given its address writes it)", node)
         if d in ("torch.utils.cpp_extension.load_inline", "torch.utils.cpp_extension.load") and not (
                 self.inline and d.endswith("load_inline")):
             self.add("unsupported-format", f"calls {d}", node)
