@@ -519,7 +519,8 @@ class DiceConfig(_Section):
 
     run_dir: str = Field("runs", description="Parent folder of run directories.")
     run_name: str | None = Field(None, description="Run folder name under run_dir (None: a timestamp); one folder name, "
-                                 "no path separators (it names the run in storage_path too).")
+                                 "no path separators (it names the run in storage_path too). A folder that holds a run is refused: "
+                                 "dice-ray train --resume continues that run.")
     checkpoint_every: int = Field(1, ge=1, description="RL steps between checkpoints of dice-ray train.")
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept (oldest deleted first).")
     storage_path: str | None = Field(

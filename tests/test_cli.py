@@ -1,6 +1,7 @@
 """The `dice-ray` command line: verify's JSON contract and exit codes, config errors before any actor."""
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -274,12 +275,12 @@ def test_config_errors_name_every_bad_key_in_one_line(capsys, tmp_path):
 
 @pytest.mark.parametrize("spec, says", [("dice:{tmp}/absent.json", "does not exist"),
                                         ("jsonl:{tmp}/empty.jsonl", "no task accepted (jsonl:"),
-                                        ("dice:{tmp}/bad.json", "bad-json: 1")])
+                                        ("dice:{tmp}/bad.json", "bad-json: 1)): rejected {tmp}/bad.json[file]: bad-json: ")])
 def test_train_bad_tasks_fail_before_ray_or_a_run_folder(tmp_path, spec, says, capsys):
     (tmp_path / "empty.jsonl").write_text("\n")
     (tmp_path / "bad.json").write_text("[{")
     rc, out, err = _main(capsys, "train", "--tasks", spec.format(tmp=tmp_path), f"run_dir={tmp_path / 'runs'}")
-    assert rc == 2 and says in err, err
+    assert rc == 2 and says.format(tmp=tmp_path) in err, err
     assert len(err.strip().splitlines()) == 1
     assert "ray" not in out.lower() and not (tmp_path / "runs").exists()  # was: Ray started, run folder left
 
@@ -381,8 +382,16 @@ def test_train_interrupted_says_how_far_it_got_and_how_to_resume(tmp_path, monke
         raise KeyboardInterrupt
 
     monkeypatch.setattr(trainer_mod.Trainer, "run", interrupted)
-    assert main(["train", f"run_dir={tmp_path}", "run_name=stopped", "rl.steps=5"]) == 130
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        assert main(["train", f"run_dir={tmp_path}", "run_name=stopped", "rl.steps=5"]) == 130
+        calm = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert calm is not before
+    calm(signal.SIGINT, None)  # a second Ctrl-C while it shuts down only says so (it printed Ray's tracebacks)
     out = " ".join(capsys.readouterr().out.split())
+    assert "stopping: the actors and Ray are shutting down" in out
     assert "stopped (interrupted) with 2 of 5 steps done" in out
     assert f"dice-ray train --resume {tmp_path / 'stopped'}" in out
     # dice-ray report says so, not "still running" (a fresh user's report of a run stopped minutes before)
@@ -393,6 +402,39 @@ def test_train_interrupted_says_how_far_it_got_and_how_to_resume(tmp_path, monke
     report = markdown_report(load_run(tmp_path / "stopped"))
     assert report.startswith("# dice-ray run `stopped` (stopped)") and "still running" not in report
     assert "Status: stopped (interrupted) at " in report and "with 2 of 5 steps done" in report
+
+
+def test_train_refuses_a_run_name_that_holds_a_run(tmp_path, monkeypatch, capsys):
+    """A second `dice-ray train run_name=r` appended to r's metrics, overwrote its config and rotated its checkpoints
+    away (a fresh user's trial, stop 38): it is refused before anything starts, with the --resume command; a folder
+    without a run is used, and a default timestamp another run took gets -2."""
+    from dice_ray.cli import main
+    from dice_ray.cluster import trainer as trainer_mod
+    from dice_ray.config import DiceConfig
+
+    started = []
+    monkeypatch.setattr(trainer_mod.Trainer, "run", lambda self: started.append(self.run_dir) or {})
+    monkeypatch.setattr(trainer_mod.Trainer, "shutdown", lambda self: None)
+    (tmp_path / "r" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "r" / "metrics.jsonl").write_text('{"step": 0}\n')
+    assert main(["train", f"run_dir={tmp_path}", "run_name=r"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"run_name=r: {tmp_path / 'r'} already holds a run (metrics.jsonl, checkpoints)" in err
+    assert f"`dice-ray train --resume {tmp_path / 'r'}` continues it" in err and not started
+    assert (tmp_path / "r" / "metrics.jsonl").read_text() == '{"step": 0}\n'  # untouched
+    (tmp_path / "empty").mkdir()
+    assert trainer_mod.new_run_dir(DiceConfig(run_dir=str(tmp_path), run_name="empty")) == tmp_path / "empty"
+
+    class Frozen:  # two runs started in the same second
+        @staticmethod
+        def now():
+            from datetime import datetime
+            return datetime(2026, 12, 3, 17, 0, 0)
+
+    monkeypatch.setattr(trainer_mod, "datetime", Frozen)
+    (tmp_path / "20261203-170000").mkdir()
+    (tmp_path / "20261203-170000-2").mkdir()
+    assert trainer_mod.new_run_dir(DiceConfig(run_dir=str(tmp_path))) == tmp_path / "20261203-170000-3"
 
 
 def test_train_that_fails_leaves_the_reason_for_report(tmp_path, monkeypatch, capsys):

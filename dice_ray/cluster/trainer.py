@@ -250,13 +250,16 @@ class Trainer:
         report = load_tasks(cfg.tasks.spec, max_input_elements=cfg.tasks.max_input_elements)
         tasks = report.tasks[: cfg.tasks.max_tasks]  # None: all
         if not tasks:
-            raise ValueError(f"tasks.spec={cfg.tasks.spec!r}: no task accepted ({report.summary()})")
+            raise ValueError(f"tasks.spec={cfg.tasks.spec!r}: no task accepted ({report.summary()}): "
+                             + "; ".join(report.rejection_lines(5)))
         self.ray_info = start_ray(cfg.cluster.address)  # an unreachable address fails before the run folder exists
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / STOPPED_FILE).unlink(missing_ok=True)  # a session starts: the last one's early end is history
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         con.print(f"[bold]ray[/] {self.ray_info['address']}  dashboard: {self.ray_info['dashboard']}")
         con.print(f"[bold]tasks[/] {report.summary()}")
+        for line in report.rejection_lines():
+            con.print(f"  {line}", markup=False, highlight=False)
         self.train_tasks, self.heldout = split_tasks(tasks, cfg.tasks.heldout_fraction)
         self.tasks = {t.task_id: t for t in tasks}
         con.print(f"[bold]split[/] {len(self.train_tasks)} training tasks, {len(self.heldout)} held out")
@@ -674,10 +677,32 @@ def waiting(console: Console, what: str) -> Iterator[None]:
         yield
 
 
+#: what a folder holds once a run used it (a second run there would append to its metrics, overwrite its config and
+#: rotate its checkpoints away)
+RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints")
+
+
 def new_run_dir(cfg: DiceConfig) -> Path:
-    """``cfg.run_dir / (run_name or a timestamp)``."""
-    name = cfg.run_name or datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path(cfg.run_dir).expanduser().resolve() / name
+    """``cfg.run_dir / (run_name or a timestamp)``: a folder no run has used.  A timestamp another run took (two
+    runs started in the same second) gets ``-2``, ``-3``, ...
+
+    Raises:
+        ValueError: ``run_name`` names a folder that holds a run (:data:`RUN_FILES`); the message gives the
+            ``--resume`` command that continues it.
+    """
+    root = Path(cfg.run_dir).expanduser().resolve()
+    if cfg.run_name:
+        path = root / cfg.run_name
+        used = [f for f in RUN_FILES if (path / f).exists()]
+        if used:
+            raise ValueError(f"run_name={cfg.run_name}: {path} already holds a run ({', '.join(used)}); "
+                             f"`dice-ray train --resume {path}` continues it, another run_name starts a new one")
+        return path
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    path, n = root / stamp, 2
+    while path.exists():
+        path, n = root / f"{stamp}-{n}", n + 1
+    return path
 
 
 #: config sections a resume cannot change: the checkpoint's policy (family, shape, weights) and the task list whose
@@ -730,6 +755,7 @@ def train(config_path: str | None, overrides: list[str], resume: str | None, con
             no data file (before the run folder or Ray is started).
         ValueError: ``tasks.spec`` is malformed or no task of it is accepted (before the run folder or Ray
             is started; the message counts the rejections by rule).
+        ValueError: ``run_name`` names a folder that holds a run (:func:`new_run_dir`).
     """
     if resume:
         run_dir = Path(resume).expanduser().resolve()
@@ -745,6 +771,7 @@ def train(config_path: str | None, overrides: list[str], resume: str | None, con
     try:
         return trainer.run()
     except KeyboardInterrupt:
+        _calm_further_interrupts(trainer.console)
         done = mark_stopped(run_dir, "interrupted", cfg.rl.steps)
         trainer.console.print(f"[bold]stopped[/] (interrupted) with {done} of {cfg.rl.steps} steps done; "
                               f"continue from the last checkpoint: dice-ray train --resume {run_dir}")
@@ -754,6 +781,18 @@ def train(config_path: str | None, overrides: list[str], resume: str | None, con
         raise
     finally:
         trainer.shutdown()
+
+
+def _calm_further_interrupts(console: Console) -> None:
+    """After the first Ctrl-C, another one (while the actors and the local Ray cluster shut down, seconds) only
+    says that the run is stopping: raised inside Ray's own shutdown, and again in its exit handler, it printed
+    tracebacks (a fresh user's trial, stop 38).  Main thread only (signals are set there)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, lambda *_: console.print("stopping: the actors and Ray are shutting down "
+                                                              "(Ctrl-\\ kills at once)"))
 
 
 def mark_stopped(run_dir: Path, reason: str, steps: int) -> int:

@@ -62,10 +62,6 @@ class Candidate:
         return f"{self.task.task_id}#{self.sample}"
 
 
-#: rejected records listed one a line by :func:`load_eval_tasks` (the rest are counted)
-SHOWN_REJECTIONS = 20
-
-
 #: ``dice-ray eval --split``: which part of the task list (:func:`~dice_ray.tasks.loaders.split_tasks`)
 SPLITS = ("all", "heldout", "train")
 
@@ -91,7 +87,7 @@ def load_eval_tasks(spec: str, cfg: DiceConfig, log: Callable[[str], None] = lam
                     split: str = "all", split_from: TasksConfig | None = None) -> list[Task]:
     """The tasks of ``spec`` (``tasks.max_input_elements`` cap): the ``split`` part, then the first
     ``tasks.max_tasks`` of it. ``log`` gets the load summary, one line a rejected record (file, index or line,
-    reason; the first :data:`SHOWN_REJECTIONS`) and the split's.
+    reason; :meth:`~dice_ray.tasks.loaders.LoadReport.rejection_lines`) and the split's.
 
     ``split`` is ``all``, or the ``heldout`` / ``train`` part of the split a ``dice-ray train`` run made
     (:func:`~dice_ray.tasks.loaders.split_tasks`): with ``split_from`` (the run's ``tasks`` section,
@@ -107,10 +103,8 @@ def load_eval_tasks(spec: str, cfg: DiceConfig, log: Callable[[str], None] = lam
         raise EvalInputError(f"--split {split!r}: one of {', '.join(SPLITS)}")
     report = load_tasks(spec, max_input_elements=cfg.tasks.max_input_elements)
     log(f"tasks {report.summary()}")
-    for r in report.rejected[:SHOWN_REJECTIONS]:
-        log(f"  rejected {r.source}[{r.index}]: {r.reason[:200]}")
-    if len(report.rejected) > SHOWN_REJECTIONS:
-        log(f"  ... and {len(report.rejected) - SHOWN_REJECTIONS} more rejected")
+    for line in report.rejection_lines():
+        log(f"  {line}")
     tasks = report.tasks
     if not tasks:
         raise EvalInputError(f"tasks {spec!r}: no task accepted ({report.summary()})")

@@ -89,6 +89,10 @@ _MAX_JSON_BYTES = 512 * 1024 * 1024
 DEFAULT_MAX_INPUT_ELEMENTS = 2**28
 
 
+#: rejected records listed one a line (:meth:`LoadReport.rejection_lines`; the rest are counted)
+SHOWN_REJECTIONS = 20
+
+
 @dataclass(frozen=True)
 class Rejection:
     """A record that was not loaded.
@@ -155,6 +159,14 @@ class LoadReport:
     def accepted_by_level(self) -> dict[int, int]:
         """Accepted tasks counted by level, in level order."""
         return dict(sorted(Counter(t.level for t in self.tasks).items()))
+
+    def rejection_lines(self, limit: int = SHOWN_REJECTIONS) -> list[str]:
+        """One line a rejected record, ``rejected FILE[INDEX]: RULE: DETAIL`` (white space runs made one space, cut at
+        200 characters), for the first ``limit``; then ``... and N more rejected``."""
+        lines = [f"rejected {r.source}[{r.index}]: {' '.join(r.reason.split())[:200]}" for r in self.rejected[:limit]]
+        if len(self.rejected) > limit:
+            lines.append(f"... and {len(self.rejected) - limit} more rejected")
+        return lines
 
     def summary(self) -> str:
         """One line: accepted tasks (by level, with solutions, scaled down) and rejections (by rule)."""
