@@ -53,9 +53,12 @@ def _nearest_key(loc: tuple) -> str | None:
     return ".".join([*map(str, loc[:-1]), close[0]]) if close else None
 
 
-def _config_error(exc) -> str:
+def _config_error(exc, args: argparse.Namespace | None = None) -> str:
     """One line naming every bad key of a pydantic ValidationError and the rule each breaks (an unknown
-    key with the nearest known one, when one is close)."""
+    key with the nearest known one, when one is close); a key that no ``key=value`` override of ``args``
+    set is said to come from its ``--config`` file, when it has one."""
+    given = {o.split("=", 1)[0].strip() for o in getattr(args, "overrides", None) or ()}
+    config = None if getattr(args, "resume", None) else getattr(args, "config", None)
     parts = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"])  # empty: a rule across fields, whose message names them
@@ -64,6 +67,8 @@ def _config_error(exc) -> str:
             msg = "unknown key" + (f" (did you mean {near}?)" if near else "")
         else:
             msg = err["msg"].removeprefix("Value error, ")
+        if config and loc and not any(loc == g or loc.startswith(g + ".") for g in given):
+            msg += f" (in {config})"
         parts.append(f"{loc}: {msg}" if loc else msg)
     return "config: " + "; ".join(parts)
 
@@ -89,7 +94,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     except _actor_errors() as exc:  # first: a RayTaskError(ValueError) is a ValueError
         return _actor_failed(exc)
     except ValidationError as exc:
-        return _fail(_config_error(exc))
+        return _fail(_config_error(exc, args))
     except ClusterUnreachable as exc:  # --address / cluster.address: probed in seconds (auth.connect)
         return _fail(f"{exc}; start that cluster first (`ray start --head` prints its address), or leave --address "
                      "and cluster.address out to start a local one")
@@ -108,7 +113,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
         summary = run_sft(args.data, args.out, args.config, args.overrides, args.resume,
                           log=lambda s: print(f"dice-ray sft: {s}", file=sys.stderr, flush=True))
     except ValidationError as exc:
-        return _fail(_config_error(exc))
+        return _fail(_config_error(exc, args))
     except (FileNotFoundError, ValueError) as exc:  # SFTInputError is a ValueError
         return _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     print(json.dumps(summary, indent=1))
@@ -125,7 +130,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
     except ValidationError as exc:
-        return _fail(_config_error(exc))
+        return _fail(_config_error(exc, args))
     except (FileNotFoundError, ValueError) as exc:
         bare = [o for o in args.overrides if "=" not in o]
         hint = (f" (--describe prints every key; to see one, filter it: dice-ray config --describe | grep {bare[0]})"
@@ -157,7 +162,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, args.overrides)
         verdict = verify_files(args.task, args.candidate, cfg)
     except ValidationError as exc:
-        return _fail(_config_error(exc))
+        return _fail(_config_error(exc, args))
     except InputFileError as exc:
         return _fail(str(exc))
     except (FileNotFoundError, ValueError) as exc:
@@ -428,7 +433,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except _actor_errors() as exc:  # a GPU verifier pool's actor (first: a RayTaskError(ValueError) is a ValueError)
         return _actor_failed(exc)
     except ValidationError as exc:
-        return _fail(_config_error(exc))
+        return _fail(_config_error(exc, args))
     except (EvalInputError, FileNotFoundError, ValueError) as exc:
         return _fail(str(exc))
     print(markdown(result))
@@ -449,7 +454,7 @@ def cmd_curate(args: argparse.Namespace) -> int:
     except _actor_errors() as exc:
         return _actor_failed(exc)
     except ValidationError as exc:
-        return _fail(_config_error(exc))
+        return _fail(_config_error(exc, args))
     except (NoGpuVerifier, EvalInputError, FileNotFoundError, ValueError) as exc:
         return _fail(str(exc))
     print(json.dumps(summary, indent=1))

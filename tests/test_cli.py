@@ -266,6 +266,12 @@ def test_config_errors_name_every_bad_key_in_one_line(capsys, tmp_path):
     for part in ("rl.steps: expected a number, got true", "rl.bogus: unknown key",
                  "rl.num_generations: Input should be greater than or equal to 2"):
         assert part in err
+    typo = tmp_path / "typo.yaml"  # a key of the file is said to be there; one the overrides set is not
+    typo.write_text("rl:\n  stepz: 3\n")
+    assert main(["config", "--config", str(typo), "rl.num_generations=1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"rl.stepz: unknown key (did you mean rl.steps?) (in {typo})" in err, err
+    assert "rl.num_generations: Input should be greater than or equal to 2;" in err, err  # no "(in ...)": an override
     bad = tmp_path / "bad.yaml"
     bad.write_text("rl:\n  steps: [1\n")
     assert main(["config", "--config", str(bad)]) == 2  # was a yaml traceback, exit 1

@@ -155,10 +155,10 @@ def test_resume_with_changed_settings_names_the_keys(tmp_path, capsys):
     capsys.readouterr()
     assert _sft(out, "--resume", "sft.steps=3", "sft.learning_rate=0.02") == 2
     line = _error_line(capsys.readouterr().err)
-    assert "sft.learning_rate, sft.steps differ(s) from the run's" in line, line
+    assert "settings differ from the run's: sft.learning_rate " in line and "-> 0.02, sft.steps 2 -> 3;" in line, line
     assert _sft(out, "--resume", "sft.zero_stage=2") == 2  # a ZeRO-0 checkpoint does not load into ZeRO-2
     line = _error_line(capsys.readouterr().err)
-    assert "sft.zero_stage differ(s) from the run's" in line, line
+    assert "settings differ from the run's: sft.zero_stage 0 -> 2;" in line, line
 
 
 def _crash_at(monkeypatch, step: int) -> None:

@@ -801,7 +801,8 @@ def _save_checkpoint(run: SFTRun, out: Path, key: str, keep: int) -> Path:
 
 
 def _changed_keys(old: DiceConfig, new: DiceConfig) -> list[str]:
-    """Dotted config keys whose values differ between two :class:`~dice_ray.config.DiceConfig`."""
+    """``KEY OLD -> NEW`` for the dotted config keys whose values differ between two
+    :class:`~dice_ray.config.DiceConfig`, in key order."""
     def flat(tree: dict, prefix: str = "") -> dict[str, object]:
         out: dict[str, object] = {}
         for k, v in tree.items():
@@ -809,7 +810,7 @@ def _changed_keys(old: DiceConfig, new: DiceConfig) -> list[str]:
         return out
 
     a, b = flat(old.model_dump(mode="json")), flat(new.model_dump(mode="json"))
-    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    return [f"{k} {a.get(k)} -> {b.get(k)}" for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
 
 
 def run_sft(
@@ -908,7 +909,7 @@ def _run_sft(data, out, config_path, overrides, resume, log) -> dict:
     if resume:
         if saved.get("key") != key:
             changed = _changed_keys(load_config(out / SFT_CONFIG_FILE), cfg)
-            what = (f"{', '.join(changed)} differ(s) from the run's" if changed
+            what = (f"settings differ from the run's: {', '.join(changed)}" if changed
                     else f"the pairs --data {data} gives differ from the run's")
             raise SFTInputError(f"--resume {out}: {what}; a run continues with the data and settings it started "
                                 "with (train longer or differently in a new --out)")
