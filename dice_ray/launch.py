@@ -115,17 +115,21 @@ class CompileError(RuntimeError):
     """NVRTC rejected a CUDA source.
 
     Attributes:
-        log: the NVRTC program log (errors with line numbers, as nvcc prints them).
+        log: the NVRTC program log (errors with line numbers of ``candidate.cu``, the source, as nvcc prints
+            them).
         arch: the target (e.g. ``"sm_90"``).
+        source: the CUDA source that failed, or None (the verifier finds it in the candidate's file to give
+            the file's line numbers too).
     """
 
-    def __init__(self, log: str, arch: str):
+    def __init__(self, log: str, arch: str, source: str | None = None):
         self.log = log
         self.arch = arch
+        self.source = source
         super().__init__(f"NVRTC compile for {arch} failed:\n{log.strip()}")
 
     def __reduce__(self):  # pickles with its own arguments (it crosses Ray and process boundaries)
-        return type(self), (self.log, self.arch)
+        return type(self), (self.log, self.arch, self.source)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -310,7 +314,7 @@ def compile_cuda(source: str, arch: str | None = None, options: tuple[str, ...] 
         nvrtc.nvrtcGetProgramLog(prog, log_buf)
         log = bytes(log_buf).rstrip(b"\0").decode(errors="replace")
         if cerr != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            exc = CompileError(log or str(cerr), arch)
+            exc = CompileError(log or str(cerr), arch, source)
             with _lock:
                 _stats.failures += 1
                 _remember(key, exc)
@@ -329,9 +333,9 @@ def compile_cuda(source: str, arch: str | None = None, options: tuple[str, ...] 
     try:
         kernels = parse_ptx_entries(ptx)
     except CompileError as e:
-        raise CompileError(e.log, arch) from None
+        raise CompileError(e.log, arch, source) from None
     if not kernels:
-        exc = CompileError('no __global__ kernel in the source (kernels must be extern "C" __global__)', arch)
+        exc = CompileError('no __global__ kernel in the source (kernels must be extern "C" __global__)', arch, source)
         with _lock:
             _remember(key, exc)
         raise exc

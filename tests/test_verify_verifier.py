@@ -53,8 +53,13 @@ def test_honest_candidate_ok(verifier):
 
 
 def test_cuda_syntax_error_reports_nvrtc_log(verifier):
-    v = check(verifier, mutate("y[i] = x[i]", "y[i] = = x[i]"), "compile_error")
+    """NVRTC's log, its lines (counted within the CUDA string) followed by the candidate file's."""
+    src = mutate("y[i] = x[i]", "y[i] = = x[i]")
+    v = check(verifier, src, "compile_error")
     assert "candidate.cu(" in v.reason and "error" in v.reason and not v.compiled
+    line = next(n for n, text in enumerate(src.splitlines(), 1) if "= = x[i]" in text)
+    cuda_line = line - next(n for n, text in enumerate(src.splitlines(), 1) if 'r"""' in text) + 1
+    assert f"candidate.cu({cuda_line}) [candidate line {line}]: error" in v.reason, v.reason
 
 
 def test_python_syntax_error(verifier):

@@ -49,6 +49,7 @@ import gc
 import linecache
 import os
 import random
+import re
 import sys
 import time
 import traceback
@@ -262,6 +263,21 @@ def _error_text(exc: BaseException, limit: int = 1500) -> str:
         text = str(exc)
     text = f"{text}\n{where}" if where else text
     return text if len(text) <= limit else text[: limit - 20] + "\n...[truncated]"
+
+
+def _in_candidate_lines(exc: launch.CompileError, candidate_src: str) -> launch.CompileError:
+    """``exc`` with each ``candidate.cu(N)`` of its log followed by `` [candidate line M]``, the line of the
+    candidate's file, when its CUDA source is found there verbatim (a raw string literal; one with escapes is
+    not, and ``exc`` is returned as it is).  NVRTC counts lines within the CUDA string."""
+    at = candidate_src.find(exc.source) if exc.source else -1
+    if at < 0:
+        return exc
+    first = candidate_src.count("\n", 0, at)  # the file line of the source's line 1, less one
+    log = re.sub(r"candidate\.cu\((\d+)\)", lambda m: f"{m.group(0)} [candidate line {first + int(m.group(1))}]",
+                 exc.log)
+    out = launch.CompileError(log, exc.arch, exc.source)
+    out.__traceback__ = exc.__traceback__  # its frames name the load_cuda call
+    return out
 
 
 #: words of an error on meta tensors that may come from meta itself (no data, no CUDA, a tensor the code made on
@@ -600,7 +616,7 @@ class Harness:
         except RuleBroken as e:
             return JobResult("cheat", reason=e.message, rule=e.rule)
         except launch.CompileError as e:
-            return JobResult("compile_error", reason=_error_text(e, 6000))
+            return JobResult("compile_error", reason=_error_text(_in_candidate_lines(e, job["candidate_src"]), 6000))
         except SyntaxError as e:
             return JobResult("compile_error", reason=f"Python syntax error: {e}")
         except (Exception, SystemExit) as e:  # noqa: BLE001 - sys.exit() at import: the candidate's crash
