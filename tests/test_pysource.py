@@ -81,7 +81,7 @@ def test_deeper_is_a_syntax_error(expr, says):
 
 def test_a_deep_task_record_is_rejected_alone_and_its_file_loads(tmp_path):
     deep = RELU_REF + "\nZ = " + "1+" * 6000 + "1\n"
-    with pytest.raises(TaskError, match="syntax-error: reference_src does not parse: nested too deeply"):
+    with pytest.raises(TaskError, match="syntax-error: the reference does not parse: nested too deeply"):
         Task("t/deep", "deep", 1, deep)
     f = tmp_path / "tasks.jsonl"
     f.write_text("\n".join(json.dumps({"reference": r, "id": i}) for i, r in (("deep", deep), ("good", RELU_REF))))

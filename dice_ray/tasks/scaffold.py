@@ -85,7 +85,7 @@ def _source_argument(tree: ast.Module, fmt: str) -> tuple[ast.expr, ast.Call]:
                     return kw.value, node
             if len(node.args) > position:
                 return node.args[position], node
-    raise ScaffoldError(f"solution_src ({fmt}): no {loader}() call with a CUDA source ({keyword}=...)")
+    raise ScaffoldError(f"the solution ({fmt}): no {loader}() call with a CUDA source ({keyword}=...)")
 
 
 def _is_str(node: ast.AST) -> bool:
@@ -100,7 +100,7 @@ def _resolve(tree: ast.Module, expr: ast.expr, call: ast.Call) -> tuple[ast.expr
     """Follow ``[x]`` and a variable name to the string literal; returns (literal, its assignment)."""
     if isinstance(expr, (ast.List, ast.Tuple)):
         if len(expr.elts) != 1:
-            raise ScaffoldError(f"solution_src: the CUDA sources list has {len(expr.elts)} items, expected 1")
+            raise ScaffoldError(f"the solution: the CUDA sources list has {len(expr.elts)} items, expected 1")
         expr = expr.elts[0]
     if _is_str(expr):
         return expr, None
@@ -114,14 +114,14 @@ def _resolve(tree: ast.Module, expr: ast.expr, call: ast.Call) -> tuple[ast.expr
             and any(isinstance(t, ast.Name) and t.id == expr.id for t in _targets(n))
         ]
         if not assigns:
-            raise ScaffoldError(f"solution_src: the CUDA source variable {expr.id!r} is never assigned before its use")
+            raise ScaffoldError(f"the solution: the CUDA source variable {expr.id!r} is never assigned before its use")
         last = max(assigns, key=lambda n: (n.lineno, n.col_offset))
         if not _is_str(last.value):
             raise ScaffoldError(
-                f"solution_src: {expr.id!r} is assigned a {type(last.value).__name__}, not a string literal"
+                f"the solution: {expr.id!r} is assigned a {type(last.value).__name__}, not a string literal"
             )
         return last.value, last
-    raise ScaffoldError(f"solution_src: the CUDA source is a {type(expr).__name__}, not a string literal or a name")
+    raise ScaffoldError(f"the solution: the CUDA source is a {type(expr).__name__}, not a string literal or a name")
 
 
 def _single_string_token(text: str) -> bool:
@@ -137,11 +137,11 @@ def _locate(solution_src: str, fmt: str) -> tuple[ast.expr, ast.stmt | None, Sou
     if fmt not in ("fast", "load_inline"):
         raise ScaffoldError(f"fmt must be 'fast' or 'load_inline', got {fmt!r}")
     if not isinstance(solution_src, str):
-        raise ScaffoldError(f"solution_src must be a str, got {type(solution_src).__name__}")
+        raise ScaffoldError(f"the solution must be a str, got {type(solution_src).__name__}")
     try:
         tree = parse_python(solution_src)
     except (SyntaxError, ValueError) as e:
-        raise ScaffoldError(f"solution_src does not parse: {e}") from None
+        raise ScaffoldError(f"the solution does not parse: {e}") from None
     expr, call = _source_argument(tree, fmt)
     literal, assign = _resolve(tree, expr, call)
     return literal, assign, SourcePositions(solution_src)
@@ -179,7 +179,7 @@ def make_scaffold(
             if name == kernel:
                 return sc
         raise ScaffoldError(
-            f"solution_src ({fmt}): no __global__ kernel named {kernel!r}; kernels found: {[n for n, _ in cuts]}"
+            f"the solution ({fmt}): no __global__ kernel named {kernel!r}; kernels found: {[n for n, _ in cuts]}"
         )
     if kernel is not None:
         raise ScaffoldError(f"kernel={kernel!r} applies to granularity 'body' only, not {granularity!r}")
@@ -191,7 +191,7 @@ def make_scaffold(
     token = solution_src[start:end]
     m = _TRIPLE_OPEN.match(token)
     if m is None or not _single_string_token(token):
-        raise ScaffoldError("solution_src (fast): the CUDA source must be one triple-quoted string r\"\"\"...\"\"\"")
+        raise ScaffoldError("the solution (fast): the CUDA source must be one triple-quoted string r\"\"\"...\"\"\"")
     body_start = start + m.end()
     if solution_src.startswith("\r\n", body_start):
         body_start += 2
@@ -211,12 +211,12 @@ def detect_format(solution_src: str) -> str:
     try:
         tree = parse_python(solution_src)
     except (SyntaxError, ValueError) as e:
-        raise ScaffoldError(f"solution_src does not parse: {e}") from None
+        raise ScaffoldError(f"the solution does not parse: {e}") from None
     names = {call_name(n) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     for fmt, loader in (("fast", "load_cuda"), ("load_inline", "load_inline")):
         if loader in names:
             return fmt
-    raise ScaffoldError("solution_src calls neither load_cuda() (fast format) nor load_inline(): no CUDA source to cut")
+    raise ScaffoldError("the solution calls neither load_cuda() (fast format) nor load_inline(): no CUDA source to cut")
 
 
 def kernel_scaffolds(solution_src: str, fmt: str) -> list[tuple[str, Scaffold]]:
@@ -305,7 +305,7 @@ def _kernel_bodies(cuda: str) -> list[tuple[str, int, int]]:
         kids = body.children if body is not None else []
         if not kids or kids[0].type != "{" or kids[-1].type != "}" or kids[-1].is_missing:
             raise ScaffoldError(
-                f"solution_src: the body of __global__ kernel {name!r} (line {fn.start_point[0] + 1} of the CUDA "
+                f"the solution: the body of __global__ kernel {name!r} (line {fn.start_point[0] + 1} of the CUDA "
                 "source) does not parse as a { ... } block"
             )
         out.append((name, char_index(kids[0].start_byte), char_index(kids[-1].start_byte)))
@@ -317,14 +317,14 @@ def _body_cuts(solution_src: str, fmt: str) -> list[tuple[str, Scaffold]]:
     start, end = pos.span(literal)
     token = solution_src[start:end]
     if not _single_string_token(token):
-        raise ScaffoldError(f"solution_src ({fmt}): body granularity needs the CUDA source as one string literal, "
+        raise ScaffoldError(f"the solution ({fmt}): body granularity needs the CUDA source as one string literal, "
                             "not implicitly concatenated ones")
     value, spans = _literal_chars(token)
     if value != literal.value:  # type: ignore[attr-defined]
-        raise ScaffoldError(f"solution_src ({fmt}): the CUDA source literal could not be mapped back to the source")
+        raise ScaffoldError(f"the solution ({fmt}): the CUDA source literal could not be mapped back to the source")
     kernels = _kernel_bodies(value)
     if not kernels:
-        raise ScaffoldError(f"solution_src ({fmt}): the CUDA source has no __global__ kernel with a body to cut")
+        raise ScaffoldError(f"the solution ({fmt}): the CUDA source has no __global__ kernel with a body to cut")
     out = []
     for name, open_i, close_i in kernels:
         cut_a, cut_b = start + spans[open_i][1], start + spans[close_i][0]

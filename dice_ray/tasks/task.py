@@ -83,7 +83,7 @@ def _has_method(cls: ast.ClassDef, name: str) -> bool:
     return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name for n in cls.body)
 
 
-def validate_reference(src: object, field: str = "reference_src") -> ast.Module:
+def validate_reference(src: object, field: str = "the reference") -> ast.Module:
     """Check that ``src`` is a KernelBench-format reference, by parsing only (never executing).
 
     Rules: a non-empty str of at most :data:`MAX_SOURCE_CHARS` characters that parses as Python and
@@ -109,7 +109,7 @@ def validate_reference(src: object, field: str = "reference_src") -> ast.Module:
     return tree
 
 
-def validate_solution(src: object, fmt: object, field: str = "solution_src") -> ast.Module:
+def validate_solution(src: object, fmt: object, field: str = "the solution") -> ast.Module:
     """Check that ``src`` is a solution in format ``fmt``, by parsing only (never executing).
 
     Rules: ``fmt`` is ``"fast"`` or ``"load_inline"``; ``src`` parses (see :func:`validate_reference`
