@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import shutil
 import statistics
 import sys
@@ -27,6 +28,7 @@ import ray
 import torch
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.rule import Rule
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -612,7 +614,8 @@ class Trainer:
         con.print(Rule("summary"), width=min(con.width, 80))  # the log-file console is 160 wide: no wrapped rule
         con.print(describe_summary(summary), highlight=False)
         con.print(f"[bold]outputs[/] run directory {self.run_dir}: config.yaml, metrics.jsonl, summary.json, curves.png, "
-                  f"checkpoints/ (each with its policy: dice-ray eval --tasks builtin --model {self.run_dir}); a Markdown summary and "
+                  f"checkpoints/ (each with its policy: dice-ray eval --tasks {escape(shlex.quote(self.cfg.tasks.spec))} "
+                  f"--model {self.run_dir}); a Markdown summary and "
                   f"plots: dice-ray report {self.run_dir}")
         return summary
 
