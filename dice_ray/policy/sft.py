@@ -800,7 +800,7 @@ def _save_checkpoint(run: SFTRun, out: Path, key: str, keep: int) -> Path:
     return final
 
 
-def _changed_keys(old: DiceConfig, new: DiceConfig) -> list[str]:
+def _changed_settings(old: DiceConfig, new: DiceConfig) -> list[str]:
     """``KEY OLD -> NEW`` for the dotted config keys whose values differ between two
     :class:`~dice_ray.config.DiceConfig`, in key order."""
     def flat(tree: dict, prefix: str = "") -> dict[str, object]:
@@ -908,7 +908,7 @@ def _run_sft(data, out, config_path, overrides, resume, log) -> dict:
     resumed_from = None
     if resume:
         if saved.get("key") != key:
-            changed = _changed_keys(load_config(out / SFT_CONFIG_FILE), cfg)
+            changed = _changed_settings(load_config(out / SFT_CONFIG_FILE), cfg)
             what = (f"settings differ from the run's: {', '.join(changed)}" if changed
                     else f"the pairs --data {data} gives differ from the run's")
             raise SFTInputError(f"--resume {out}: {what}; a run continues with the data and settings it started "
