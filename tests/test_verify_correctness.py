@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import pytest
 import torch
 
 from dice_ray.config import RewardConfig
-from dice_ray.verify.correctness import compare_outputs, constant_outputs
+from dice_ray.verify.correctness import compare_outputs, fill_could_match
 from dice_ray.verify.reward import compute_reward
 from dice_ray.verify.verdict import Verdict
 
@@ -167,28 +166,48 @@ def test_timed_output_checks_report_wrong_calls_and_compare_aliased_outputs_at_o
         tiny.add(7, ref, ref[:8], [])  # over the kept budget: compared (and refused) at once
 
 
-def test_constant_outputs():
-    """Outputs a zero-filled (or any filled) buffer matches: the kernel ablation skips them."""
-    assert constant_outputs(torch.zeros(4, 4)) and constant_outputs((torch.full((8,), 2.5), 3, None))
-    assert constant_outputs(torch.tensor(1.7)) and constant_outputs(torch.empty(0)) and constant_outputs([])
-    assert constant_outputs(torch.full((5,), float("nan"))) and constant_outputs(torch.ones(6, dtype=torch.bool))
-    assert not constant_outputs(torch.arange(4.0)) and not constant_outputs((torch.zeros(3), torch.tensor([0, 1])))
-    assert not constant_outputs(torch.tensor([1.0, float("nan")])) and not constant_outputs(torch.randn(3, 3).t())
+def test_fill_could_match_only_outputs_an_untouched_honest_buffer_would_give():
+    """The kernel ablation skips references a usual initial fill matches within tolerance; a one-element loss
+    of another value, or a constant nobody starts a buffer with, is ablated (a host-computed scalar is caught)."""
+    def matched(*outs):
+        return fill_could_match(outs if len(outs) > 1 else outs[0], **TOL, half_rtol=5e-2, half_atol=5e-2)
+
+    assert matched(torch.zeros(4, 4)) and matched(torch.tensor(0.0)) and matched(torch.tensor(1.0))
+    assert matched(torch.full((5,), float("nan"))) and matched(torch.ones(6, dtype=torch.bool))
+    assert matched(torch.empty(0)) and matched([]) and matched(torch.zeros(3), 3, None)
+    assert matched(torch.tensor([1.0004])) and matched(torch.ones(64) + 1e-4 * torch.randn(64))  # within tolerance
+    assert matched(torch.full((3,), -float("inf"))) and matched(torch.full((2,), torch.finfo(torch.float16).min,
+                                                                           dtype=torch.float16))
+    assert matched(torch.tensor([255], dtype=torch.uint8)) and matched(torch.tensor([-1, -1]))
+    assert not matched(torch.tensor(1.7)) and not matched(torch.full((8,), 2.5)) and not matched(torch.tensor([3]))
+    assert not matched(torch.arange(4.0)) and not matched(torch.zeros(3), torch.tensor([0, 1]))
+    assert not matched(torch.tensor([1.0, float("nan")])) and not matched(torch.randn(3, 3).t())
+    assert not matched(torch.tensor(1.05)) and not matched(torch.tensor([1.0, 0.0]))
+
+
+def _ablation_harness(monkeypatch):
+    """A Harness with only the parts _ablate uses, on CPU tensors standing for device ones (host_reads counts
+    CPU memory as device memory, so a copy into a CPU tensor is a host read)."""
+    from dice_ray.verify import harness, host_reads
+    from dice_ray.verify.harness import Harness
+
+    h = object.__new__(Harness)
+    h.settings, h.device, h._host_reads, h._read_outputs = dict(TOL, half_rtol=5e-2, half_atol=5e-2), None, [], None
+    monkeypatch.setattr(h, "_poison_free_memory", lambda: None)
+    monkeypatch.setattr(harness, "_synchronize", lambda device: None)
+    monkeypatch.setattr(host_reads, "HOST_DEVICE_TYPES", ("meta",))
+    return h
 
 
 def test_kernel_ablation_without_a_gpu(monkeypatch):
     """Harness._ablate (rule kernel-not-used) on CPU tensors: outputs right while the kernels are switched
-    off are a cheat, wrong outputs and a raising forward change nothing, constant references are skipped
-    with a note, and the switch is on only during the ablated call.  (On a GPU, with real kernels:
+    off are a cheat, wrong outputs and a raising forward change nothing, references a usual fill matches
+    are not ablated (noted), a one-element loss of another value is, and the switch is on only during the ablated call.  (On a GPU, with real kernels:
     tests/test_verify_gpu.py::test_outputs_right_without_the_kernels_are_a_cheat.)"""
     from dice_ray import launch
-    from dice_ray.verify import harness
-    from dice_ray.verify.harness import Harness, RuleBroken
+    from dice_ray.verify.harness import RuleBroken
 
-    h = object.__new__(Harness)  # the parts _ablate uses, without a worker's set-up
-    h.settings, h.device, h._host_reads = dict(TOL, half_rtol=5e-2, half_atol=5e-2), None, []
-    monkeypatch.setattr(h, "_poison_free_memory", lambda: None)
-    monkeypatch.setattr(harness, "_synchronize", lambda device: None)
+    h = _ablation_harness(monkeypatch)
     seen = []
 
     def model(by_copy):
@@ -207,24 +226,41 @@ def test_kernel_ablation_without_a_gpu(monkeypatch):
         h._ablate(model(True), [x], x.t().contiguous(), "trial 1", notes)
     assert e.value.rule == "kernel-not-used" and seen == [True, True, True] and not launch._suppressed
     assert notes == []
-    h._ablate(model(True), [x], torch.zeros(4, 6), "trial 1", notes)  # a constant reference: not ablated
-    assert notes == ["kernel ablation skipped (constant reference outputs)"] and len(seen) == 3
+    assert h._worth_ablating(x.t().contiguous(), notes) and h._worth_ablating(torch.tensor(1.7), notes)
+    assert not h._worth_ablating(torch.zeros(4, 6), notes)  # a zero reference: not ablated
+    assert notes == ["kernel ablation skipped (a filled buffer would match the reference outputs)"]
+
+    def host_loss(p, t):  # a scalar summed on the host next to a kernel that does nothing
+        seen.append(launch._suppressed)
+        return torch.full((), sum((a - b) ** 2 for a, b in zip(p.reshape(-1).tolist(), t.reshape(-1).tolist())) / p.numel())
+
+    p, t = torch.randn(64, 8), torch.randn(64, 8)
+    with pytest.raises(RuleBroken, match="or the host computed them") as e:
+        h._ablate(host_loss, [p, t], torch.mean((p - t) ** 2), "trial 1", notes)
+    assert e.value.rule == "kernel-not-used" and seen[-1] is True
+
+
+def _recorded_call(h, forward, *args):
+    """The previous trial's call: forward under OpRecorder, its host reads and outputs kept as the harness does."""
+    from dice_ray.verify.harness import OpRecorder, _small_copy
+
+    recorder = OpRecorder()
+    with recorder:
+        out = forward(*args)
+    h._host_reads, h._read_outputs = recorder.host_reads, (_small_copy(out) if recorder.host_reads else None)
+    return recorder
 
 
 def test_kernel_ablation_answers_host_reads_as_the_real_call_did(monkeypatch):
     """A forward that reads a flag its kernel sets (``item()``) and raises when the flag is clear would tell
     the ablated call from a real one and dodge rule kernel-not-used: the ablated call's host reads are
     answered with those OpRecorder kept from the previous recorded call (HostReadReplay), so it sees the flag
-    set and its copy-op answer is caught.  (On a GPU, with a real kernel and a copy to a host tensor too:
+    set and its copy-op answer is caught.  (On a GPU, with a real kernel, tolist() and str() too:
     tests/corpus/cheats/ablation_probe_*.py.)"""
     from dice_ray import launch
-    from dice_ray.verify import harness
-    from dice_ray.verify.harness import Harness, OpRecorder, RuleBroken
+    from dice_ray.verify.harness import RuleBroken
 
-    h = object.__new__(Harness)
-    h.settings, h.device, h._host_reads = dict(TOL, half_rtol=5e-2, half_atol=5e-2), None, []
-    monkeypatch.setattr(h, "_poison_free_memory", lambda: None)
-    monkeypatch.setattr(harness, "_synchronize", lambda device: None)
+    h = _ablation_harness(monkeypatch)
 
     def probing(x):
         flag = torch.zeros(1, dtype=torch.int32)
@@ -245,42 +281,55 @@ def test_kernel_ablation_answers_host_reads_as_the_real_call_did(monkeypatch):
 
     x = torch.randn(6, 4)
     h._ablate(probing, [x], x.t().contiguous(), "trial 1", [])  # nothing recorded: it raises, no verdict
-    for forward, expected in ((probing, x.t().contiguous()), (honest, x.reshape(-1) * 2)):
-        recorder = OpRecorder()
-        with recorder:
-            forward(torch.randn(6, 4))  # the previous trial's call, on other inputs
-        h._host_reads = recorder.host_reads
-        if forward is honest:
-            assert [r[:2] for r in recorder.host_reads] == [("scalar", torch.int64)]
-            h._ablate(honest, [x], expected, "trial 1", [])  # its outputs still need its kernels
-        else:
-            assert recorder.host_reads == [("scalar", torch.int32, 1)]
-            with pytest.raises(RuleBroken, match="trial 1: with every launch") as e:
-                h._ablate(probing, [x], expected, "trial 1", [])
+    recorder = _recorded_call(h, honest, torch.randn(6, 4))  # the previous trial's call, on other inputs
+    assert recorder.host_reads[0][:2] == ("scalar", torch.int64)  # (then its kernel stand-in's copy_, a CPU copy)
+    h._ablate(honest, [x], x.reshape(-1) * 2, "trial 1", [])  # its outputs still need its kernels
+    recorder = _recorded_call(h, probing, torch.randn(6, 4))
+    assert recorder.host_reads == [("scalar", torch.int32, 1)]
+    with pytest.raises(RuleBroken, match="trial 1: with every launch") as e:
+        h._ablate(probing, [x], x.t().contiguous(), "trial 1", [])
+    assert e.value.rule == "kernel-not-used"
+
+
+def test_kernel_ablation_reads_inputs_live_and_lets_an_honest_host_finish_echo(monkeypatch):
+    """A one-element loss: computed on the host from a copy of the inputs (a kernel launched beside it doing
+    nothing) it is a cheat, even though the input read is in the record (reads of the call's inputs are live);
+    an honest forward whose kernel writes partial sums that the host adds up gets the previous call's partials
+    replayed and rebuilds exactly its previous output: inconclusive, noted, not a cheat, although the two
+    trials' losses agree within the tolerance."""
+    from dice_ray import launch
+    from dice_ray.verify.harness import RuleBroken
+
+    h = _ablation_harness(monkeypatch)
+
+    def host_loss(p, t):
+        a, b = torch.empty(p.shape), torch.empty(t.shape)
+        a.copy_(p), b.copy_(t)  # to the host (a device-to-host copy on a GPU)
+        return torch.full((), sum((u - v) ** 2 for u, v in zip(a.reshape(-1).tolist(), b.reshape(-1).tolist()))
+                          / p.numel())
+
+    def host_finish(p, t):
+        partial = torch.full((8,), float("nan"))
+        if not launch._suppressed:  # what its kernel does: per-row-block partial sums
+            partial.copy_(((p - t) ** 2).reshape(8, -1).sum(1))
+        seen = torch.empty(8)
+        seen.copy_(partial)
+        return torch.full((), sum(seen.tolist()) / p.numel())
+
+    p0, t0 = torch.randn(64, 8), torch.randn(64, 8)
+    p1, t1 = p0 * 1.001, t0 * 1.001  # the next trial: a loss 0.2 % away, within the 1 % tolerance
+    expected = torch.mean((p1 - t1) ** 2)
+    for forward in (host_loss, host_finish):
+        _recorded_call(h, forward, p0, t0)
+        notes: list[str] = []
+        if forward is host_loss:
+            with pytest.raises(RuleBroken, match="or the host computed them") as e:
+                h._ablate(forward, [p1, t1], expected, "trial 1", notes)
             assert e.value.rule == "kernel-not-used"
-
-
-def test_host_read_replay_answers_in_order_and_only_like_for_like():
-    """HostReadReplay: the n-th scalar read of the recorded dtype gets the n-th recorded value (item, bool, int
-    and float all read through aten _local_scalar_dense); another dtype, or a read past the record, reads the
-    tensor; OpRecorder keeps scalar reads in order, and forbidden ops as before."""
-    from dice_ray.verify.harness import HostReadReplay, OpRecorder
-
-    one = torch.tensor([1], dtype=torch.int32)
-    recorder = OpRecorder()
-    with recorder:
-        one.item(), bool(one), float(torch.tensor([2.5])), one + one
-    assert recorder.host_reads == [("scalar", torch.int32, 1), ("scalar", torch.int32, 1),
-                                   ("scalar", torch.float32, 2.5)]
-    assert recorder.forbidden == ["add"]
-    zero = torch.tensor([0], dtype=torch.int32)
-    with HostReadReplay(recorder.host_reads) as replay:
-        got = [zero.item(), bool(zero), int(torch.tensor([7])), zero.item()]
-    assert got == [1, True, 7, 0] and replay.replayed == 2  # int64 is not float32's: read; then past the record
-    pinned = OpRecorder()  # rule host-memory at run time: an allocation with pin_memory=True (needs CUDA to succeed)
-    with pinned, contextlib.suppress(RuntimeError):
-        torch.zeros(1, pin_memory=True)
-    assert pinned.pinned == ["zeros"] and pinned.forbidden == []
+        else:
+            h._ablate(forward, [p1, t1], expected, "trial 1", notes)
+            assert notes == ["kernel ablation inconclusive (forward rebuilt its previous call's outputs from the "
+                             "host reads replayed to it)"]
 
 
 @pytest.mark.gpu

@@ -160,6 +160,26 @@ def test_outputs_right_without_the_kernels_are_a_cheat(gpu):
     assert v.rule == "kernel-not-used" and v.reason.startswith("trial 1 "), v.reason
 
 
+MSE = Task("test/mse", "mse", 1, (REPO / "dice_ray/tasks/builtin/L1_40_mse_loss/reference.py").read_text())
+
+
+def test_an_honest_loss_finished_on_the_host_is_ok(gpu):
+    """A one-element output is ablated now (rule kernel-not-used): an honest MSE whose kernel writes per-block
+    partial sums that the host adds up (copied into a host tensor, then ``tolist()``) gets the previous trial's partials replayed in the
+    ablated call and rebuilds the previous trial's loss exactly, which matches this trial's within tolerance
+    (8M randn pairs: 2.0 both): that echo is inconclusive, not a cheat.  The host-summed cheat is
+    tests/corpus/cheats/host_loss.py."""
+    solution = (REPO / "dice_ray/tasks/builtin/L1_40_mse_loss/solution.py").read_text()
+    finish = "        kernels.mean_finish_kernel(grid=1, block=256, args=(partial, out, parts, n))\n        return out\n"
+    assert finish in solution
+    src = solution.replace(finish, "        seen = torch.empty(parts)\n        seen[:] = partial\n"
+                           "        return torch.full((), sum(seen.tolist()) / n, device=predictions.device)\n")
+    v = check(gpu, src, "ok", task=MSE)
+    assert "kernel ablation inconclusive" in v.reason, v.reason
+    v = check(gpu, solution, "ok", task=MSE)  # the built-in solution: ablated, its outputs need its kernels
+    assert "kernel ablation" not in v.reason, v.reason
+
+
 def test_torch_op_hidden_from_static_rules_is_a_cheat(gpu):
     v = check(gpu, mutate("        return y\n", "        return y * 1.0\n"), "cheat")
     assert v.rule == "forward-torch-op" and "mul" in v.reason

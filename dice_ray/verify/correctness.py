@@ -18,8 +18,8 @@ import torch
 
 from dice_ray.verify import mismatch_kernel
 
-__all__ = ["Comparison", "compare_outputs", "constant_outputs", "count_mismatches", "count_mismatches_batch",
-           "flatten_outputs", "tolerance"]
+__all__ = ["Comparison", "compare_outputs", "count_mismatches", "count_mismatches_batch", "fill_could_match",
+           "flatten_outputs", "initial_fills", "tolerance"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -47,24 +47,52 @@ def flatten_outputs(obj: Any) -> list[Any]:
     return [obj]
 
 
-def constant_outputs(obj: Any) -> bool:
-    """Whether every tensor of a forward's output holds one value (zero spread: all zeros, all ones,
-    one element or none; NaN counts as equal to NaN); numbers and None count as constant.
+def initial_fills(dtype: torch.dtype) -> list[Any]:
+    """Values an honest output buffer of ``dtype`` is commonly filled with before its kernel writes it:
+    0, 1, -1, the dtype's smallest and largest values, and for floating types inf, -inf and NaN (``torch.zeros``,
+    ``torch.ones``, ``fill_(-inf)`` for a max, ``fill_(INT_MAX)`` for an argmin; NaN is the verifier's own poison
+    of free memory, which an untouched ``torch.empty`` buffer holds)."""
+    if dtype == torch.bool:
+        return [False, True]
+    if dtype.is_complex:
+        return [0, 1, -1, complex("nan")]
+    info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
+    values = [v for v in (0, 1, -1) if info.min <= v <= info.max] + [info.min, info.max]
+    return values + [math.inf, -math.inf, math.nan] if dtype.is_floating_point else values
 
-    Such an output is matched by a buffer filled with that value and nothing else (``torch.zeros``,
-    ``fill_``), so it says nothing about whether a kernel computed it: the verifier skips its
-    kernel ablation (rule ``kernel-not-used``) for a reference output like this.  Reads one bool a
-    tensor (synchronises).
+
+def fill_could_match(obj: Any, *, rtol: float, atol: float, half_rtol: float = 5e-2, half_atol: float = 5e-2) -> bool:
+    """Whether buffers filled with one of :func:`initial_fills` (one value a tensor) would match every output
+    of ``obj`` under :func:`compare_outputs`' rule and tolerances: an honest candidate whose kernels did
+    not run could then return the reference's answer, so the verifier's kernel ablation (rule
+    ``kernel-not-used``) says nothing about such a reference output and is skipped.
+
+    All zeros, all NaN, a one-element output that is 0 or 1, ones with noise below the tolerance match;
+    a one-element loss of 1.7, or a tensor full of 2.5, does not (no honest buffer starts with that
+    value: only a forward that computed it without its kernels returns it).  Numbers, None and empty
+    tensors count as matched.
+
+    Args:
+        obj: a Tensor or nested tuples/lists of Tensors, numbers and None (a forward's output).
+        rtol, atol, half_rtol, half_atol: :func:`compare_outputs`' tolerances.
+
+    Costs one host sync a tensor (its min and max) and a comparison only for a fill value within
+    tolerance of both.
     """
+    tol = (rtol, atol, half_rtol, half_atol)
     for o in flatten_outputs(obj):
-        if isinstance(o, torch.Tensor) and o.numel() > 1:
+        if not isinstance(o, torch.Tensor) or o.numel() == 0:
+            continue
+        values = initial_fills(o.dtype)
+        if not o.is_complex():
             flat = o.detach().reshape(-1)
-            first = flat[:1].expand_as(flat)
-            same = flat == first
-            if flat.is_floating_point() or flat.is_complex():
-                same = same | (torch.isnan(flat) & torch.isnan(first))
-            if not bool(same.all()):
-                return False
+            lo, hi = (float(v) for v in torch.stack([flat.min(), flat.max()]).double().tolist())
+            if math.isfinite(lo) and math.isfinite(hi):
+                r, a = tolerance(o.dtype, rtol, atol, half_rtol, half_atol) if o.is_floating_point() else (0.0, 0.0)
+                bound = a + r * max(abs(lo), abs(hi))  # no element's allowed error is larger
+                values = [v for v in values if abs(v - lo) <= bound and abs(v - hi) <= bound]
+        if not any(_compare_tensor(0, torch.full_like(o, v), o, tol).ok for v in values):
+            return False
     return True
 
 

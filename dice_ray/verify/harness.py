@@ -22,9 +22,10 @@ with the run-time anti-cheat rules added:
 * the kernel ablation (dice-ray's own rule ``kernel-not-used``): before the second trial's call the
   candidate runs once on that trial's inputs with every launch of its kernels counted but not run
   (:func:`dice_ray.launch.kernels_suppressed`, :func:`dice_ray.verify.inline.kernels_suppressed`);
-  outputs that still match the reference were computed by its allowed copy/fill ops, not its kernels
-  (a transpose as ``x.t().contiguous()`` next to a kernel that does nothing); the values forward reads
-  onto the host in that call are the previous trial's (:class:`HostReadReplay`);
+  outputs that still match the reference were computed by its allowed copy/fill ops or on the host, not
+  its kernels (a transpose as ``x.t().contiguous()``, a loss summed from ``tolist()``, next to a kernel
+  that does nothing); the values forward reads onto the host in that call, except its inputs', are the
+  previous trial's (:mod:`dice_ray.verify.host_reads`);
 * fp32 outputs are compared with a float64 run of the reference: ``precision-downgrade`` (from the
   second job of a reference on, a bound from its facts, :mod:`dice_ray.verify.reference_facts`,
   clears an honest output without the float64 run);
@@ -61,13 +62,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dice_ray import launch
 from dice_ray.tasks.task import shape_constant
-from dice_ray.verify import gpu_spin, inline, mismatch_kernel, reference_facts, timing
-from dice_ray.verify.correctness import (Comparison, compare_outputs, constant_outputs, count_mismatches_batch,
+from dice_ray.verify import gpu_spin, host_reads, inline, mismatch_kernel, reference_facts, timing
+from dice_ray.verify.correctness import (Comparison, compare_outputs, count_mismatches_batch, fill_could_match,
                                          flatten_outputs)
+from dice_ray.verify.host_reads import HostReadLog, HostReadReplay
 from dice_ray.verify.reference_facts import ReferenceFacts
 from dice_ray.verify.rules import check_cuda_source, import_allowed
 
-__all__ = ["ALLOWED_ATEN_OPS", "Harness", "HostReadReplay", "JobResult", "OpRecorder", "RuleBroken", "warm_imports"]
+__all__ = ["ALLOWED_ATEN_OPS", "Harness", "JobResult", "OpRecorder", "RuleBroken", "warm_imports"]
 
 # Bound at import, before any candidate runs (patching these later cannot fool the harness).
 _synchronize = torch.cuda.synchronize
@@ -181,77 +183,46 @@ class JobResult:
         return asdict(self)
 
 
-_MAX_HOST_READS = 64  # host reads of one call kept for the kernel ablation's replay (HostReadReplay)
-_MAX_HOST_COPY_BYTES = 2**20  # a device-to-host copy larger than this is not kept (nor replayed)
-
-
-def _device_to_host(args: tuple) -> bool:
-    """Whether ``copy_(dst, src)``'s arguments copy device memory into a host tensor."""
-    return (len(args) >= 2 and isinstance(args[1], torch.Tensor) and args[0].device.type == "cpu"
-            and args[1].device.type not in ("cpu", "meta"))
-
-
 class OpRecorder(TorchDispatchMode):
-    """Records the aten ops run under it that are not in :data:`ALLOWED_ATEN_OPS` (``forbidden``), and the
-    values the code read from tensors onto the host (``host_reads``, in order: ``("scalar", dtype, value)``
-    for ``item()``/``bool()``/``int()``/``float()`` (aten ``_local_scalar_dense``), ``("copy", host tensor)``
-    for a device-to-host ``copy_`` of at most 1 MiB; the first 64), for :class:`HostReadReplay`; and the ops that
-    allocated pinned host memory (``pinned``: rule ``host-memory``, which a kernel given its address writes)."""
+    """Records the aten ops run under it that are not in :data:`ALLOWED_ATEN_OPS` (``forbidden``), the values
+    the code read onto the host (``host_reads``: a :class:`~dice_ray.verify.host_reads.HostReadLog`'s ``reads``,
+    tensor texts among them), for the kernel ablation's replay; and the ops that allocated pinned host memory
+    (``pinned``: rule ``host-memory``, which a kernel given its address writes)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.forbidden: list[str] = []
-        self.host_reads: list[tuple] = []
         self.pinned: list[str] = []
+        self._log = HostReadLog()
+        self.host_reads = self._log.reads
+        self._text = host_reads.tensor_text_hook(self._record_text)
+
+    def _record_text(self, original: Callable[..., str], tensor: torch.Tensor, *args: Any, **kwargs: Any) -> str:
+        text = original(tensor, *args, **kwargs)
+        if host_reads._on_device(tensor):
+            self._log.note_text(text)
+        return text
+
+    def __enter__(self) -> OpRecorder:
+        self._text.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._text.__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         name = func.overloadpacket.__name__
+        kwargs = kwargs or {}
         if name not in ALLOWED_ATEN_OPS and name not in self.forbidden:
             self.forbidden.append(name)
-        if kwargs and kwargs.get("pin_memory") and name not in self.pinned:
+        if kwargs.get("pin_memory") and name not in self.pinned:
             self.pinned.append(name)
-        out = func(*args, **(kwargs or {}))
-        if len(self.host_reads) < _MAX_HOST_READS:
-            if name == "_local_scalar_dense":
-                self.host_reads.append(("scalar", args[0].dtype, out))
-            elif (name == "copy_" and _device_to_host(args)
-                  and args[0].numel() * args[0].element_size() <= _MAX_HOST_COPY_BYTES):
-                self.host_reads.append(("copy", args[0].clone()))
+        out = func(*args, **kwargs)
+        self._log.note(name, args, out)
         return out
-
-
-class HostReadReplay(TorchDispatchMode):
-    """Answers the host reads of the code run under it with those an earlier call made (``reads``: an
-    :class:`OpRecorder`'s ``host_reads``), in order: the n-th ``_local_scalar_dense`` of a tensor of the
-    recorded dtype gets the n-th recorded scalar, the n-th device-to-host ``copy_`` into a host tensor of
-    the recorded shape and dtype gets the n-th recorded copy; reads past the record, or of another dtype
-    or shape, read the tensor.  Every op runs as it would without the mode.
-
-    The kernel ablation (rule ``kernel-not-used``, :meth:`Harness._ablate`) runs forward under it, so a
-    forward that checks a flag its kernel writes (``if flag.item() == 0: raise``) sees the flag as set,
-    as in its real call, and cannot tell that its kernels were skipped.  ``replayed`` counts the reads
-    answered from the record.
-    """
-
-    def __init__(self, reads: list[tuple]) -> None:
-        super().__init__()
-        self._scalars = [r for r in reads if r[0] == "scalar"]
-        self._copies = [r[1] for r in reads if r[0] == "copy"]
-        self.replayed = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        name = func.overloadpacket.__name__
-        if name == "_local_scalar_dense" and self._scalars:
-            _, dtype, value = self._scalars.pop(0)
-            if dtype == args[0].dtype:
-                self.replayed += 1
-                return value
-        elif name == "copy_" and self._copies and _device_to_host(args):
-            kept = self._copies.pop(0)
-            if kept.shape == args[0].shape and kept.dtype == args[0].dtype:
-                self.replayed += 1
-                return func(args[0], kept)
-        return func(*args, **(kwargs or {}))
 
 
 def _error_text(exc: BaseException, limit: int = 1500) -> str:
@@ -387,6 +358,24 @@ def _same(a: Any, b: Any) -> bool:
         return bool(a == b)
     except Exception:  # noqa: BLE001
         return True
+
+
+#: outputs of at most this many bytes are kept for the kernel ablation's echo check (Harness._ablate)
+_ECHO_BYTES = 16 * 2**20
+
+
+def _small_copy(out: Any) -> Any:
+    """A clone of a forward's outputs when their tensors hold at most :data:`_ECHO_BYTES` in all, else None."""
+    leaves = flatten_outputs(out)
+    size = sum(o.numel() * o.element_size() for o in leaves if isinstance(o, torch.Tensor))
+    return [_clone(o) for o in leaves] if size <= _ECHO_BYTES else None
+
+
+def _same_outputs(out: Any, kept: list[Any]) -> bool:
+    """Whether a forward's outputs are element for element ``kept`` (:func:`_small_copy`; NaN equals NaN)."""
+    leaves = flatten_outputs(out)
+    return len(leaves) == len(kept) and all(
+        isinstance(a, torch.Tensor) == isinstance(b, torch.Tensor) and _same(a, b) for a, b in zip(leaves, kept))
 
 
 def _check_output_types(out: Any) -> None:
@@ -531,6 +520,7 @@ class Harness:
                 with rec:
                     out = model(*args)
                 self._host_reads = rec.host_reads  # for the kernel ablation's replay (_ablate)
+                self._read_outputs = _small_copy(out) if rec.host_reads else None  # its echo (_ablate)
             else:
                 out = model(*args)
         if _launch_count() == before:
@@ -563,6 +553,7 @@ class Harness:
         result = JobResult("crash")
         self._error_at: float | None = None  # when the candidate's forward raised (_trial)
         self._host_reads: list[tuple] = []  # the last recorded call's host reads (OpRecorder), replayed by _ablate
+        self._read_outputs: Any = None  # that call's outputs when it read the host and they are small (_ablate)
         try:
             result = self._run(job, stage)
         except RuleBroken as e:
@@ -962,6 +953,7 @@ class Harness:
         if not seeded and not _finite(expected):
             notes.append(f"{label.split(' (')[0]} skipped (the reference gives NaN/inf there)")
             return None
+        ablate = ablate and self._worth_ablating(expected, notes)  # before the fill: its temporaries hold the reference
         self._poison_free_memory()  # one fill serves the ablation's call and this trial's (after it only its own
         # outputs were freed: NaN where its skipped kernels wrote nothing, else what did not match the reference)
         if ablate:
@@ -992,6 +984,17 @@ class Harness:
             notes.append(f"{label} correct")
         return None
 
+    def _worth_ablating(self, expected: Any, notes: list[str]) -> bool:
+        """Whether the kernel ablation (:meth:`_ablate`) can tell anything from ``expected``: not when a buffer
+        filled with a usual initial value would match every reference output
+        (:func:`~dice_ray.verify.correctness.fill_could_match`: all zeros, a loss of exactly 1, ones within the
+        tolerance), which an honest ``torch.zeros`` buffer whose kernel did not run would; then a note says so.
+        Run before the free memory is poisoned: the comparison's temporaries hold the reference's values."""
+        if fill_could_match(expected, **{k: self.settings[k] for k in ("rtol", "atol", "half_rtol", "half_atol")}):
+            notes.append("kernel ablation skipped (a filled buffer would match the reference outputs)")
+            return False
+        return True
+
     def _ablate(self, model: Any, inputs: list[Any], expected: Any, label: str, notes: list[str]) -> None:
         """Rule ``kernel-not-used`` (dice-ray's own rule: an ablation of the candidate's kernels).
 
@@ -1003,13 +1006,18 @@ class Harness:
         launch, so a data-movement task (transpose, concat, padding) can be answered by
         ``x.t().contiguous()`` next to a kernel that does nothing; outputs that are right without the
         kernels were computed that way.  Nothing changes when the ablated call raises (it needed its
-        kernels) or gives wrong outputs.  Skipped, with a note, when every reference output is constant
-        (:func:`~dice_ray.verify.correctness.constant_outputs`: an honest ``torch.zeros`` output buffer
-        would match it).  Values forward reads onto the host (``item()``, a copy to a host tensor) are
-        answered with those of the previous trial's call (:class:`HostReadReplay`): a forward that checks
-        a flag its kernel sets, and raises or returns garbage when the flag is clear, cannot tell the
-        ablated call from a real one (a forward whose outputs need its kernels still gets wrong outputs:
-        the replayed values are another input's).
+        kernels) or gives wrong outputs.  The trial runs it only where :meth:`_worth_ablating`: a
+        one-element output is ablated unless a usual initial fill matches it, so a scalar (a loss) computed on
+        the host next to a kernel that does nothing is caught.  Its outputs are compared by counts alone
+        (no copy of the reference is left in the free memory the trial's own call allocates from).  Values forward reads onto the host (``item()``, ``tolist()``, ``.cpu()``, a copy to a host
+        tensor, ``str()``) are answered with those of the previous trial's call
+        (:class:`~dice_ray.verify.host_reads.HostReadReplay`), except reads of its inputs, which are live: a
+        forward that checks a flag its kernel sets, and raises or returns garbage when the flag is clear,
+        cannot tell the ablated call from a real one, and one that computes on the host from its inputs
+        computes this call's answer.  A forward whose outputs need its kernels gets wrong outputs (the
+        replayed values are another input's) or, when it builds them on the host from replayed values
+        alone, exactly its previous call's outputs: that echo is inconclusive (noted), not a cheat, even
+        where the two trials' answers agree within tolerance (a loss over inputs of one distribution).
 
         The harness runs it in the trial after trial 0, before that trial's own call, on that trial's
         inputs: the candidate has not seen them, so no buffer it kept (an output buffer made in
@@ -1019,22 +1027,29 @@ class Harness:
             RuleBroken: ``kernel-not-used``.
             RuntimeError: a load_inline extension could not set or clear its kernel switch.
         """
-        if constant_outputs(expected):
-            notes.append("kernel ablation skipped (constant reference outputs)")
-            return
         cand_in = [_clone(x) for x in inputs]
         with _suppress_fast(), _suppress_inline():
             try:
-                with torch.no_grad(), HostReadReplay(self._host_reads):
+                with torch.no_grad(), HostReadReplay(self._host_reads, live=cand_in) as replay:
                     out = model(*cand_in)
                 _synchronize(self.device)
                 _check_output_types(out)
             except (Exception, SystemExit):  # noqa: BLE001 - it needed its kernels: no verdict from this run
                 return
-        if self._compare(out, expected).ok:
+        if replay.replayed and self._read_outputs is not None and _same_outputs(out, self._read_outputs):
+            notes.append("kernel ablation inconclusive (forward rebuilt its previous call's outputs from the "
+                         "host reads replayed to it)")
+            return
+        tol = {k: self.settings[k] for k in ("rtol", "atol", "half_rtol", "half_atol")}
+        counts = count_mismatches_batch([(out, expected)], **tol)  # counts only: compare_outputs copies the reference
+        if not all(mismatch_kernel.supported(o, r) for o, r in zip(flatten_outputs(out), flatten_outputs(expected))
+                   if isinstance(r, torch.Tensor) and r.numel()):
+            self._poison_free_memory()  # the batched comparison stacked copies of the reference, since freed
+        if not isinstance(counts, tuple) and int(counts[0]) == 0:
             raise RuleBroken("kernel-not-used",
                              f"{label}: with every launch of the candidate's kernels counted but not run, forward's "
-                             "outputs still match the reference: its torch copy/fill ops computed them, not its kernels")
+                             "outputs still match the reference: its torch copy/fill ops or the host computed them, "
+                             "not its kernels")
 
     def _check_precision(self, ref_model: Any, inputs: list[Any], expected: Any, out: Any,
                          facts: ReferenceFacts) -> str:

@@ -123,7 +123,7 @@ RULES: dict[str, Rule] = {
         Rule("no-kernel-launch", "cheat", "forward must launch at least one of the candidate's kernels on every call"),
         Rule("kernel-not-used", "cheat",
              "outputs must need the candidate's kernels: right with every kernel launch skipped means torch's "
-             "copy/fill ops computed them"),
+             "copy/fill ops or the host computed them"),
         Rule("input-mutation", "cheat", "the candidate must not modify its inputs"),
         Rule("output-type", "cheat", "outputs must be plain torch.Tensor objects (no subclasses or lazy objects)"),
         Rule("cpp-torch-op", "cheat",

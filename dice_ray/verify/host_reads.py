@@ -1,0 +1,165 @@
+"""Values a candidate's forward reads onto the host: recorded in one call, replayed in the kernel ablation's.
+
+The kernel ablation (rule ``kernel-not-used``, :meth:`dice_ray.verify.harness.Harness._ablate`) runs forward
+once with its kernels skipped.  A forward that reads a flag its kernel sets (``flag.item()``, ``flag.tolist()``,
+``str(flag)``) could tell that call from a real one and raise or return garbage, leaving the ablation nothing
+to judge.  So the harness keeps the host reads of each recorded call (:class:`HostReadLog`, filled by its
+:class:`~dice_ray.verify.harness.OpRecorder`) and answers the ablated call's with them
+(:class:`HostReadReplay`).  Reads of the call's own inputs are answered live: a forward that computes its
+outputs on the host from its inputs (a loss summed from ``x.tolist()``) computes this call's answer and is
+caught; a forward that builds its outputs from what its kernels wrote gets the previous call's values.
+
+What counts as a host read (the first :data:`MAX_READS` of a call): aten ``_local_scalar_dense`` (``item()``,
+``bool()``, ``int()``, ``float()``), a device-to-host ``copy_`` into a host tensor of at most
+:data:`MAX_COPY_BYTES`, and the text of a tensor (``repr``, ``str``, ``format``: torch formats with dispatch
+modes off, so it is caught at ``torch._tensor_str._str``).  ``.tolist()``, ``.cpu()`` and ``.to("cpu")`` of a
+device tensor are aten ``_to_copy`` (measured on an H200), which forward may not run at all
+(``forward-torch-op``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import torch
+import torch._tensor_str
+
+__all__ = ["HOST_DEVICE_TYPES", "MAX_COPY_BYTES", "MAX_READS", "HostReadLog", "HostReadReplay", "host_read_kind", "tensor_text_hook"]
+
+MAX_READS = 64  # host reads of one call kept for the replay
+MAX_COPY_BYTES = 2**20  # a copy to the host larger than this is neither kept nor replayed
+
+
+#: device types whose memory the host reads directly (a CPU test may narrow it to simulate a device)
+HOST_DEVICE_TYPES: tuple[str, ...] = ("cpu", "meta")
+
+
+def _on_device(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type not in HOST_DEVICE_TYPES
+
+
+def host_read_kind(name: str, args: tuple) -> tuple[str, torch.Tensor] | None:
+    """The kind of host read an aten op call is, and the tensor it reads; None when it is not one.
+
+    Kinds: ``"scalar"`` (``_local_scalar_dense`` of a device tensor), ``"copy"`` (``copy_(host, device)``).
+    A host tensor's own reads are not host reads: what it holds came through a copy, replayed or live.
+    """
+    if name == "_local_scalar_dense" and _on_device(args[0]):
+        return "scalar", args[0]
+    if name == "copy_" and len(args) >= 2 and args[0].device.type == "cpu" and _on_device(args[1]):
+        return "copy", args[1]
+    return None
+
+
+def _small(t: torch.Tensor) -> bool:
+    return t.numel() * t.element_size() <= MAX_COPY_BYTES
+
+
+class HostReadLog:
+    """The host reads of one call, in order: ``("scalar", dtype, value)``, ``("copy", host tensor)``,
+    ``("text", str)``; at most :data:`MAX_READS` (copies of at most
+    :data:`MAX_COPY_BYTES`)."""
+
+    def __init__(self) -> None:
+        self.reads: list[tuple] = []
+
+    def note(self, name: str, args: tuple, out: Any) -> None:
+        """Keep the read an aten call ``name(*args) -> out`` made, if it is one (:func:`host_read_kind`)."""
+        found = host_read_kind(name, args)
+        if found is None or len(self.reads) >= MAX_READS:
+            return
+        kind = found[0]
+        if kind == "scalar":
+            self.reads.append(("scalar", args[0].dtype, out))
+        elif _small(args[0]):
+            self.reads.append(("copy", args[0].clone()))
+
+    def note_text(self, text: str) -> None:
+        """Keep the text of a tensor forward formatted (:func:`tensor_text_hook`)."""
+        if len(self.reads) < MAX_READS:
+            self.reads.append(("text", text))
+
+
+@contextlib.contextmanager
+def tensor_text_hook(hook: Callable[[Callable[..., str], torch.Tensor, Any, Any], str]) -> Iterator[None]:
+    """Route the text of every tensor (``repr``, ``str``, ``format``, f-strings) through
+    ``hook(original, tensor, *args, **kwargs)`` inside the block.  torch formats a tensor with dispatch modes
+    switched off (``torch._tensor_str._str``), so no :class:`~torch.utils._python_dispatch.TorchDispatchMode`
+    sees that read."""
+    original = torch._tensor_str._str
+
+    def routed(self: torch.Tensor, *args: Any, **kwargs: Any) -> str:
+        return hook(original, self, *args, **kwargs)
+
+    torch._tensor_str._str = routed
+    try:
+        yield
+    finally:
+        torch._tensor_str._str = original
+
+
+def _storages(tensors: list[Any]) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor) and t.numel()}
+
+
+class HostReadReplay(torch.utils._python_dispatch.TorchDispatchMode):
+    """Answers the host reads of the code run under it with a :class:`HostReadLog`'s ``reads``, in order
+    within each kind: the n-th scalar read of the recorded dtype gets the n-th recorded scalar, the n-th
+    copy of the recorded shape and dtype the n-th recorded tensor, the n-th tensor text
+    the n-th recorded text.  A read of one of ``live`` (the call's inputs: same storage), past the record,
+    or of another dtype or shape, reads the tensor (it still uses up its place in the record).  Every op
+    runs as it would without the mode.  ``replayed`` counts the reads answered from the record.
+
+    Raises nothing of its own; ops raise as they would.
+    """
+
+    def __init__(self, reads: list[tuple], live: list[Any] = ()) -> None:
+        super().__init__()
+        self._kept = {kind: [r[1:] for r in reads if r[0] == kind] for kind in ("scalar", "copy", "text")}
+        self._live = _storages(list(live))
+        self.replayed = 0
+        self._text: contextlib.AbstractContextManager | None = None
+
+    def _next(self, kind: str, source: torch.Tensor | None) -> tuple | None:
+        kept = self._kept[kind]
+        if not kept:
+            return None
+        record = kept.pop(0)
+        if source is not None and source.numel() and source.untyped_storage().data_ptr() in self._live:
+            return None
+        return record
+
+    def __enter__(self) -> HostReadReplay:
+        self._text = tensor_text_hook(self._replay_text)
+        self._text.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            assert self._text is not None
+            self._text.__exit__(*exc)
+
+    def _replay_text(self, original: Callable[..., str], tensor: torch.Tensor, *args: Any, **kwargs: Any) -> str:
+        record = self._next("text", tensor)
+        if record is None:
+            return original(tensor, *args, **kwargs)
+        self.replayed += 1
+        return record[0]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        found = host_read_kind(func.overloadpacket.__name__, args)
+        if found is not None:
+            kind, source = found
+            record = self._next(kind, source)
+            if kind == "scalar" and record is not None and record[0] == args[0].dtype:
+                self.replayed += 1
+                return record[1]
+            if kind == "copy" and record is not None and record[0].shape == args[0].shape \
+                    and record[0].dtype == args[0].dtype:
+                self.replayed += 1
+                return func(args[0], record[0])
+        return func(*args, **kwargs)

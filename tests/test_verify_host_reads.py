@@ -1,0 +1,84 @@
+"""Host reads of a candidate's forward: what OpRecorder keeps and HostReadReplay answers (dice_ray.verify.host_reads).
+
+CPU tensors stand for device ones here (``HOST_DEVICE_TYPES`` narrowed to meta); which aten ops a CUDA read
+is (``tolist``, ``.cpu()``: ``_to_copy``) was measured on an H200 and is what the corpus's
+``ablation_probe_*.py`` candidates exercise on a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from dice_ray.verify import host_reads
+from dice_ray.verify.harness import OpRecorder
+from dice_ray.verify.host_reads import HostReadReplay
+
+
+@pytest.fixture
+def cpu_as_device(monkeypatch):
+    monkeypatch.setattr(host_reads, "HOST_DEVICE_TYPES", ("meta",))
+
+
+def test_replay_answers_in_order_and_only_like_for_like(cpu_as_device):
+    """The n-th scalar read of the recorded dtype gets the n-th recorded value (item, bool, int and float all
+    read through aten _local_scalar_dense); another dtype, or a read past the record, reads the tensor;
+    OpRecorder keeps scalar reads in order, and forbidden ops as before."""
+    one = torch.tensor([1], dtype=torch.int32)
+    recorder = OpRecorder()
+    with recorder:
+        one.item(), bool(one), float(torch.tensor([2.5])), one + one
+    assert recorder.host_reads == [("scalar", torch.int32, 1), ("scalar", torch.int32, 1),
+                                   ("scalar", torch.float32, 2.5)]
+    assert recorder.forbidden == ["add"]
+    zero = torch.tensor([0], dtype=torch.int32)
+    with HostReadReplay(recorder.host_reads) as replay:
+        got = [zero.item(), bool(zero), int(torch.tensor([7])), zero.item()]
+    assert got == [1, True, 7, 0] and replay.replayed == 2  # int64 is not float32's: read; then past the record
+    pinned = OpRecorder()  # rule host-memory at run time: an allocation with pin_memory=True (needs CUDA to succeed)
+    with pinned, contextlib.suppress(RuntimeError):
+        torch.zeros(1, pin_memory=True)
+    assert pinned.pinned == ["zeros"] and pinned.forbidden == []
+
+
+def test_copies_to_the_host_and_tensor_text_are_replayed_but_the_inputs_are_read_live(cpu_as_device):
+    """A copy into a host tensor, and the text of a tensor (repr/str/f-string: torch formats it with dispatch
+    modes off), come back as recorded; a read from the storage of one of ``live`` (the call's inputs) reads
+    the tensor and still uses up its place in the record."""
+    flag, x = torch.tensor([1], dtype=torch.int32), torch.arange(4.0)
+    recorder = OpRecorder()
+    with recorder:
+        seen = torch.empty(1, dtype=torch.int32)
+        seen.copy_(flag)
+        text = f"{flag}"
+        head = torch.empty(2)
+        head.copy_(x[:2])
+    assert [r[0] for r in recorder.host_reads] == ["copy", "text", "copy"] and "1" in text
+    flag.zero_()
+    x2 = x + 10
+    with HostReadReplay(recorder.host_reads, live=[x2]) as replay:
+        seen = torch.empty(1, dtype=torch.int32)
+        seen.copy_(flag)
+        text = str(flag)
+        head = torch.empty(2)
+        head.copy_(x2[:2])
+    assert seen.tolist() == [1] and "1" in text and "0" not in text.replace("int32", "")
+    assert head.tolist() == [10.0, 11.0] and replay.replayed == 2
+    assert str(flag) == repr(flag) and "0" in str(flag)  # outside the replay: the tensor's own text
+
+
+def test_large_copies_and_host_tensors_own_reads_are_not_kept(cpu_as_device, monkeypatch):
+    """Copies over MAX_COPY_BYTES are not kept (nor replayed); nor are reads of memory the host owns."""
+    monkeypatch.setattr(host_reads, "MAX_COPY_BYTES", 16)
+    recorder = OpRecorder()
+    with recorder:
+        torch.empty(8).copy_(torch.ones(8))  # 32 bytes
+        torch.empty(2).copy_(torch.ones(2))  # 8 bytes
+    assert [r[0] for r in recorder.host_reads] == ["copy"] and recorder.host_reads[0][1].shape == (2,)
+    monkeypatch.setattr(host_reads, "HOST_DEVICE_TYPES", ("cpu", "meta"))
+    recorder = OpRecorder()
+    with recorder:
+        torch.tensor([3]).item(), str(torch.tensor([3]))
+    assert recorder.host_reads == []
