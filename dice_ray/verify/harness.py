@@ -199,7 +199,7 @@ class OpRecorder(TorchDispatchMode):
 
     def _record_text(self, original: Callable[..., str], tensor: torch.Tensor, *args: Any, **kwargs: Any) -> str:
         text = original(tensor, *args, **kwargs)
-        if host_reads._on_device(tensor):
+        if host_reads.on_device(tensor):
             self._log.note_text(text)
         return text
 
@@ -1009,8 +1009,9 @@ class Harness:
         kernels) or gives wrong outputs.  The trial runs it only where :meth:`_worth_ablating`: a
         one-element output is ablated unless a usual initial fill matches it, so a scalar (a loss) computed on
         the host next to a kernel that does nothing is caught.  Its outputs are compared by counts alone
-        (no copy of the reference is left in the free memory the trial's own call allocates from).  Values forward reads onto the host (``item()``, ``tolist()``, ``.cpu()``, a copy to a host
-        tensor, ``str()``) are answered with those of the previous trial's call
+        (no copy of the reference is left in the free memory the trial's own call allocates from).  Values
+        forward reads onto the host (``item()``, a copy to a host tensor, ``str()``) are answered with those
+        of the previous trial's call
         (:class:`~dice_ray.verify.host_reads.HostReadReplay`), except reads of its inputs, which are live: a
         forward that checks a flag its kernel sets, and raises or returns garbage when the flag is clear,
         cannot tell the ablated call from a real one, and one that computes on the host from its inputs

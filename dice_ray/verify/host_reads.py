@@ -1,12 +1,12 @@
 """Values a candidate's forward reads onto the host: recorded in one call, replayed in the kernel ablation's.
 
 The kernel ablation (rule ``kernel-not-used``, :meth:`dice_ray.verify.harness.Harness._ablate`) runs forward
-once with its kernels skipped.  A forward that reads a flag its kernel sets (``flag.item()``, ``flag.tolist()``,
-``str(flag)``) could tell that call from a real one and raise or return garbage, leaving the ablation nothing
+once with its kernels skipped.  A forward that reads a flag its kernel sets (``flag.item()``, a copy into a
+host tensor, ``str(flag)``) could tell that call from a real one and raise or return garbage, leaving the ablation nothing
 to judge.  So the harness keeps the host reads of each recorded call (:class:`HostReadLog`, filled by its
 :class:`~dice_ray.verify.harness.OpRecorder`) and answers the ablated call's with them
 (:class:`HostReadReplay`).  Reads of the call's own inputs are answered live: a forward that computes its
-outputs on the host from its inputs (a loss summed from ``x.tolist()``) computes this call's answer and is
+outputs on the host from its inputs (a loss summed from a host copy's ``tolist()``) computes this call's answer and is
 caught; a forward that builds its outputs from what its kernels wrote gets the previous call's values.
 
 What counts as a host read (the first :data:`MAX_READS` of a call): aten ``_local_scalar_dense`` (``item()``,
@@ -25,17 +25,18 @@ from typing import Any, Callable, Iterator
 import torch
 import torch._tensor_str
 
-__all__ = ["HOST_DEVICE_TYPES", "MAX_COPY_BYTES", "MAX_READS", "HostReadLog", "HostReadReplay", "host_read_kind", "tensor_text_hook"]
+__all__ = ["HOST_DEVICE_TYPES", "MAX_COPY_BYTES", "MAX_READS", "HostReadLog", "HostReadReplay", "host_read_kind",
+           "on_device", "tensor_text_hook"]
 
 MAX_READS = 64  # host reads of one call kept for the replay
 MAX_COPY_BYTES = 2**20  # a copy to the host larger than this is neither kept nor replayed
-
 
 #: device types whose memory the host reads directly (a CPU test may narrow it to simulate a device)
 HOST_DEVICE_TYPES: tuple[str, ...] = ("cpu", "meta")
 
 
-def _on_device(t: Any) -> bool:
+def on_device(t: Any) -> bool:
+    """Whether ``t`` is a tensor in memory the host does not read directly (:data:`HOST_DEVICE_TYPES`)."""
     return isinstance(t, torch.Tensor) and t.device.type not in HOST_DEVICE_TYPES
 
 
@@ -45,9 +46,9 @@ def host_read_kind(name: str, args: tuple) -> tuple[str, torch.Tensor] | None:
     Kinds: ``"scalar"`` (``_local_scalar_dense`` of a device tensor), ``"copy"`` (``copy_(host, device)``).
     A host tensor's own reads are not host reads: what it holds came through a copy, replayed or live.
     """
-    if name == "_local_scalar_dense" and _on_device(args[0]):
+    if name == "_local_scalar_dense" and on_device(args[0]):
         return "scalar", args[0]
-    if name == "copy_" and len(args) >= 2 and args[0].device.type == "cpu" and _on_device(args[1]):
+    if name == "copy_" and len(args) >= 2 and args[0].device.type == "cpu" and on_device(args[1]):
         return "copy", args[1]
     return None
 
@@ -58,8 +59,7 @@ def _small(t: torch.Tensor) -> bool:
 
 class HostReadLog:
     """The host reads of one call, in order: ``("scalar", dtype, value)``, ``("copy", host tensor)``,
-    ``("text", str)``; at most :data:`MAX_READS` (copies of at most
-    :data:`MAX_COPY_BYTES`)."""
+    ``("text", str)``; at most :data:`MAX_READS` (copies of at most :data:`MAX_COPY_BYTES`)."""
 
     def __init__(self) -> None:
         self.reads: list[tuple] = []
