@@ -21,6 +21,8 @@ def test_warm_start_line_says_steps_pairs_time_loss_and_why_it_stopped():
     assert line == ("658 SFT steps on 176 (prompt, solution) pairs in 24.0 s, loss 6.36 -> 0.068; stopped at step 658 "
                     "of 800: loss below sft.target_loss=0.08; cached as 2efde44e0b59")
     assert "stopped" not in describe_warm_start(report | {"steps": 800}, 800, 0.08)  # ran every step
+    short = describe_warm_start(report | {"steps": 20, "losses": [(20, 6.6612)]}, 20, 0.08)
+    assert ", loss 6.661; cached as" in short and "->" not in short  # one logged step: no "6.66 -> 6.661"
     hit = describe_warm_start(report | {"cache_hit": True, "steps": 0, "losses": []}, 800, 0.08)
     assert hit == "from the SFT cache (2efde44e0b59): 176 (prompt, solution) pairs, final loss 0.068"
     assert "{" not in line + hit
@@ -60,6 +62,7 @@ def test_summary_lines_say_steps_rewards_rates_and_heldout_in_words():
     gpu = describe_summary({**summary, "verifier_mode": "gpu", "heldout_end": None,
                             "final": {**summary["final"], "correct_rate": 0.5, "speedup_geomean": 1.234}})
     assert "verifier gpu" in gpu and "correct 50%" in gpu and "speedup 1.23x" in gpu
+    assert gpu.splitlines()[0].startswith("10 steps (phases infill, ramp, e2e), 332.9 s with the warm start, ")  # none held out
 
 
 def test_learner_line_says_why_auto_left_the_fused_kernels_off_on_a_gpu():
@@ -98,10 +101,11 @@ def test_correct_rate_counts_only_what_a_gpu_verifier_measured():
 
 def test_a_resumed_run_says_how_many_steps_it_ran_and_claims_no_warm_start():
     summary = {"steps": 12, "resumed_at_step": 10, "phases_seen": ["infill"], "verifier_mode": "compile_only",
-               "final": {"compile_rate": 0.27, "correct_rate": None}, "seconds": 35.04,
+               "final": {"compile_rate": 0.27, "correct_rate": None}, "seconds": 35.04, "heldout_end": {"infill": {}},
                "reward_mean_first_last": [0.4, 0.3], "groups_dropped_total": 3}
     first = describe_summary(summary).splitlines()[0]
     assert first == ("12 steps (phases infill), 2 of them in this run, resumed at step 10: 35.0 s with the final "
                      "held-out evaluation, verifier compile-only")
     assert "warm start" not in first
     assert "warm start" in describe_summary({**summary, "resumed_at_step": None})
+    assert "held-out" not in describe_summary({**summary, "heldout_end": None})

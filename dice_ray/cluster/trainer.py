@@ -107,8 +107,10 @@ def describe_warm_start(report: dict, steps_max: int, target_loss: float | None)
     losses = report.get("losses") or []
     line = (f"{report.get('steps')} SFT steps on {report.get('num_pairs')} (prompt, solution) pairs in "
             f"{report.get('seconds', 0.0):.1f} s")
-    if losses:
+    if len(losses) > 1:
         line += f", loss {losses[0][1]:.2f} -> {losses[-1][1]:.3f}"
+    elif losses:  # one logged step: no trend to show
+        line += f", loss {losses[0][1]:.3f}"
     if report.get("steps", 0) < steps_max:
         line += f"; stopped at step {report.get('steps')} of {steps_max}: loss below sft.target_loss={target_loss}"
     return f"{line}; cached as {key}" if key else line
@@ -171,11 +173,12 @@ def describe_summary(summary: dict) -> str:
     speedup = final.get("speedup_geomean")
     resumed, steps, seconds = summary.get("resumed_at_step"), summary.get("steps"), summary.get("seconds", 0.0)
     ran = f"{steps} steps (phases {phases or 'none'}), "
+    evaluated = summary.get("heldout_end") is not None  # None: no held-out task, or eval.heldout_tasks=0
     if resumed is None:
-        ran += f"{seconds:.1f} s with the warm start and held-out evaluations"
+        ran += f"{seconds:.1f} s with the warm start" + (" and held-out evaluations" if evaluated else "")
     else:  # the warm start and the first held-out evaluation belong to the first run
-        ran += f"{steps - resumed} of them in this run, resumed at step {resumed}: {seconds:.1f} s with the final " \
-               "held-out evaluation"
+        ran += f"{steps - resumed} of them in this run, resumed at step {resumed}: {seconds:.1f} s" \
+               + (" with the final held-out evaluation" if evaluated else "")
     lines = [
         f"{ran}, verifier "
         f"{'compile-only' if summary.get('verifier_mode') == 'compile_only' else summary.get('verifier_mode')}",
