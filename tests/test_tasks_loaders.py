@@ -368,6 +368,7 @@ def test_jsonl_lines(tmp_path, monkeypatch):
         json.dumps({"reference": REF_SMALL, "level": 1, "name": "", "id": 10}),
         json.dumps({"reference": REF_SMALL, "id": "../etc"}),
         json.dumps({"reference": REF_SMALL, "solution": ""}) + "\r",
+        "{not json either",  # refused while reading, before lines 5-11 are parsed
     ]
     (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n")
     report = load_tasks(f"jsonl:{tmp_path / 't.jsonl'}")
@@ -377,8 +378,10 @@ def test_jsonl_lines(tmp_path, monkeypatch):
     assert _rules(report) == {("t.jsonl", 4): "bad-json", ("t.jsonl", 5): "not-an-object",
                               ("t.jsonl", 6): "missing-key", ("t.jsonl", 7): "bad-solution",
                               ("t.jsonl", 8): "bad-solution", ("t.jsonl", 9): "duplicate-id",
-                              ("t.jsonl", 10): "bad-name", ("t.jsonl", 11): "bad-id"}
+                              ("t.jsonl", 10): "bad-name", ("t.jsonl", 11): "bad-id", ("t.jsonl", 13): "bad-json"}
     assert "line 4" in next(r.reason for r in report.rejected if r.index == 4)
+    assert [r.index for r in report.rejected] == [*range(4, 12), 13]  # line order (4 and 13 refused while reading)
+    assert report.rejection_lines()[0].startswith(f"rejected {tmp_path / 't.jsonl'}[4]: bad-json: line 4")
     assert not (tmp_path / "EXECUTED").exists(), "a record was executed"
     with pytest.raises(FileNotFoundError, match="JSON Lines"):
         load_tasks(f"jsonl:{tmp_path / 'missing'}")

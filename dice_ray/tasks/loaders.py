@@ -412,6 +412,7 @@ def _load_record_files(
     seen: dict[str, str] = {}  # task id -> where it was loaded from
     for file in _data_files(path, suffixes, what):
         report.files.append(str(file))
+        first = len(report.rejected)
         try:
             entries = read(file, report)
         except TaskError as e:
@@ -429,6 +430,8 @@ def _load_record_files(
                 continue
             seen[task.task_id] = f"{file.name}[{index}]"
             report.tasks.append(task)
+        # lines that did not decode were refused while reading, the others while parsing: list them in line order
+        report.rejected[first:] = sorted(report.rejected[first:], key=lambda r: r.index if isinstance(r.index, int) else -1)
     return report
 
 
