@@ -204,3 +204,14 @@ def test_first_deepspeed_engine_on_cpu_builds_no_op(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "built: []" in proc.stdout, proc.stdout[-2000:]
     assert "built successfully" not in proc.stdout
+
+
+def test_progress_line_paces_the_time_left_on_the_steps_after_the_first():
+    """The set-up and the first step (tokenizing, allocating: seconds on a loaded CPU) do not inflate the time
+    left: 20 s to the end of step 1, then 10 steps in 10 s -> 89 steps left at 1 s a step."""
+    class Run:
+        step, losses = 11, [(10, 4.4681)]
+
+    line = sft._progress_line(Run(), 100, 30.0, 10.0)
+    assert line == "warm start: step 11/100, loss 4.468 (step 10), 30 s, ~89 s left at this pace"
+    assert sft._progress_line(Run(), 100, 30.0, None).endswith("~243 s left at this pace")  # the mean of all

@@ -634,17 +634,20 @@ PROGRESS_EVERY_S = 30.0
 is sooner: on loaded cores 50 steps can take minutes."""
 
 
-def _progress_line(run: SFTRun, steps: int, elapsed_s: float) -> str:
+def _progress_line(run: SFTRun, steps: int, elapsed_s: float, since_step1_s: float | None) -> str:
     """``warm start: step 120/800, loss 4.468 (step 100), 106 s, ~600 s left at this pace``: the loss is the last
-    recorded window's (named when it is not this step's); the time left assumes every step runs at the mean
-    pace so far (a ``target_loss`` may stop earlier; other load on the cores may slow the rest down)."""
+    recorded window's (named when it is not this step's); the time left assumes every later step runs at the
+    mean pace of the steps after the first (``since_step1_s``: seconds since step 1 ended; the set-up and the
+    first step, slower, would inflate it), or of all steps so far when there are none yet (a ``target_loss``
+    may stop earlier; other load on the cores may slow the rest down)."""
     parts = [f"warm start: step {run.step}/{steps}"]
     if run.losses:
         at, loss = run.losses[-1]
         parts.append(f"loss {loss:.3f}" + ("" if at == run.step else f" (step {at})"))
     parts.append(f"{elapsed_s:.0f} s")
     if run.step:
-        parts.append(f"~{elapsed_s / run.step * (steps - run.step):.0f} s left at this pace")
+        pace = since_step1_s / (run.step - 1) if since_step1_s is not None and run.step > 1 else elapsed_s / run.step
+        parts.append(f"~{pace * (steps - run.step):.0f} s left at this pace")
     return ", ".join(parts)
 
 
@@ -695,18 +698,19 @@ def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTCo
                          [tuple(x) for x in saved["losses"]])
 
     run = SFTRun(policy, pairs, cfg, seed)
-    last_line = t0
+    last_line, step1_end = t0, None
     try:
         with _torch_threads(cfg.num_threads):
             while not run.finished:
                 run.train_step()
                 now = time.perf_counter()
+                step1_end = now if step1_end is None else step1_end
                 # the last step's line is the caller's summary (an actor's line would reach the driver's
                 # console after it)
                 at_boundary = bool(run.losses) and run.losses[-1][0] == run.step
                 if log is not None and not run.finished and (at_boundary or now - last_line >= PROGRESS_EVERY_S):
                     last_line = now
-                    log(_progress_line(run, cfg.steps, now - t0))
+                    log(_progress_line(run, cfg.steps, now - t0, now - step1_end))
     finally:
         policy.model.zero_grad(set_to_none=True)  # a cache hit leaves none either: RL must start the same
         policy.model.eval()
