@@ -39,18 +39,31 @@ def _actor_failed(exc: BaseException) -> int:
 
 def _nearest_key(loc: tuple) -> str | None:
     """The config key nearest to the unknown key ``loc`` (``("rl", "num_generation")`` ->
-    ``"rl.num_generations"``) among its section's keys (difflib's ratio >= 0.6), or None."""
+    ``"rl.num_generations"``) among its section's keys (difflib's ratio >= 0.6), or None.  A key without a
+    section is matched against every dotted key and every key's last part: ``steps`` -> ``"rl.steps or
+    sft.steps"``, ``rl_steps`` -> ``"rl.steps"``."""
     from difflib import get_close_matches
 
     from dice_ray.config import load_config
 
-    node: object = load_config(None, []).model_dump(mode="json")
+    root: object = load_config(None, []).model_dump(mode="json")
+    node = root
     for part in loc[:-1]:
         node = node.get(str(part)) if isinstance(node, dict) else None
     if not isinstance(node, dict):
         return None
     close = get_close_matches(str(loc[-1]), list(node), n=1)
-    return ".".join([*map(str, loc[:-1]), close[0]]) if close else None
+    if close:
+        return ".".join([*map(str, loc[:-1]), close[0]])
+    if len(loc) != 1:
+        return None
+    name = str(loc[0])
+    dotted = [f"{section}.{key}" for section, keys in root.items() if isinstance(keys, dict) for key in keys]
+    leaves = [d.split(".", 1)[1] for d in dotted]
+    same_leaf = [d for d, leaf in zip(dotted, leaves) if leaf == name]
+    near_leaf = [d for d, leaf in zip(dotted, leaves) if leaf in get_close_matches(name, leaves, n=1)]
+    found = same_leaf or get_close_matches(name.replace("_", ".", 1), dotted, n=1) or near_leaf
+    return " or ".join(found[:3]) or None
 
 
 def _config_error(exc, args: argparse.Namespace | None = None) -> str:

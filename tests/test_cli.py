@@ -375,6 +375,11 @@ def test_unknown_config_key_names_the_nearest_known_one(capsys):
     assert "rl.num_generation: unknown key (did you mean rl.num_generations?)" in err
     assert "verify.rtoll: unknown key (did you mean verify.rtol?)" in err
     assert "zzz: unknown key;" in err or err.rstrip().endswith("zzz: unknown key")
+    assert main(["config", "steps=3", "rl_steps=3", "num_generations=4"]) == 2
+    err = capsys.readouterr().err
+    assert "steps: unknown key (did you mean sft.steps or rl.steps?)" in err, err  # no section: every section's
+    assert "rl_steps: unknown key (did you mean rl.steps?)" in err and "num_generations: unknown key (did you " \
+        "mean rl.num_generations?)" in err, err
 
 
 def test_train_interrupted_says_how_far_it_got_and_how_to_resume(tmp_path, monkeypatch, capsys):

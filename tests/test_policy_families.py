@@ -240,6 +240,10 @@ def test_hub_id_loads_from_the_local_hub_cache_without_network(tmp_path, monkeyp
         DiffusionPolicy.load("dice-test/absent")
     with pytest.raises(FileNotFoundError, match="not a hub id"):
         DiffusionPolicy.load(str(tmp_path / "no" / "such" / "folder"))
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="'runs/typo': no such folder in 'runs'"):  # not a hub download
+        DiffusionPolicy.load("runs/typo")
 
 
 def _break_json(name: str, text: str):

@@ -54,7 +54,7 @@ def test_train_covers_both_phases_then_resumes(tmp_path):
     assert all(r["verifier_mode"] == "compile_only" for r in records)
     assert all(r["candidates"] == 4 for r in records)  # exactly one verdict a candidate
     assert "compile-only" in out and str(run) in out
-    assert f"dice-ray eval --tasks builtin --model {run})" in " ".join(out.split())  # the run's own task spec
+    assert f"dice-ray eval --tasks builtin --split heldout --model {run})" in " ".join(out.split())  # its own tasks
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 3 and "e2e" in summary["phases_seen"]
     assert summary["heldout_start"] is not None and summary["heldout_end"] is not None

@@ -618,7 +618,8 @@ class Trainer:
         con.print(describe_summary(summary), highlight=False)
         con.print(f"[bold]outputs[/] run directory {self.run_dir}: config.yaml, metrics.jsonl, summary.json, curves.png, "
                   f"checkpoints/ (each with its policy: dice-ray eval --tasks {escape(shlex.quote(self.cfg.tasks.spec))} "
-                  f"--model {self.run_dir}); a Markdown summary and "
+                  + ("--split heldout " if self.heldout else "")  # the tasks it did not train on
+                  + f"--model {self.run_dir}); a Markdown summary and "
                   f"plots: dice-ray report {self.run_dir}")
         return summary
 

@@ -199,17 +199,23 @@ def resolve_checkpoint(path: str | Path) -> Path:
     """The local folder of a checkpoint named by a path or a Hugging Face Hub id (``org/name`` or
     ``org/name@revision``, e.g. ``GSAI-ML/LLaDA-8B-Instruct``).
 
-    An existing local path is returned as it is.  A hub id is looked up in the local hub cache first
+    An existing local path is returned as it is; ``org/name`` where ``org`` is a folder here is a local path
+    (``runs/typo`` is a mistyped run, not a download).  A hub id is looked up in the local hub cache first
     (``HF_HUB_CACHE`` / ``HF_HOME``; no network), then downloaded with ``huggingface_hub.snapshot_download``
     (only ``config.json``, the safetensors and the tokenizer files: the remote code is neither fetched nor run),
     unless ``HF_HUB_OFFLINE`` is set.
 
     Raises:
-        FileNotFoundError: ``path`` is neither an existing path nor a hub id, or the hub id is not in the cache
+        FileNotFoundError: ``path`` is neither an existing path nor a hub id (or is a missing local one), or the
+            hub id is not in the cache
             and cannot be downloaded (offline, no network, unknown repository); the message names the id.
     """
     local = Path(path)
     text = str(path)
+    if not local.exists() and _HUB_ID.fullmatch(text) and local.parent.is_dir():
+        # runs/nope: a folder of that name would be local (a mistyped run), not a download of org "runs"
+        raise FileNotFoundError(f"model path {text!r}: no such folder in {str(local.parent)!r} (taken as a local "
+                                f"path since {str(local.parent)!r} is a folder here, not as a hub id)")
     if local.exists() or not _HUB_ID.fullmatch(text):
         if not local.exists():
             raise FileNotFoundError(f"model path {text!r}: no such folder, and not a hub id (org/name[@revision])")

@@ -766,7 +766,8 @@ class Harness:
             if isinstance(outcome, JobResult):
                 return outcome
             note += f"; {outcome}"
-        return JobResult("ok", compiled=True, reason=f"{note} (compile-only: correctness and speed not measured)")
+        return JobResult("ok", compiled=True, reason=f"{note} (compile-only: correctness, speed and the run-time "
+                         "anti-cheat rules not measured; a GPU verifier checks them)")
 
     def _dry_run(self, model: Any, inputs: list[Any] | None, expected: Any, skipped: str) -> JobResult | str:
         """forward on the reference's meta ``inputs`` with launches checked, not run, and its outputs'
