@@ -40,8 +40,8 @@ def _actor_failed(exc: BaseException) -> int:
 def _nearest_key(loc: tuple) -> str | None:
     """The config key nearest to the unknown key ``loc`` (``("rl", "num_generation")`` ->
     ``"rl.num_generations"``) among its section's keys (difflib's ratio >= 0.6), or None.  A key without a
-    section is matched against every dotted key and every key's last part: ``steps`` -> ``"rl.steps or
-    sft.steps"``, ``rl_steps`` -> ``"rl.steps"``."""
+    section is matched against every dotted key and every key's last part: ``steps`` -> ``"sft.steps or
+    rl.steps"`` (config order), ``rl_steps`` -> ``"rl.steps"``."""
     from difflib import get_close_matches
 
     from dice_ray.config import load_config

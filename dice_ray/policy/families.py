@@ -207,8 +207,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
     Raises:
         FileNotFoundError: ``path`` is neither an existing path nor a hub id (or is a missing local one), or the
-            hub id is not in the cache
-            and cannot be downloaded (offline, no network, unknown repository); the message names the id.
+            hub id is not in the cache and cannot be downloaded (offline, no network, unknown repository); the
+            message names the id.
     """
     local = Path(path)
     text = str(path)
