@@ -69,6 +69,22 @@ def test_copies_to_the_host_and_tensor_text_are_replayed_but_the_inputs_are_read
     assert str(flag) == repr(flag) and "0" in str(flag)  # outside the replay: the tensor's own text
 
 
+def test_a_host_tensors_text_neither_is_recorded_nor_takes_a_recorded_place(monkeypatch):
+    """Texts are kept for device tensors only, and in the replay a host tensor's text is its own: printing one
+    before the flag cannot shift the flag's recorded text onto it (and leave the flag read live).  Meta tensors
+    stand for device ones here, CPU tensors are the host's."""
+    monkeypatch.setattr(host_reads, "HOST_DEVICE_TYPES", ("cpu",))
+    flag, host = torch.empty(1, device="meta"), torch.tensor([7])
+    recorder = OpRecorder()
+    with recorder:
+        str(host), str(flag)
+    assert [r[0] for r in recorder.host_reads] == ["text"] and "meta" in recorder.host_reads[0][1]
+    with HostReadReplay(recorder.host_reads) as replay:
+        texts = [str(host), str(flag)]
+    assert "7" in texts[0] and "meta" not in texts[0] and texts[1] == recorder.host_reads[0][1]
+    assert replay.replayed == 1
+
+
 def test_large_copies_and_host_tensors_own_reads_are_not_kept(cpu_as_device, monkeypatch):
     """Copies over MAX_COPY_BYTES are not kept (nor replayed); nor are reads of memory the host owns."""
     monkeypatch.setattr(host_reads, "MAX_COPY_BYTES", 16)

@@ -143,6 +143,8 @@ class HostReadReplay(torch.utils._python_dispatch.TorchDispatchMode):
             self._text.__exit__(*exc)
 
     def _replay_text(self, original: Callable[..., str], tensor: torch.Tensor, *args: Any, **kwargs: Any) -> str:
+        if not on_device(tensor):  # not recorded either (OpRecorder keeps device tensors' texts)
+            return original(tensor, *args, **kwargs)
         record = self._next("text", tensor)
         if record is None:
             return original(tensor, *args, **kwargs)
