@@ -193,7 +193,8 @@ def _ablation_harness(monkeypatch):
 
     h = object.__new__(Harness)
     h.settings, h.device, h._host_reads, h._read_outputs = dict(TOL, half_rtol=5e-2, half_atol=5e-2), None, [], None
-    monkeypatch.setattr(h, "_poison_free_memory", lambda: None)
+    h.poisoned = 0  # fills of the free memory (a no-op on CPU)
+    monkeypatch.setattr(h, "_poison_free_memory", lambda: setattr(h, "poisoned", h.poisoned + 1))
     monkeypatch.setattr(harness, "_synchronize", lambda device: None)
     monkeypatch.setattr(host_reads, "HOST_DEVICE_TYPES", ("meta",))
     return h
@@ -221,6 +222,7 @@ def test_kernel_ablation_without_a_gpu(monkeypatch):
     x = torch.randn(6, 4)
     notes: list[str] = []
     h._ablate(model(False), [x], x.t().contiguous(), "trial 1", notes)  # honest: its kernels did not write
+    assert h.poisoned == 1  # CPU outputs take the batched comparison, whose copies of the reference are freed
     h._ablate(model(None), [x], x.t().contiguous(), "trial 1", notes)
     with pytest.raises(RuleBroken, match="trial 1: with every launch") as e:
         h._ablate(model(True), [x], x.t().contiguous(), "trial 1", notes)
