@@ -58,14 +58,13 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from dice_ray import launch
 from dice_ray.tasks.task import shape_constant
-from dice_ray.verify import gpu_spin, host_reads, inline, mismatch_kernel, reference_facts, timing
+from dice_ray.verify import gpu_spin, inline, mismatch_kernel, reference_facts, timing
 from dice_ray.verify.correctness import (Comparison, compare_outputs, count_mismatches_batch, fill_could_match,
                                          flatten_outputs)
-from dice_ray.verify.host_reads import HostReadLog, HostReadReplay
+from dice_ray.verify.host_reads import HostReadLog, HostReadReplay, TextHookedMode
 from dice_ray.verify.reference_facts import ReferenceFacts
 from dice_ray.verify.rules import check_cuda_source, import_allowed
 
@@ -183,7 +182,7 @@ class JobResult:
         return asdict(self)
 
 
-class OpRecorder(TorchDispatchMode):
+class OpRecorder(TextHookedMode):
     """Records the aten ops run under it that are not in :data:`ALLOWED_ATEN_OPS` (``forbidden``), the values
     the code read onto the host (``host_reads``: a :class:`~dice_ray.verify.host_reads.HostReadLog`'s ``reads``,
     tensor texts among them), for the kernel ablation's replay; and the ops that allocated pinned host memory
@@ -195,23 +194,7 @@ class OpRecorder(TorchDispatchMode):
         self.pinned: list[str] = []
         self._log = HostReadLog()
         self.host_reads = self._log.reads
-        self._text = host_reads.tensor_text_hook(self._record_text)
-
-    def _record_text(self, original: Callable[..., str], tensor: torch.Tensor, *args: Any, **kwargs: Any) -> str:
-        text = original(tensor, *args, **kwargs)
-        if host_reads.on_device(tensor):
-            self._log.note_text(text)
-        return text
-
-    def __enter__(self) -> OpRecorder:
-        self._text.__enter__()
-        return super().__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            super().__exit__(*exc)
-        finally:
-            self._text.__exit__(*exc)
+        self._on_text = self._log.record_text
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         name = func.overloadpacket.__name__
@@ -533,9 +516,13 @@ class Harness:
         _check_output_types(out)
         return out
 
+    def _tolerances(self) -> dict[str, float]:
+        """The comparison's tolerances from the job's settings: ``rtol``, ``atol``, ``half_rtol``, ``half_atol``."""
+        return {k: self.settings[k] for k in ("rtol", "atol", "half_rtol", "half_atol")}
+
     def _compare(self, out: Any, ref: Any) -> Any:
         """:func:`compare_outputs` (its reason on failure), counted first by the fused kernels."""
-        tol = {k: self.settings[k] for k in ("rtol", "atol", "half_rtol", "half_atol")}
+        tol = self._tolerances()
         counts = count_mismatches_batch([(out, ref)], **tol)
         if not isinstance(counts, tuple) and int(counts[0]) == 0:
             return Comparison(True, "")
@@ -991,7 +978,7 @@ class Harness:
         (:func:`~dice_ray.verify.correctness.fill_could_match`: all zeros, a loss of exactly 1, ones within the
         tolerance), which an honest ``torch.zeros`` buffer whose kernel did not run would; then a note says so.
         Run before the free memory is poisoned: the comparison's temporaries hold the reference's values."""
-        if fill_could_match(expected, **{k: self.settings[k] for k in ("rtol", "atol", "half_rtol", "half_atol")}):
+        if fill_could_match(expected, **self._tolerances()):
             notes.append("kernel ablation skipped (a filled buffer would match the reference outputs)")
             return False
         return True
@@ -1042,8 +1029,7 @@ class Harness:
             notes.append("kernel ablation inconclusive (forward rebuilt its previous call's outputs from the "
                          "host reads replayed to it)")
             return
-        tol = {k: self.settings[k] for k in ("rtol", "atol", "half_rtol", "half_atol")}
-        counts = count_mismatches_batch([(out, expected)], **tol)  # counts only: compare_outputs copies the reference
+        counts = count_mismatches_batch([(out, expected)], **self._tolerances())  # counts only: compare_outputs copies the reference
         if not all(mismatch_kernel.supported(o, r) for o, r in zip(flatten_outputs(out), flatten_outputs(expected))
                    if isinstance(r, torch.Tensor) and r.numel()):
             self._poison_free_memory()  # the batched comparison stacked copies of the reference, since freed
@@ -1155,8 +1141,7 @@ class Harness:
                 raise RuleBroken("no-kernel-launch", f"timed call {j} of ModelNew.forward launched no kernel")
             counts[0] = _launch_count()
 
-        tolerances = {k: s[k] for k in ("rtol", "atol", "half_rtol", "half_atol")}
-        checks = TimedOutputChecks(tolerances, lambda j: f"timed call {j} (inputs of seed {base + j})")
+        checks = TimedOutputChecks(self._tolerances(), lambda j: f"timed call {j} (inputs of seed {base + j})")
 
         def check(j: int, ref_out: Any, out: Any, inputs: list[Any]) -> None:
             t_check = _perf()

@@ -25,8 +25,8 @@ from typing import Any, Callable, Iterator
 import torch
 import torch._tensor_str
 
-__all__ = ["HOST_DEVICE_TYPES", "MAX_COPY_BYTES", "MAX_READS", "HostReadLog", "HostReadReplay", "host_read_kind",
-           "on_device", "tensor_text_hook"]
+__all__ = ["HOST_DEVICE_TYPES", "MAX_COPY_BYTES", "MAX_READS", "HostReadLog", "HostReadReplay", "TextHookedMode",
+           "host_read_kind", "on_device", "tensor_text_hook"]
 
 MAX_READS = 64  # host reads of one call kept for the replay
 MAX_COPY_BYTES = 2**20  # a copy to the host larger than this is neither kept nor replayed
@@ -75,10 +75,13 @@ class HostReadLog:
         elif _small(args[0]):
             self.reads.append(("copy", args[0].clone()))
 
-    def note_text(self, text: str) -> None:
-        """Keep the text of a tensor forward formatted (:func:`tensor_text_hook`)."""
-        if len(self.reads) < MAX_READS:
+    def record_text(self, original: Callable[..., str], tensor: torch.Tensor, *args: Any, **kwargs: Any) -> str:
+        """The text of ``tensor`` (``original(tensor, *args, **kwargs)``: torch's formatter), kept when the
+        tensor is on a device (:func:`tensor_text_hook`'s hook)."""
+        text = original(tensor, *args, **kwargs)
+        if on_device(tensor) and len(self.reads) < MAX_READS:
             self.reads.append(("text", text))
+        return text
 
 
 @contextlib.contextmanager
@@ -99,11 +102,29 @@ def tensor_text_hook(hook: Callable[[Callable[..., str], torch.Tensor, Any, Any]
         torch._tensor_str._str = original
 
 
+class TextHookedMode(torch.utils._python_dispatch.TorchDispatchMode):
+    """A dispatch mode that, while active, also routes every tensor's text through ``self._on_text`` (a
+    :func:`tensor_text_hook` hook, set by the subclass): the one host read no dispatch mode sees."""
+
+    _on_text: Callable[..., str]
+
+    def __enter__(self) -> TextHookedMode:
+        self._text = tensor_text_hook(self._on_text)
+        self._text.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._text.__exit__(*exc)
+
+
 def _storages(tensors: list[Any]) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor) and t.numel()}
 
 
-class HostReadReplay(torch.utils._python_dispatch.TorchDispatchMode):
+class HostReadReplay(TextHookedMode):
     """Answers the host reads of the code run under it with a :class:`HostReadLog`'s ``reads``, in order
     within each kind: the n-th scalar read of the recorded dtype gets the n-th recorded scalar, the n-th
     copy of the recorded shape and dtype the n-th recorded tensor, the n-th tensor text
@@ -119,7 +140,7 @@ class HostReadReplay(torch.utils._python_dispatch.TorchDispatchMode):
         self._kept = {kind: [r[1:] for r in reads if r[0] == kind] for kind in ("scalar", "copy", "text")}
         self._live = _storages(list(live))
         self.replayed = 0
-        self._text: contextlib.AbstractContextManager | None = None
+        self._on_text = self._replay_text
 
     def _next(self, kind: str, source: torch.Tensor | None) -> tuple | None:
         kept = self._kept[kind]
@@ -129,18 +150,6 @@ class HostReadReplay(torch.utils._python_dispatch.TorchDispatchMode):
         if source is not None and source.numel() and source.untyped_storage().data_ptr() in self._live:
             return None
         return record
-
-    def __enter__(self) -> HostReadReplay:
-        self._text = tensor_text_hook(self._replay_text)
-        self._text.__enter__()
-        return super().__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            super().__exit__(*exc)
-        finally:
-            assert self._text is not None
-            self._text.__exit__(*exc)
 
     def _replay_text(self, original: Callable[..., str], tensor: torch.Tensor, *args: Any, **kwargs: Any) -> str:
         if not on_device(tensor):  # not recorded either (OpRecorder keeps device tensors' texts)
