@@ -4,13 +4,16 @@ stripped, compact references keep the code, prompts stay short."""
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 
 import pytest
 
 from dice_ray.tasks.loaders import load_tasks
 from dice_ray.tasks.prompts import (
+    E2E_FORMAT,
     can_infill,
     FILL_MARKER,
+    infill_context,
     assemble_candidate,
     build_prompt,
     compact_reference,
@@ -35,15 +38,49 @@ def _strip_docstrings(tree: ast.AST) -> str:
 
 @pytest.mark.parametrize("template", ["compact", "dice"])
 def test_sft_pairs_rebuild_the_solution(template):
+    """Every pair rebuilds its solution; end-to-end pairs only where the template asks for the solution's format."""
     for task in BUILTIN:
-        pairs = sft_pairs(task, template)
-        assert len(pairs) == 2
-        (infill_prompt, middle), (e2e_prompt, whole) = pairs
-        assert middle == make_scaffold(task.solution_src, "fast").middle and whole == task.solution_src
+        plain = replace(task, solution_variants=())
+        pairs = sft_pairs(plain, template)
+        assert len(pairs) == (2 if E2E_FORMAT[template] == "fast" else 1)
+        infill_prompt, middle = pairs[0]
+        assert middle == make_scaffold(task.solution_src, "fast").middle
         assert assemble_candidate(task, "infill", middle) == task.solution_src
-        assert assemble_candidate(task, "e2e", whole) == task.solution_src
-        assert middle not in infill_prompt and task.solution_src not in e2e_prompt  # no answer leaks
-        assert "class Model" in infill_prompt and "class Model" in e2e_prompt
+        assert middle not in infill_prompt and "class Model" in infill_prompt  # no answer leaks
+        if len(pairs) == 2:
+            e2e_prompt, whole = pairs[1]
+            assert whole == task.solution_src and assemble_candidate(task, "e2e", whole) == task.solution_src
+            assert task.solution_src not in e2e_prompt and "class Model" in e2e_prompt
+
+
+def test_sft_pairs_learn_each_variant_and_bidirectional_pairs_keep_the_suffix():
+    with_variant = [t for t in BUILTIN if t.solution_variants]
+    assert with_variant, "the built-in suite ships slower variants"
+    for task in with_variant:
+        pairs = sft_pairs(task)
+        assert len(pairs) == 2 * (1 + len(task.solution_variants))
+        variant = task.solution_variants[0]
+        assert (build_prompt(task, "e2e"), variant) in pairs  # the variant's end-to-end pair
+        assert assemble_candidate(replace(task, solution_src=variant), "infill", pairs[2][1]) == variant
+    task = replace(BUILTIN[0], solution_variants=())
+    (before, middle, after), _ = sft_pairs(task, family="llada")
+    assert (before, after) == infill_context(task) and before.endswith(make_scaffold(task.solution_src, "fast").prefix)
+    assert after == make_scaffold(task.solution_src, "fast").suffix and assemble_candidate(task, "infill", middle) == task.solution_src
+
+
+@pytest.mark.parametrize("template", ["compact", "dice"])
+def test_infill_context_surrounds_the_middle(template):
+    for task in BUILTIN[:20]:
+        sc = make_scaffold(task.solution_src, "fast")
+        before, after = infill_context(task, template)
+        assert before.endswith(sc.prefix) and after.startswith(sc.suffix) and "class Model" in before
+        assert FILL_MARKER not in before + after and sc.middle not in before + after
+
+
+def test_dice_template_asks_end_to_end_for_load_inline():
+    compact, dice = build_prompt(BUILTIN[0], "e2e", "compact"), build_prompt(BUILTIN[0], "e2e", "dice")
+    assert "load_cuda" in compact and "load_inline" not in compact
+    assert "load_inline(" in dice and "load_cuda" not in dice and "class ModelNew" in dice
 
 
 def test_compact_prompts_fit_the_tiny_policy():
@@ -112,10 +149,12 @@ def test_dice_infill_tasks_prompt_and_assemble(dice_data):
     report = load_tasks(f"dice:{dice_data / 'kernel_infilling_evaluation.json'}")
     for task in report.tasks:
         pairs = sft_pairs(task)
-        assert len(pairs) == 1  # load_inline solutions train infilling only
+        assert len(pairs) == 1  # load_inline solutions: no end-to-end pair in the compact (fast) template
         prompt, middle = pairs[0]
         assert middle.startswith("source = ") and assemble_candidate(task, "infill", middle) == task.solution_src
         assert FILL_MARKER in prompt
+        dice = sft_pairs(task, "dice")  # DICE's template asks end to end for load_inline: both pairs
+        assert len(dice) == 2 and dice[1][1] == task.solution_src and "load_inline" in dice[1][0]
 
 
 @pytest.mark.parametrize("template", ["compact", "dice"])

@@ -3,8 +3,10 @@
 Specs accepted by :func:`load_tasks`:
 
 * ``"builtin"``: the suite shipped in ``dice_ray/tasks/builtin/<L{level}_{nn}_{name}>/`` (a
-  KernelBench-format ``reference.py`` and a fast-format ``solution.py`` each), ordered from single
-  operators (level 1) to fusions (level 2).
+  KernelBench-format ``reference.py`` and a fast-format ``solution.py`` each, and for some a slower honest
+  ``solution_slow.py``: :attr:`Task.solution_variants`), ordered from single operators (level 1) to fusions
+  (level 2). ``"builtin:N"``: its first N tasks (the embedded default's ``builtin:24``: single
+  operators).
 * ``"dice:PATH"``: DICE's RL data (deadlykitten4/DICE ``rl_data/``), a JSON file or a folder of
   ``.json`` files, each a list of records of one of three shapes (found per file, by the keys most
   records carry):
@@ -14,7 +16,12 @@ Specs accepted by :func:`load_tasks`:
     task ids ``dice-e2e/<idx>``;
   - infilling (``kernel_infilling_evaluation.json``): ``{id, pytorch_code, cuda_code, prefix,
     middle, suffix}``; ``cuda_code`` is a ``load_inline`` solution that ``prefix + middle + suffix``
-    rebuilds; task ids ``dice-infill/<id>``, level estimated from the reference;
+    rebuilds (the loader's own cut, :func:`~dice_ray.tasks.scaffold.make_scaffold`, gives exactly DICE's
+    three parts); task ids ``dice-infill/<id>``, level estimated from the reference;
+
+  A task of the infilling file has :attr:`Task.role` ``"infill"`` and one of the end-to-end file ``"e2e"``:
+  a run given both (their folder, or ``dice:A+dice:B``) draws each phase's prompts from its own file
+  (:func:`phase_pool`), as DICE's recipe does;
   - reference only (``kernelbench_level1.json``): ``{pytorch_code}``; ids ``dice-<file stem>/<index>``.
 
 * ``"kernelbench:DIR"``: a KernelBench checkout's problem folder (``level1/19_ReLU.py`` ...); every
@@ -38,6 +45,8 @@ Specs accepted by :func:`load_tasks`:
   without a valid solution is **rejected** (rule ``bad-solution``), not loaded reference-only: the
   output is what such a record is for (the SFT target), and quietly dropping it would hide a broken
   converter.  Ids ``alpaca-<file stem>/<index>``, levels estimated.
+* several specs joined by ``+`` (``dice:infill.json+dice:e2e.json``, ``builtin+jsonl:mine.jsonl``): their tasks
+  together, in the order given; a task id met again is rejected (rule ``duplicate-id``).
 * ``"jsonl:PATH"``: one JSON object a line (a file, or a folder of ``.jsonl`` files):
   ``reference`` (or ``pytorch_code``), optional ``solution`` (or ``cuda_code``; format detected as
   above, a bad one rejected as ``bad-solution``), ``level`` (else estimated), ``name``, ``id`` (else the
@@ -184,7 +193,7 @@ def load_tasks(spec: str, max_input_elements: int | None = DEFAULT_MAX_INPUT_ELE
     """Load the tasks named by ``spec`` (see the module docstring for the accepted specs).
 
     Args:
-        spec: ``"builtin"``, ``"dice:PATH"``, ``"kernelbench:DIR"``, ``"kernelbench-json:PATH"``,
+        spec: ``"builtin"``, ``"builtin:N"``, ``"dice:PATH"``, ``"kernelbench:DIR"``, ``"kernelbench-json:PATH"``,
             ``"alpaca:PATH"`` or ``"jsonl:PATH"``.
         max_input_elements: scale down references whose ``get_inputs`` allocates more elements
             than this (static lower bound) when they have a size constant, refuse the others (rule
@@ -200,16 +209,48 @@ def load_tasks(spec: str, max_input_elements: int | None = DEFAULT_MAX_INPUT_ELE
         raise ValueError(f"tasks spec must be a str, got {type(spec).__name__}")
     if max_input_elements is not None and (isinstance(max_input_elements, bool) or max_input_elements < 1):
         raise ValueError(f"max_input_elements must be None or an int >= 1, got {max_input_elements!r}")
+    parts = _SPEC_SPLIT.split(spec)
+    if len(parts) > 1:
+        return _load_combined(spec, parts, max_input_elements)
     kind, sep, rest = spec.partition(":")
     if spec == "builtin":
         return _load_builtin(BUILTIN_DIR, spec, max_input_elements)
+    if kind == "builtin" and sep:
+        if not rest.isdigit() or int(rest) < 1:
+            raise ValueError(f"tasks spec {spec!r}: builtin:N takes the suite's first N tasks, N an integer >= 1")
+        report = _load_builtin(BUILTIN_DIR, spec, max_input_elements)
+        report.tasks = report.tasks[: int(rest)]
+        return report
     loader = _LOADERS.get(kind)
     if sep and rest and loader is not None:
         return loader(Path(rest).expanduser(), spec, max_input_elements)
     raise ValueError(
-        f"tasks spec {spec!r}: expected 'builtin', 'dice:PATH', 'kernelbench:DIR', 'kernelbench-json:PATH', "
+        f"tasks spec {spec!r}: expected 'builtin', 'builtin:N', 'dice:PATH', 'kernelbench:DIR', 'kernelbench-json:PATH', "
         "'alpaca:PATH' or 'jsonl:PATH'"
     )
+
+
+#: where a combined spec splits: a ``+`` followed by another spec's kind
+_SPEC_SPLIT = re.compile(r"\+(?=builtin(?:\+|$|:)|(?:dice|kernelbench|kernelbench-json|alpaca|jsonl):)")
+
+
+def _load_combined(spec: str, parts: list[str], cap: int | None) -> LoadReport:
+    """The tasks of each spec of ``parts`` together (``A+B``), a task id seen before rejected as ``duplicate-id``."""
+    report = LoadReport(spec)
+    seen: set[str] = set()
+    for part in parts:
+        one = load_tasks(part, cap)
+        report.files += one.files
+        report.scaled += one.scaled
+        report.rejected += one.rejected
+        for t in one.tasks:
+            if t.task_id in seen:
+                report.rejected.append(Rejection(part, t.task_id, f"duplicate-id: task {t.task_id} is given by an "
+                                                                  f"earlier spec of {spec!r}"))
+                continue
+            seen.add(t.task_id)
+            report.tasks.append(t)
+    return report
 
 
 def split_tasks(tasks: list[Task], heldout_fraction: float) -> tuple[list[Task], list[Task]]:
@@ -228,6 +269,24 @@ def split_tasks(tasks: list[Task], heldout_fraction: float) -> tuple[list[Task],
     heldout = [t for i, t in enumerate(ordered) if i % k == k - 1]
     held = {t.task_id for t in heldout}
     return [t for t in ordered if t.task_id not in held], heldout
+
+
+def select_tasks(tasks: list[Task], max_tasks: int | None, solution_variants: bool) -> list[Task]:
+    """The tasks a run uses (``dice-ray train``, ``dice-ray sft``): the first ``max_tasks`` (``tasks.max_tasks``; None:
+    all), without their :attr:`Task.solution_variants` unless ``solution_variants`` (``tasks.solution_variants``)."""
+    return [t if solution_variants or not t.solution_variants else replace(t, solution_variants=())
+            for t in tasks[:max_tasks]]
+
+
+def phase_pool(tasks: list[Task], phase: str) -> list[Task]:
+    """The tasks whose prompts serve ``phase`` (``"infill"`` or ``"e2e"``): those of :attr:`Task.role` ``phase`` when
+    the list holds any (DICE's recipe: infilling from its infilling file, end-to-end from its end-to-end file),
+    else those of role ``both``, else all of them (a run on one set alone poses it in both phases)."""
+    for pick in (lambda t: t.role == phase, lambda t: t.role == "both"):
+        pool = [t for t in tasks if pick(t)]
+        if pool:
+            return pool
+    return list(tasks)
 
 
 def _capped(task: Task, cap: int | None, report: LoadReport | None = None) -> Task:
@@ -289,8 +348,12 @@ def _load_builtin(root: Path, spec: str, cap: int | None) -> LoadReport:
             ref = (folder / "reference.py").read_text(encoding="utf-8-sig")
             sol = (folder / "solution.py").read_text(encoding="utf-8-sig")
             report.files += [str(folder / "reference.py"), str(folder / "solution.py")]
+            variants = []
+            for path in sorted(folder.glob("solution_*.py")):  # slower honest variants (solution_slow.py)
+                variants.append(path.read_text(encoding="utf-8-sig"))
+                report.files.append(str(path))
             make_scaffold(sol, "fast")
-            task = _capped(Task(f"builtin/L{level}/{name}", name, level, ref, sol, "fast"), cap, report)
+            task = _capped(Task(f"builtin/L{level}/{name}", name, level, ref, sol, "fast", tuple(variants)), cap, report)
         except OSError as e:
             report.rejected.append(Rejection(str(folder), folder.name, f"missing-file: {e}"))
             continue
@@ -517,7 +580,7 @@ def _dice_record(rec: object, kind: str, stem: str, index: int) -> Task:
             raise TaskError("scaffold-mismatch", "prefix + middle + suffix does not rebuild cuda_code")
         make_scaffold(rec["cuda_code"], "load_inline")
         return Task(f"dice-infill/{rid}", f"infill_{rid}", estimate_level(rec["pytorch_code"]),
-                    rec["pytorch_code"], rec["cuda_code"], "load_inline")
+                    rec["pytorch_code"], rec["cuda_code"], "load_inline", role="infill")
     if kind == "reference":
         rec = _check_keys(rec, _REFERENCE_KEYS)  # no id of its own: the file stem and the index name it
         validate_reference(rec["pytorch_code"], field="pytorch_code")
@@ -529,12 +592,12 @@ def _dice_record(rec: object, kind: str, stem: str, index: int) -> Task:
     validate_reference(rec["pytorch_code"], field="pytorch_code")
     cuda = rec["cuda_code"]
     if cuda is None or (isinstance(cuda, str) and not cuda.strip()):
-        return Task(f"dice-e2e/{rid}", f"e2e_{rid}", level, rec["pytorch_code"])
+        return Task(f"dice-e2e/{rid}", f"e2e_{rid}", level, rec["pytorch_code"], role="e2e")
     if not isinstance(cuda, str):
         raise TaskError("not-a-string", f"cuda_code must be a str, got {type(cuda).__name__}")
     fmt = _solution_format(cuda)
     validate_solution(cuda, fmt, field="cuda_code")
-    return Task(f"dice-e2e/{rid}", f"e2e_{rid}", level, rec["pytorch_code"], cuda, fmt)
+    return Task(f"dice-e2e/{rid}", f"e2e_{rid}", level, rec["pytorch_code"], cuda, fmt, role="e2e")
 
 
 def _level(value: object) -> int:

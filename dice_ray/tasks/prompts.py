@@ -3,16 +3,23 @@
 * ``"infill"`` (DICE's kernel infilling, first phase): the prompt shows the reference and the
   solution's scaffold (:mod:`dice_ray.tasks.scaffold`) with :data:`FILL_MARKER` where the CUDA source
   was cut out; the policy writes that middle, and the candidate is ``prefix + completion + suffix``.
-* ``"e2e"`` (end-to-end generation, second phase): the prompt shows the reference and the fast
-  format's rules (INTERFACES.md); the policy writes the whole solution file.
+* ``"e2e"`` (end-to-end generation, second phase): the prompt shows the reference and the rules of
+  the template's candidate format (:data:`E2E_FORMAT`); the policy writes the whole solution file.
 
 Two template sets:
 
 * ``"compact"`` (default): short, for the tiny policy's ~600-token prompt budget; the reference is
-  shown without comments, docstrings and blank-line runs (:func:`compact_reference`).
+  shown without comments, docstrings and blank-line runs (:func:`compact_reference`). End-to-end
+  prompts ask for dice-ray's fast (NVRTC) format.
 * ``"dice"``: fuller prompts in the manner of DICE's rollout prompts (deadlykitten4/DICE,
   ``sdar_rl_rollout_kernel.py``: task statement, reference, prefix and suffix blocks, output rules,
-  a worked example for end-to-end), for real (SDAR-size) models.
+  a worked example for end-to-end), for real (SDAR-size) models. End-to-end prompts ask for the
+  ``load_inline`` format (KernelBench's and DICE's, the format DICE's checkpoints were trained on),
+  with a worked ``load_inline`` example.
+
+The bidirectional families (LLaDA, Dream) infill for real: the span is decoded between a fixed
+prefix and suffix (:func:`infill_context` gives the two texts); SDAR sees the scaffold in its prompt
+(:func:`build_prompt`), as DICE's SDAR rollouts do.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import ast
 import io
 import re
 import tokenize
+from dataclasses import replace
 from functools import lru_cache
 
 from dice_ray.pysource import parse_python
@@ -29,6 +37,8 @@ from dice_ray.tasks.task import Task
 
 PHASES: tuple[str, ...] = ("infill", "e2e")
 TEMPLATES: tuple[str, ...] = ("compact", "dice")
+#: The candidate format each template's end-to-end prompt asks for (and its SFT targets are written in).
+E2E_FORMAT: dict[str, str] = {"compact": "fast", "dice": "load_inline"}
 #: Where the missing CUDA source goes in an infill prompt.
 FILL_MARKER = "<FILL>"
 
@@ -66,19 +76,36 @@ def get_init_inputs():
     return []
 '''
 
-_EXAMPLE_SOLUTION = '''import torch
-import torch.nn as nn
-from dice_ray.launch import load_cuda
 
-cuda_source = r"""
-extern "C" __global__ void add_kernel(const float* __restrict__ a, const float* __restrict__ b,
-                                      float* __restrict__ out, long n) {
+_EXAMPLE_INLINE_SOLUTION = '''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+add_source = """
+#include <torch/extension.h>
+
+__global__ void add_kernel(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ out,
+                           long n) {
     long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (i < n) out[i] = a[i] + b[i];
 }
+
+torch::Tensor add_cuda(torch::Tensor a, torch::Tensor b) {
+    auto out = torch::empty_like(a);
+    long n = a.numel();
+    add_kernel<<<(n + 255) / 256, 256>>>(a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), n);
+    return out;
+}
 """
 
-kernels = load_cuda(cuda_source)
+add_cpp_source = "torch::Tensor add_cuda(torch::Tensor a, torch::Tensor b);"
+
+add_ext = load_inline(
+    name="add_ext",
+    cpp_sources=add_cpp_source,
+    cuda_sources=add_source,
+    functions=["add_cuda"],
+)
 
 
 class ModelNew(nn.Module):
@@ -86,13 +113,14 @@ class ModelNew(nn.Module):
         super().__init__()
 
     def forward(self, a, b):
-        a = a.contiguous()
-        b = b.contiguous()
-        out = torch.empty_like(a)
-        n = a.numel()
-        kernels.add_kernel(grid=(n + 255) // 256, block=256, args=(a, b, out, n))
-        return out
+        return add_ext.add_cuda(a.contiguous(), b.contiguous())
 '''
+
+_INLINE_RULES = (
+    "Kernels: CUDA C++ in a string passed as cuda_sources to torch.utils.cpp_extension.load_inline, with the C++ "
+    "declarations as cpp_sources and the host functions listed in functions=[...]; ModelNew.forward calls them. Host "
+    "C++ allocates the outputs (torch::empty) and launches the kernels. No torch ops for the math."
+)
 
 _DICE_STATEMENT = (
     "You write custom CUDA kernels that replace the PyTorch operators of a given architecture to make it "
@@ -114,13 +142,27 @@ _DICE = {
     + "Here is an example. The given architecture:\n```python\n"
     + _EXAMPLE_REFERENCE
     + "```\nThe new architecture with custom CUDA kernels:\n```python\n"
-    + _EXAMPLE_SOLUTION
+    + _EXAMPLE_INLINE_SOLUTION
     + "```\n\n"
-    + _FORMAT_RULES
+    + _INLINE_RULES
     + "\n\nYou are given the following architecture:\n```python\n{reference}```\n\n"
     "Optimize the architecture named Model with custom CUDA kernels and name the new architecture ModelNew, "
     "with the same __init__ arguments. Output the whole new file in one code block, real code that compiles, "
     "no explanation and no testing code.\n",
+}
+
+#: Bidirectional infilling (LLaDA, Dream; :func:`infill_context`): the text before the span, ending with the scaffold's
+#: prefix, and the text after it, starting with the scaffold's suffix; the span is decoded between them.
+_SPAN = {
+    "compact": ("Reference:\n{reference}\nWrite {what} where it is missing so that ModelNew matches Model:\n{prefix}",
+                "{suffix}"),
+    "dice": (_DICE_STATEMENT
+             + "You are given a PyTorch reference, the ground truth of the behaviour, and a solution whose middle, "
+             "{what_long}, is missing. Write the middle so that the file is a working ModelNew equivalent to Model. Keep "
+             "to the kernel names, arguments and launch configuration the rest of the file uses.\n\n"
+             "The reference architecture:\n```python\n{reference}```\n\n"
+             "The solution:\n```python\n{prefix}",
+             "{suffix}```\n"),
 }
 
 _SLOT = re.compile(r"\{(reference|prefix|suffix|marker|what|What|what_long)\}")
@@ -156,7 +198,7 @@ def task_scaffold(task: Task, granularity: str = "source") -> Scaffold:
             or ``granularity`` is unknown.
     """
     if task.solution_src is None or task.solution_format is None:
-        raise ScaffoldError(f"task {task.task_id} has no solution_src: the infill phase needs one to cut")
+        raise ScaffoldError("the task has no solution_src: the infill phase needs one to cut")
     return _cached_scaffold(task.solution_src, task.solution_format, granularity)
 
 
@@ -206,33 +248,43 @@ def compact_reference(src: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def can_infill(task: Task, granularity: str = "source") -> bool:
-    """Whether ``task`` can be posed in the infill phase: it has a solution with something to cut at
-    ``granularity`` (a ``load_inline`` solution that only calls cuBLAS has no kernel body)."""
+def infill_blocker(task: Task, granularity: str = "source") -> str | None:
+    """Why ``task`` cannot be posed in the infill phase (the scaffold's error: no solution, or nothing to cut at
+    ``granularity``, e.g. a ``load_inline`` solution that only calls cuBLAS has no kernel body); None when it can."""
     try:
         task_scaffold(task, granularity)
-    except ScaffoldError:
-        return False
-    return True
+    except ScaffoldError as e:
+        return str(e)
+    return None
+
+
+def can_infill(task: Task, granularity: str = "source") -> bool:
+    """Whether ``task`` can be posed in the infill phase (:func:`infill_blocker` finds nothing against it)."""
+    return infill_blocker(task, granularity) is None
+
+
+def _reference(task: Task, template: str) -> str:
+    """The reference as the template shows it (compact: :func:`compact_reference`), ending with a newline."""
+    if template not in TEMPLATES:
+        raise ValueError(f"template must be one of {TEMPLATES}, got {template!r}")
+    reference = compact_reference(task.reference_src) if template == "compact" else task.reference_src
+    return reference if reference.endswith("\n") else reference + "\n"
 
 
 def build_prompt(task: Task, phase: str, template: str = "compact", granularity: str = "source") -> str:
     """The prompt of ``task`` for ``phase`` (``"infill"`` or ``"e2e"``) in template set ``template``.
 
     Infill prompts show the scaffold of the task's own solution (fast or load_inline format, cut at
-    ``granularity``: ``"source"``, DICE's, or ``"body"``); end-to-end prompts always ask for the fast format.
+    ``granularity``: ``"source"``, DICE's, or ``"body"``) with the middle marked missing; end-to-end prompts ask
+    for the template's format (:data:`E2E_FORMAT`: fast for ``compact``, load_inline for ``dice``).
 
     Raises:
         ValueError: unknown ``phase`` or ``template``.
         ScaffoldError: ``phase == "infill"`` and the task has no solution with a CUDA source to cut.
     """
     _check_phase(phase)
-    if template not in TEMPLATES:
-        raise ValueError(f"template must be one of {TEMPLATES}, got {template!r}")
+    reference = _reference(task, template)
     compact = template == "compact"
-    reference = compact_reference(task.reference_src) if compact else task.reference_src
-    if not reference.endswith("\n"):
-        reference += "\n"
     text = (_COMPACT if compact else _DICE)[phase]
     if phase == "e2e":
         return _fill(text, reference=reference)
@@ -244,6 +296,26 @@ def build_prompt(task: Task, phase: str, template: str = "compact", granularity:
     what, heading, what_long = _MIDDLE_WORDS[granularity]
     return _fill(text, reference=reference, prefix=prefix, suffix=suffix, marker=FILL_MARKER, what=what,
                  What=heading, what_long=what_long)
+
+
+def infill_context(task: Task, template: str = "compact", granularity: str = "source") -> tuple[str, str]:
+    """The two fixed texts around the span a bidirectional policy (LLaDA, Dream) infills for ``task``.
+
+    ``before`` holds the instructions, the reference and the scaffold's prefix, and ends exactly where the middle
+    goes; ``after`` starts with the scaffold's suffix. The policy decodes the middle between them
+    (:func:`dice_ray.policy.sampler.infill_group`), and ``assemble_candidate(task, "infill", middle)`` builds the
+    candidate, as for SDAR, which reads the same scaffold inside its prompt (:func:`build_prompt`).
+
+    Raises:
+        ValueError: unknown ``template``.
+        ScaffoldError: the task has no solution with something to cut at ``granularity``.
+    """
+    reference = _reference(task, template)
+    sc = task_scaffold(task, granularity)
+    what, _, what_long = _MIDDLE_WORDS[granularity]
+    before, after = _SPAN[template]
+    return (_fill(before, reference=reference, prefix=sc.prefix, what=what, what_long=what_long),
+            _fill(after, suffix=sc.suffix if template == "compact" or sc.suffix.endswith("\n") else sc.suffix + "\n"))
 
 
 def strip_fence(completion: str) -> str:
@@ -280,21 +352,48 @@ def assemble_candidate(task: Task, phase: str, completion: str, granularity: str
     return sc.prefix + body + sc.suffix
 
 
-def sft_pairs(task: Task, template: str = "compact") -> list[tuple[str, str]]:
-    """(prompt, target completion) pairs for the SFT warm start on ``task``'s solution.
+def sft_pairs(task: Task, template: str = "compact", family: str = "sdar",
+              granularity: str = "source") -> list[tuple[str, ...]]:
+    """Training pairs for the SFT warm start on ``task``'s solution and its variants.
 
-    ``[(infill prompt, scaffold middle), (e2e prompt, solution_src)]`` for a fast-format solution;
-    only the infill pair for a load_inline solution (end-to-end prompts ask for the fast format);
-    ``[]`` without a solution.  ``assemble_candidate(task, phase, target)`` rebuilds the solution
-    exactly for every pair.
+    For the solution and each of :attr:`Task.solution_variants`: an infill pair (the middle of the scaffold cut at
+    ``granularity``, the run's ``phase.scaffold_granularity``, as the target)
+    and, when the solution is in the format the template's end-to-end prompt asks for (:data:`E2E_FORMAT`), an
+    end-to-end pair (the whole solution as the target); ``[]`` without a solution. Infill pairs are
+    ``(prompt, middle)`` for SDAR, which reads the scaffold in its prompt (:func:`build_prompt`), and
+    ``(before, middle, after)`` for the bidirectional families (``"llada"``, ``"dream"``), which decode the middle
+    between the scaffold's two sides (:func:`infill_context`). ``assemble_candidate(task, phase, target)``
+    rebuilds the solution (or variant) exactly for every pair.
 
     Raises:
         ValueError: unknown ``template``.
-        ScaffoldError: the solution has no CUDA source to cut.
+        ScaffoldError: the solution has nothing to cut at ``granularity``.
     """
     if task.solution_src is None:
         return []
-    pairs = [(build_prompt(task, "infill", template), task_scaffold(task).middle)]
-    if task.solution_format == "fast":
-        pairs.append((build_prompt(task, "e2e", template), task.solution_src))
+    pairs: list[tuple[str, ...]] = []
+    for src in (task.solution_src, *task.solution_variants):
+        one = task if src is task.solution_src else replace(task, solution_src=src, solution_variants=())
+        middle = task_scaffold(one, granularity).middle
+        if family == "sdar":
+            pairs.append((build_prompt(one, "infill", template, granularity), middle))
+        else:
+            before, after = infill_context(one, template, granularity)
+            pairs.append((before, middle, after))
+        if one.solution_format == E2E_FORMAT[template]:
+            pairs.append((build_prompt(one, "e2e", template), src))
     return pairs
+
+
+def training_pairs(tasks: list[Task], template: str = "compact", family: str = "sdar",
+                   granularity: str = "source") -> tuple[list[tuple[str, ...]], int]:
+    """The SFT warm start's pairs of ``tasks`` (:func:`sft_pairs` of each task with a solution), and how many tasks
+    were skipped because their solution cannot be cut at ``granularity`` (e.g. no ``__global__`` kernel)."""
+    pairs: list[tuple[str, ...]] = []
+    uncut = 0
+    for t in tasks:
+        try:
+            pairs += sft_pairs(t, template, family, granularity)
+        except ScaffoldError:
+            uncut += 1
+    return pairs, uncut

@@ -27,6 +27,8 @@ from dice_ray.pysource import parse_python
 _NEWLINE = re.compile(r"\r\n|\r|\n")  # Python's line ends
 
 SolutionFormat = Literal["fast", "load_inline"]
+#: :attr:`Task.role` values: the phase whose task set a task belongs to, or ``"both"``
+TASK_ROLES: tuple[str, ...] = ("both", "infill", "e2e")
 SOLUTION_FORMATS: tuple[str, ...] = ("fast", "load_inline")
 
 #: Longest source accepted (characters); DICE's longest reference is ~1.6k, its longest solution ~9k.
@@ -371,6 +373,13 @@ class Task:
         reference_src: the reference module (see :func:`validate_reference`).
         solution_src: a working solution, or None.
         solution_format: ``"fast"`` or ``"load_inline"``; set exactly when ``solution_src`` is.
+        solution_variants: further honest solutions in ``solution_format`` (the built-in suite's slower variants,
+            ``solution_slow.py``: same result, a slower kernel); the SFT warm start learns each, so that RL's
+            speedup term has a slower and a faster way to choose between. Infill scaffolds cut ``solution_src``.
+        role: the phase whose set the task belongs to (:data:`TASK_ROLES`): ``"infill"`` for DICE's kernel
+            infilling file, ``"e2e"`` for its end-to-end file, ``"both"`` for every other source. A run whose
+            tasks include a set marked for a phase draws that phase's prompts from it (DICE's recipe: infilling
+            from one file, end-to-end from the other); see :func:`dice_ray.tasks.loaders.phase_pool`.
 
     Raises:
         TaskError: on construction, when a field breaks a rule (the message names the field and
@@ -383,6 +392,8 @@ class Task:
     reference_src: str
     solution_src: str | None = None
     solution_format: SolutionFormat | None = None
+    solution_variants: tuple[str, ...] = ()
+    role: str = "both"
 
     def __post_init__(self) -> None:
         for field in ("task_id", "name"):
@@ -401,3 +412,9 @@ class Task:
             )
         if self.solution_src is not None:
             validate_solution(self.solution_src, self.solution_format)
+        if self.solution_variants and self.solution_src is None:
+            raise TaskError("solution-format-mismatch", "solution_variants need a solution_src (their format is its)")
+        for i, src in enumerate(self.solution_variants):
+            validate_solution(src, self.solution_format, field=f"solution variant {i + 1}")
+        if self.role not in TASK_ROLES:
+            raise TaskError("bad-role", f"role must be one of {TASK_ROLES}, got {self.role!r}")

@@ -1,0 +1,27 @@
+import torch
+import torch.nn as nn
+from dice_ray.launch import load_cuda
+
+cuda_source = r"""
+extern "C" __global__ void gelu_tanh_kernel(const float* __restrict__ x, float* __restrict__ y, long n) {
+    long start = (blockIdx.x * (long)blockDim.x + threadIdx.x) * 64;
+    for (long i = start; i < start + 64 && i < n; ++i) {
+        float v = x[i];
+        y[i] = 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    }
+}
+"""
+
+kernels = load_cuda(cuda_source)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        n = x.numel()
+        kernels.gelu_tanh_kernel(grid=(n + 64 * 256 - 1) // (64 * 256), block=256, args=(x, y, n))
+        return y
