@@ -3,11 +3,12 @@
 Candidates come from one of two sources:
 
 * ``--model PATH`` (a folder written by :meth:`DiffusionPolicy.save`, a checkpoint folder or hub id, or a
-  ``dice-ray train`` run directory: its newest checkpoint's policy, :func:`~dice_ray.policy.policy.run_policy`): for every task, the prompt
-  of ``phase`` (:func:`dice_ray.tasks.prompts.build_prompt`, template ``tasks.prompt_template``),
-  ``samples`` completions (:func:`dice_ray.policy.sampler.sample_group`, ``sampling`` section,
-  seed ``rl.seed + task index``), each turned into a candidate by
-  :func:`~dice_ray.tasks.prompts.assemble_candidate`; on cuda:0 when there is a GPU.  ``infill`` needs the task's solution to cut:
+  ``dice-ray train`` run directory: its newest checkpoint's policy, :func:`~dice_ray.policy.policy.run_policy`): for every task,
+  ``samples`` completions of ``phase`` posed as the rollout workers pose it
+  (:func:`dice_ray.policy.task_sampling.sample_task_group`: the phase's prompt, template ``tasks.prompt_template``;
+  LLaDA / Dream infill the middle between the scaffold's sides; ``sampling`` section, seed ``rl.seed + task
+  index``), each turned into a candidate by :func:`~dice_ray.tasks.prompts.assemble_candidate`; on cuda:0 when
+  there is a GPU.  ``infill`` needs the task's solution to cut:
   tasks without one are skipped (listed, not counted);
 * ``--solutions DIR``: given files, no model.  Layout: ``DIR/<key>.py`` is one sample of a task,
   or ``DIR/<key>/*.py`` several (in file-name order), where ``<key>`` is the task id with every
@@ -189,8 +190,8 @@ def model_candidates(
         EvalInputError: ``samples < 1`` or an unknown ``phase``.
     """
     from dice_ray.policy.policy import DiffusionPolicy
-    from dice_ray.policy.sampler import sample_group
-    from dice_ray.tasks.prompts import PHASES, assemble_candidate, build_prompt
+    from dice_ray.policy.task_sampling import sample_task_group
+    from dice_ray.tasks.prompts import PHASES
 
     if phase not in PHASES:
         raise EvalInputError(f"--phase must be one of {PHASES}, got {phase!r}")
@@ -209,14 +210,12 @@ def model_candidates(
             skipped[task.task_id] = "infill needs a solution to cut; the task has none"
             continue
         try:
-            group = sample_group(policy, build_prompt(task, phase, cfg.tasks.prompt_template,
-                                                      cfg.phase.scaffold_granularity), samples,
-                                 cfg.sampling, cfg.rl.seed + i)
+            _, sources = sample_task_group(policy, task, phase, cfg.tasks.prompt_template,
+                                           cfg.phase.scaffold_granularity, samples, cfg.sampling, cfg.rl.seed + i)
         except ValueError as e:
             failed[task.task_id] = f"sampling failed: {e}"
             continue
-        out += [Candidate(task, j, assemble_candidate(task, phase, r.text, cfg.phase.scaffold_granularity), "model")
-                for j, r in enumerate(group)]
+        out += [Candidate(task, j, source, "model") for j, source in enumerate(sources)]
     return out, skipped, failed
 
 

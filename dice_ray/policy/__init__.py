@@ -10,6 +10,8 @@ Modules (import from them directly; importing this package does not load torch o
 * ``samples``: what the sampler returns (:class:`Rollout`, :class:`RolloutGroup`, :class:`SampleStats`), plain data.
 * ``sampler``: :func:`sample_group` (block diffusion, static / dynamic low-confidence remasking; LLaDA / Dream
   whole-response decoding) and :func:`infill_group` (prefix / suffix infilling, bidirectional families).
+* ``task_sampling``: :func:`sample_task_group`, a task and phase posed as the family decodes it (SDAR: the scaffold in
+  the prompt; LLaDA / Dream infill: the span between the scaffold's two sides), for rollouts and eval alike.
 * ``logprobs``: :func:`response_logprobs` (TraceRL / coupled-GRPO / diffu-GRPO log-probs, ``rl.logprob_estimator``).
 * ``sft``: :func:`warm_start` (masked-diffusion SFT, cached by content hash).
 * ``memorization``: ``python -m dice_ray.policy.memorization``, how well the warm start reproduces its targets.

@@ -29,10 +29,15 @@ one ``[prompt, clean, noisy]`` forward with the x_t ‖ x_0 mask, without recomp
 part for every state.
 
 The fully bidirectional families (LLaDA, Dream; :mod:`dice_ray.policy.families`) have no blocks: every state
-is one forward of ``prompt ‖ response canvas`` with full attention, as :func:`dice_ray.policy.sampler.span_logits`
-decodes them, and Dream's token at response position ``i`` is read from the logits at ``i - 1``
-(:func:`~dice_ray.policy.families.logit_shift`). The canvas is the response padded with ``<|mask|>`` to
-``canvas_len`` tokens (the sampler's ``max_new_tokens``; default: the padded length R); positions where
+is one forward of ``prompt ‖ response canvas ‖ suffix`` with full attention, through the sampler's own
+:func:`dice_ray.policy.sampler.span_hidden` (rows right-padded, padding never attended), so the learner sees the
+context the sampler saw: the suffix is the fixed text after an infilled span (``suffix_ids``, empty for
+whole-response decoding; SDAR keeps the scaffold in its prompt and takes none), and ``tracerl`` can be given the
+canvas length of every row at every step (``span_lens``: an infill span grows while it is decoded,
+:attr:`~dice_ray.policy.samples.Rollout.span_lengths`). Dream's token at response position ``i`` is read from the
+logits at ``i - 1`` (:func:`~dice_ray.policy.families.logit_shift`). The canvas is the response padded with
+``<|mask|>`` to ``canvas_len`` tokens (the sampler's ``max_new_tokens``; default: the padded length R), or, for
+``tracerl`` with ``span_lens``, cut or padded to the row's length at each step; positions where
 ``response_mask`` is False are ``<|mask|>`` in every state, as the sampler leaves the positions after a
 response's first ``<|eos|>``, except, for ``tracerl``, those the sampler decoded before that ``eos`` (their
 ``unmask_step >= 0``: a rollout's tail). ``tracerl`` replays the trace over the whole response (``unmask_step``
@@ -51,6 +56,7 @@ import torch
 
 from dice_ray.policy.families import family_of, logit_shift
 from dice_ray.policy.model import KVCache, block_mask, forward_hidden, prompt_blocks, response_blocks, token_logits
+from dice_ray.policy.sampler import span_hidden
 
 Estimator = Literal["tracerl", "coupled", "diffu_grpo"]
 ESTIMATORS: tuple[str, ...] = ("tracerl", "coupled", "diffu_grpo")
@@ -93,39 +99,61 @@ def _canvas_len(canvas_len: int | None, R: int) -> int:
     return int(canvas_len)
 
 
-def _score_full_states(
-    model, prompt_ids: torch.Tensor, response_ids: torch.Tensor, states: list[tuple[torch.Tensor, torch.Tensor]],
-    mask_id: int, shift: int, canvas_len: int,
-) -> torch.Tensor:
-    """Score tokens in states of the whole response under full attention (LLaDA / Dream).
+def _suffix(suffix_ids: torch.Tensor | None, shift: int | None, device: torch.device) -> torch.Tensor:
+    """The suffix as LongTensor[S] on ``device`` (None: empty); ValueError unless 1-D, or if non-empty for SDAR."""
+    if suffix_ids is None:
+        return torch.zeros(0, dtype=torch.long, device=device)
+    if suffix_ids.dim() != 1:
+        raise ValueError(f"suffix_ids: must be a 1-D LongTensor, got shape {tuple(suffix_ids.shape)}")
+    if shift is None and suffix_ids.numel():
+        raise ValueError("suffix_ids: must be empty for SDAR, which keeps the scaffold in its prompt (block diffusion "
+                         "decodes left to right, as DICE does); a suffix after the span is for LLaDA / Dream")
+    return suffix_ids.to(device)
 
-    Each state is one forward of ``prompt ‖ noisy ‖ <|mask|> * (canvas_len - R)`` over the rows that score a
-    token in it, every query attending every key (the sampler's :func:`dice_ray.policy.sampler.span_logits`);
-    response position ``i`` is read from sequence position ``P + i - shift``.
+
+def _score_full_states(
+    model, prompt_ids: torch.Tensor, suffix_ids: torch.Tensor, response_ids: torch.Tensor,
+    states: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], mask_id: int, shift: int,
+) -> torch.Tensor:
+    """Score tokens in states of the span under full attention (LLaDA / Dream), in the sampler's layout.
+
+    Each state is one forward (:func:`dice_ray.policy.sampler.span_hidden`, the sampler's) over the rows that score
+    a token in it, row ``g`` being ``prompt ‖ canvas ‖ suffix``: its noisy response cut, or padded with
+    ``<|mask|>``, to its canvas length in that state; rows right-padded, padding never attended; response
+    position ``i`` is read from sequence position ``P + i - shift``.
 
     Args:
-        prompt_ids: LongTensor[P], P >= 1; response_ids: LongTensor[G, R] (same device as the model).
-        states: ``(noisy_ids, score)`` pairs as in :func:`_score_noisy_states`.
+        prompt_ids: LongTensor[P], P >= 1; suffix_ids: LongTensor[S], S >= 0; response_ids: LongTensor[G, R]
+            (same device as the model).
+        states: ``(noisy_ids, score, canvas)``: LongTensor[G, R] and BoolTensor[G, R] as in
+            :func:`_score_noisy_states`, and LongTensor[G], each row's canvas length in that state (tokens).
         shift: :func:`~dice_ray.policy.families.logit_shift` of the family (Dream 1, LLaDA 0).
-        canvas_len: C >= R, the decoded length (positions R..C-1 stay ``<|mask|>``).
 
     Returns:
         FloatTensor[G, R] (fp32), log p(token | its state); 0 where no state scores it. Differentiable.
+
+    Raises:
+        ValueError: a scoring row's canvas does not reach a position the state shows or scores.
     """
     device = response_ids.device
     P = prompt_ids.numel()
     G, R = response_ids.shape
     out = torch.zeros(G, R, dtype=torch.float32, device=device)
-    T = P + canvas_len
-    positions = torch.arange(T, device=device)
-    full = torch.ones(T, T, dtype=torch.bool, device=device)
-    tail = torch.full((G, canvas_len - R), mask_id, dtype=torch.long, device=device)
-    for noisy, score in states:
+    ends = torch.arange(1, R + 1, device=device)  # position + 1
+    for noisy, score, canvas in states:
         rows = score.any(dim=1).nonzero().squeeze(1)
         if rows.numel() == 0:
             continue
-        seq = torch.cat([prompt_ids[None].expand(rows.numel(), -1), noisy[rows], tail[rows]], dim=1)
-        h = forward_hidden(model, seq, positions, full)[:, P - shift: P - shift + R]
+        lens = canvas[rows].tolist()
+        reach = torch.where((noisy[rows] != mask_id) | score[rows], ends, 0).amax(1).tolist()
+        short = [(n, r) for n, r in zip(lens, reach) if r > n]
+        if short:
+            raise ValueError(f"span_lens: a state's span must hold every token it shows or scores; a span of "
+                             f"{short[0][0]} tokens must reach position {short[0][1] - 1}")
+        width = max(R, max(lens))
+        padded = torch.cat([noisy[rows], torch.full((rows.numel(), width - R), mask_id, device=device)], dim=1)
+        seqs = [torch.cat([prompt_ids, padded[k, :n], suffix_ids]) for k, n in enumerate(lens)]
+        h = span_hidden(model, seqs, [P] * len(seqs), [R] * len(seqs), shift, mask_id)  # [rows, R, hidden]
         r_idx, i_idx = score[rows].nonzero(as_tuple=True)
         out[rows[r_idx], i_idx] = _gather_logprobs(model, h[r_idx, i_idx], response_ids[rows[r_idx], i_idx], mask_id)
     return out
@@ -181,12 +209,15 @@ def tracerl_logprobs(
     block_size: int,
     mask_id: int,
     canvas_len: int | None = None,
+    suffix_ids: torch.Tensor | None = None,
+    span_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per-token log-probs of a group's responses in the denoising states that produced them (TraceRL).
+    """Per-token log-probs of a group's responses in the denoising states that produced them (TraceRL, Wang et al.
+    2025).
 
-    SDAR: block by block (``x_t ‖ x_0``). LLaDA / Dream: the state at step ``s`` is the whole canvas with the
-    tokens of ``unmask_step < s`` visible and the rest ``<|mask|>``, under full attention (Dream: shifted
-    logits); see the module docstring.
+    SDAR: block by block (``x_t ‖ x_0``). LLaDA / Dream: the state at step ``s`` is ``prompt ‖ canvas ‖ suffix``,
+    the canvas showing the tokens of ``unmask_step < s`` and ``<|mask|>`` elsewhere, under full attention (Dream:
+    shifted logits), as long as the sampler's was at that step; see the module docstring.
 
     Args:
         model: the policy's transformers model (``dice_block`` attention; SDAR Qwen3, LLaDA Llama or Dream
@@ -204,15 +235,24 @@ def tracerl_logprobs(
         block_size: tokens a block (SDAR only).
         mask_id: id of ``<|mask|>``.
         canvas_len: LLaDA / Dream: the length the sampler decoded (its ``max_new_tokens``), >= R; None: R.
-            Ignored for SDAR.
+            Ignored for SDAR, and when ``span_lens`` is given.
+        suffix_ids: LongTensor[S], LLaDA / Dream: the fixed tokens after the span (an infill's suffix,
+            :attr:`Rollout.suffix_ids`), attended in every state; None or empty: none (whole-response decoding).
+        span_lens: LLaDA / Dream: LongTensor[G, N], ``span_lens[g, s]`` the length (tokens) of row ``g``'s canvas
+            at step ``s`` (:attr:`Rollout.span_lengths`; a grown infill span gets longer while it is decoded);
+            N beyond every scored step; entries past a row's last step are unused (0). None: ``canvas_len`` at
+            every step.
 
     Returns:
         FloatTensor[G, R] (fp32) log p(token | state at its step); 0 where ``response_mask`` is False.
         Differentiable w.r.t. the model parameters.
 
     Raises:
-        ValueError: shapes disagree; SDAR: R is not a multiple of ``block_size`` or a scored ``unmask_step`` is
-            outside ``[0, block_size)``; LLaDA / Dream: a scored ``unmask_step`` is negative or ``canvas_len < R``.
+        ValueError: shapes disagree; SDAR: R is not a multiple of ``block_size``, a scored ``unmask_step`` is
+            outside ``[0, block_size)``, or a suffix or ``span_lens`` is given (SDAR keeps the scaffold in its
+            prompt); LLaDA / Dream: a scored ``unmask_step`` is negative, ``canvas_len < R``, ``span_lens`` is not
+            ``[G, N]`` with N beyond the last scored step, or a step's span does not reach a token it shows or
+            scores.
     """
     _check(prompt_ids, response_ids, unmask_step=unmask_step, response_mask=response_mask)
     response_mask = response_mask.bool()
@@ -226,7 +266,10 @@ def tracerl_logprobs(
                              f"[{int(scored.min())}, {int(scored.max())}]")
     if shift is None:
         response_blocks(prompt_ids.numel(), response_ids.shape[1], block_size)  # raises on a partial block
+        if span_lens is not None:
+            raise ValueError("span_lens: SDAR decodes fixed blocks; a span trace is for LLaDA / Dream")
     device = next(model.parameters()).device
+    suffix_ids = _suffix(suffix_ids, shift, device)
     prompt_ids, response_ids = prompt_ids.to(device), response_ids.to(device)
     unmask_step, response_mask = unmask_step.to(device), response_mask.to(device)
     masked = torch.full_like(response_ids, mask_id)
@@ -235,11 +278,19 @@ def tracerl_logprobs(
         states = [(torch.where(unmask_step < s, response_ids, masked), response_mask & (unmask_step == s))
                   for s in range(n_steps)]
         return _score_noisy_states(model, prompt_ids, response_ids, states, block_size, mask_id)
-    C = _canvas_len(canvas_len, response_ids.shape[1])
+    G, R = response_ids.shape
+    steps = torch.unique(unmask_step[response_mask]).tolist()
+    if span_lens is None:
+        canvas = [torch.full((G,), _canvas_len(canvas_len, R), device=device)] * len(steps)
+    else:
+        if span_lens.dim() != 2 or span_lens.shape[0] != G or (steps and span_lens.shape[1] <= steps[-1]):
+            raise ValueError(f"span_lens: must be [G={G}, N] with N > the last scored unmask_step "
+                             f"({steps[-1] if steps else None}), got shape {tuple(span_lens.shape)}")
+        canvas = [span_lens[:, s].to(device) for s in steps]
     shown = response_mask | (unmask_step >= 0)  # scored tokens, and decoded context after the eos (tail)
-    states = [(torch.where(shown & (unmask_step < s), response_ids, masked), response_mask & (unmask_step == s))
-              for s in torch.unique(unmask_step[response_mask]).tolist()]
-    return _score_full_states(model, prompt_ids, response_ids, states, mask_id, shift, C)
+    states = [(torch.where(shown & (unmask_step < s), response_ids, masked), response_mask & (unmask_step == s), c)
+              for s, c in zip(steps, canvas)]
+    return _score_full_states(model, prompt_ids, suffix_ids, response_ids, states, mask_id, shift)
 
 
 def coupled_mask(shape: tuple[int, int], seed: int) -> torch.Tensor:
@@ -270,15 +321,18 @@ def coupled_logprobs(
     mask_id: int,
     mask: torch.Tensor,
     canvas_len: int | None = None,
+    suffix_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Coupled-GRPO log-probs (DiffuCoder, Gong et al. 2025) for one given mask and its complement.
+    """Coupled-GRPO log-probs (DiffuCoder, Gong et al. 2025, arXiv 2506.20639) for one given mask and its
+    complement.
 
     Pass 1 masks ``mask`` and scores those tokens; pass 2 masks ``~mask`` and scores the rest. SDAR: every
     block attends the prompt and the clean earlier blocks. LLaDA / Dream: each pass is one full-attention
-    forward of the whole canvas (unscored positions ``<|mask|>`` in both passes; Dream: shifted logits).
+    forward of ``prompt ‖ canvas ‖ suffix`` (unscored positions ``<|mask|>`` in both passes; Dream: shifted
+    logits).
 
     Args:
-        model, prompt_ids, response_ids, response_mask, block_size, mask_id, canvas_len: as in
+        model, prompt_ids, response_ids, response_mask, block_size, mask_id, canvas_len, suffix_ids: as in
             :func:`tracerl_logprobs`.
         mask: BoolTensor[G, R], e.g. from :func:`coupled_mask`.
 
@@ -287,23 +341,24 @@ def coupled_logprobs(
         ``response_mask`` is False. Differentiable.
 
     Raises:
-        ValueError: shapes disagree; SDAR: R is not a multiple of ``block_size``; LLaDA / Dream:
-            ``canvas_len < R``.
+        ValueError: shapes disagree; SDAR: R is not a multiple of ``block_size``, or a suffix is given; LLaDA /
+            Dream: ``canvas_len < R``.
     """
     _check(prompt_ids, response_ids, response_mask=response_mask, mask=mask)
     shift = _bidirectional_shift(model)
     if shift is None:
         response_blocks(prompt_ids.numel(), response_ids.shape[1], block_size)
     device = next(model.parameters()).device
+    suffix_ids = _suffix(suffix_ids, shift, device)
     prompt_ids, response_ids = prompt_ids.to(device), response_ids.to(device)
     response_mask, mask = response_mask.to(device).bool(), mask.to(device).bool()
     masked = torch.full_like(response_ids, mask_id)
     if shift is None:
         states = [(torch.where(m, masked, response_ids), response_mask & m) for m in (mask, ~mask)]
         return _score_noisy_states(model, prompt_ids, response_ids, states, block_size, mask_id)
-    C = _canvas_len(canvas_len, response_ids.shape[1])
-    states = [(torch.where(response_mask & ~m, response_ids, masked), response_mask & m) for m in (mask, ~mask)]
-    return _score_full_states(model, prompt_ids, response_ids, states, mask_id, shift, C)
+    canvas = torch.full((response_ids.shape[0],), _canvas_len(canvas_len, response_ids.shape[1]), device=device)
+    states = [(torch.where(response_mask & ~m, response_ids, masked), response_mask & m, canvas) for m in (mask, ~mask)]
+    return _score_full_states(model, prompt_ids, suffix_ids, response_ids, states, mask_id, shift)
 
 
 def diffu_grpo_logprobs(
@@ -316,19 +371,22 @@ def diffu_grpo_logprobs(
     p_mask_prompt: float = 0.0,
     seed: int = 0,
     canvas_len: int | None = None,
+    suffix_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """d1's one-step log-probs (diffu-GRPO, Zhao et al. 2025): the whole response masked, one forward.
+    """d1's one-step log-probs (diffu-GRPO, Zhao et al. 2025, arXiv 2504.12216): the whole response masked, one
+    forward.
 
     SDAR: the masked response runs block-causally after the prompt (block ``b`` attends the prompt and the
-    masked blocks ``<= b``). LLaDA / Dream: ``prompt ‖ <|mask|> * canvas_len`` under full attention, one
+    masked blocks ``<= b``). LLaDA / Dream: ``prompt ‖ <|mask|> * canvas_len ‖ suffix`` under full attention, one
     batch-1 forward shared by the group (Dream: shifted logits). Each token's log-prob is
-    ``log p(x_i | prompt, response fully masked)``.
+    ``log p(x_i | prompt, response fully masked, suffix)``.
 
     Args:
-        model, prompt_ids, response_ids, response_mask, block_size, mask_id, canvas_len: as in
+        model, prompt_ids, response_ids, response_mask, block_size, mask_id, canvas_len, suffix_ids: as in
             :func:`tracerl_logprobs`.
         p_mask_prompt: d1's prompt masking: each prompt token is replaced by ``<|mask|>`` with this
-            probability (one draw shared by the group), from ``seed``; 0 (default) keeps the prompt.
+            probability (one draw shared by the group), from ``seed``; 0 (default) keeps the prompt (the suffix
+            always stays clean).
         seed: seeds the prompt mask (CPU generator); unused when ``p_mask_prompt`` is 0.
 
     Returns:
@@ -336,7 +394,7 @@ def diffu_grpo_logprobs(
 
     Raises:
         ValueError: shapes disagree, ``p_mask_prompt`` is outside ``[0, 1]``; SDAR: R is not a multiple of
-            ``block_size``; LLaDA / Dream: ``canvas_len < R``.
+            ``block_size``, or a suffix is given; LLaDA / Dream: ``canvas_len < R``.
     """
     _check(prompt_ids, response_ids, response_mask=response_mask)
     if not 0.0 <= p_mask_prompt <= 1.0:
@@ -349,6 +407,7 @@ def diffu_grpo_logprobs(
     else:
         C = _canvas_len(canvas_len, R)
     device = next(model.parameters()).device
+    suffix_ids = _suffix(suffix_ids, shift, device)
     if p_mask_prompt > 0:
         gen = torch.Generator().manual_seed(seed)
         hide = torch.rand(P, generator=gen, dtype=torch.float64) < p_mask_prompt
@@ -359,11 +418,8 @@ def diffu_grpo_logprobs(
     if not response_mask.any():
         return out
     if shift is not None:
-        T = P + C
-        seq = torch.cat([prompt_ids, torch.full((C,), mask_id, dtype=torch.long, device=device)])[None]
-        full = torch.ones(T, T, dtype=torch.bool, device=device)
-        h = forward_hidden(model, seq, torch.arange(T, device=device), full)
-        h = h[0, P - shift: P - shift + R]  # [R, hidden], the same state for every row
+        seq = torch.cat([prompt_ids, torch.full((C,), mask_id, dtype=torch.long, device=device), suffix_ids])
+        h = span_hidden(model, [seq], [P], [R], shift, mask_id)[0]  # [R, hidden], the same state for every row
         _, i_idx = response_mask.nonzero(as_tuple=True)
         out[response_mask] = _gather_logprobs(model, h[i_idx], response_ids[response_mask], mask_id)
         return out
@@ -387,10 +443,12 @@ def response_logprobs(
     mask_id: int,
     seed: int = 0,
     canvas_len: int | None = None,
+    suffix_ids: torch.Tensor | None = None,
+    span_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-token log-probs of a group's responses with the chosen estimator (``rl.logprob_estimator``).
 
-    Every family: SDAR block by block, LLaDA / Dream with full attention over prompt ‖ whole response (Dream's
+    Every family: SDAR block by block, LLaDA / Dream with full attention over prompt ‖ span ‖ suffix (Dream's
     logits shifted by one); the family is read from ``model`` (:func:`~dice_ray.policy.families.family_of`).
 
     Args:
@@ -405,7 +463,11 @@ def response_logprobs(
         seed: the coupled mask's seed: pass the same seed for the old-policy and new-policy log-probs of a
             group. ``tracerl`` and ``diffu_grpo`` ignore it.
         canvas_len: LLaDA / Dream: the sampler's decoded length (``max_new_tokens``), >= R; None: R. SDAR
-            ignores it.
+            ignores it, and so does ``tracerl`` given ``span_lens``.
+        suffix_ids: LongTensor[S], LLaDA / Dream: the fixed tokens after an infilled span (every estimator);
+            None or empty: none, the behaviour without a suffix. SDAR: must be empty (its prompt holds the scaffold).
+        span_lens: LongTensor[G, N], LLaDA / Dream, ``tracerl`` only (the others score states the sampler never
+            saw): each row's span length at every step (see :func:`tracerl_logprobs`); None: ``canvas_len``.
 
     Returns:
         FloatTensor[G, R] (fp32) log-probs; 0 where ``response_mask`` is False. Differentiable.
@@ -415,12 +477,12 @@ def response_logprobs(
     """
     if estimator == "tracerl":
         return tracerl_logprobs(model, prompt_ids, response_ids, unmask_step, response_mask, block_size, mask_id,
-                                canvas_len=canvas_len)
+                                canvas_len=canvas_len, suffix_ids=suffix_ids, span_lens=span_lens)
     if estimator == "coupled":
         mask = coupled_mask(tuple(response_ids.shape), seed)
         return coupled_logprobs(model, prompt_ids, response_ids, response_mask, block_size, mask_id, mask,
-                                canvas_len=canvas_len)
+                                canvas_len=canvas_len, suffix_ids=suffix_ids)
     if estimator == "diffu_grpo":
         return diffu_grpo_logprobs(model, prompt_ids, response_ids, response_mask, block_size, mask_id,
-                                   canvas_len=canvas_len)
+                                   canvas_len=canvas_len, suffix_ids=suffix_ids)
     raise ValueError(f"estimator: must be one of {ESTIMATORS}, got {estimator!r}")

@@ -26,6 +26,8 @@ The bidirectional families (LLaDA, Dream; :mod:`dice_ray.policy.families`) decod
 once with the same drawing and remasking pieces (:func:`sample_masked_ids`; :func:`sample_ids` and
 :func:`sample_group` dispatch to it), and infill a masked span between a fixed prefix and suffix
 (:func:`infill_ids`, :func:`infill_group`); Dream's logits are read one position to the left (:func:`span_logits`).
+Their rollouts also record the span's length at every step (a grown infill span changes length while it is
+decoded), so the TraceRL replay rebuilds every state the sampler saw (:attr:`Rollout.span_lengths`).
 """
 
 from __future__ import annotations
@@ -262,7 +264,8 @@ def sample_group(
     policy: DiffusionPolicy, prompt: str, num_samples: int, cfg: SamplingConfig, seed: int
 ) -> RolloutGroup:
     """Sample a group of ``num_samples`` rollouts for ``prompt`` (SDAR block diffusion, Fast-dLLM remasking;
-    LLaDA / Dream: :func:`sample_masked_ids`).
+    LLaDA / Dream: :func:`sample_masked_ids`'s draws, the response cut after its first ``eos``, with the
+    ``tail_ids`` and ``span_lengths`` the TraceRL replay needs).
 
     Deterministic for a given policy, prompt, cfg and seed (on one device).
 
@@ -273,18 +276,14 @@ def sample_group(
         ValueError: see :func:`sample_ids`.
     """
     prompt_ids = policy.encode(prompt)
+    if policy.family != "sdar" and prompt_ids:
+        return _span_group(policy, prompt_ids, [], num_samples, cfg, seed, cfg.max_new_tokens, None, stop_at_eos=True)
     gen = torch.Generator(device=policy.device).manual_seed(seed)
-    if policy.family == "sdar" or num_samples < 1:
-        responses, steps, lps, stats = sample_ids(policy, prompt_ids, num_samples, cfg, gen)
-    else:  # the canvas as decoded: the response to its first eos, then the tail the replay needs
-        responses, steps, lps, stats = sample_masked_ids(policy, [list(prompt_ids)] * num_samples, cfg, gen,
-                                                         keep_tail=True)
+    responses, steps, lps, stats = sample_ids(policy, prompt_ids, num_samples, cfg, gen)
     group = RolloutGroup()
     for resp, st, lp in zip(responses, steps, lps):
         cut = resp.index(policy.eos_id) if policy.eos_id in resp else len(resp)
-        end = len(resp) if policy.family == "sdar" else min(cut + 1, len(resp))
-        group.append(Rollout(list(prompt_ids), resp[:end], st[:end], lp[:end], policy.decode(resp[:cut]),
-                             cut < len(resp), tail_ids=resp[end:], tail_steps=st[end:]))
+        group.append(Rollout(list(prompt_ids), resp, st, lp, policy.decode(resp[:cut]), cut < len(resp)))
     group.stats = stats
     return group
 
@@ -310,29 +309,42 @@ def span_logits(policy: DiffusionPolicy, rows: list[torch.Tensor], starts: list[
     Raises:
         ValueError: a span starting at 0 under a shifted family (Dream needs a token before the span).
     """
-    return token_logits(policy.model, span_hidden(policy, rows, starts, lengths), policy.mask_id)
+    h = span_hidden(policy.model, rows, starts, lengths, policy.logit_shift, policy.pad_id)
+    return token_logits(policy.model, h, policy.mask_id)
 
 
-def span_hidden(policy: DiffusionPolicy, rows: list[torch.Tensor], starts: list[int], lengths: list[int]) -> torch.Tensor:
-    """The final hidden states :func:`span_logits` reads its logits from: FloatTensor[B, S, H] in the model's
-    dtype (Dream: shifted one position left), so a caller can project only the positions it needs (SFT scores
-    the masked ones: ``[n, V]`` logits instead of ``[B, S, V]``).
+def span_hidden(model, rows: list[torch.Tensor], starts: list[int], lengths: list[int], shift: int,
+                pad_id: int) -> torch.Tensor:
+    """The final hidden states :func:`span_logits` reads its logits from, for a bare model: the one full-attention
+    forward of the bidirectional families, shared by the sampler, the RL log-probs
+    (:mod:`dice_ray.policy.logprobs`: the learner sees the sampler's own layout) and SFT, which project only the
+    positions they need (``[n, V]`` logits instead of ``[B, S, V]``).
+
+    Args:
+        model: a LLaDA / Dream transformers model (``dice_block`` attention).
+        rows, starts, lengths: as in :func:`span_logits` (rows on the model's device).
+        shift: :func:`~dice_ray.policy.families.logit_shift` of the family (Dream 1: span position ``j`` is read
+            at ``starts[r] + j - 1``; LLaDA 0).
+        pad_id: the id right-padding fills in (never attended, its outputs never read: any valid id).
+
+    Returns:
+        FloatTensor[B, S, H] in the model's dtype, ``S = max(lengths)``.
 
     Raises:
         ValueError: as :func:`span_logits`.
     """
-    if policy.logit_shift and min(starts) < policy.logit_shift:
+    if shift and min(starts) < shift:
         raise ValueError("prompt / prefix: must not be empty for a shifted family (Dream reads position i-1)")
-    device = policy.device
+    device = rows[0].device
     lens = torch.tensor([r.numel() for r in rows], device=device)
     T, S = int(lens.max()), max(lengths)
-    ids = torch.full((len(rows), T), policy.pad_id, dtype=torch.long, device=device)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long, device=device)
     for i, r in enumerate(rows):
         ids[i, : r.numel()] = r
     ar = torch.arange(T, device=device)
     valid = ar[None] < lens[:, None]
-    h = forward_hidden(policy.model, ids, ar, valid[:, None, :].expand(-1, T, -1))  # a view: no [B, T, T] copy
-    at = torch.tensor(starts, device=device)[:, None] + torch.arange(S, device=device)[None] - policy.logit_shift
+    h = forward_hidden(model, ids, ar, valid[:, None, :].expand(-1, T, -1))  # a view: no [B, T, T] copy
+    at = torch.tensor(starts, device=device)[:, None] + torch.arange(S, device=device)[None] - shift
     at = at.clamp(0, T - 1)
     return h.gather(1, at[..., None].expand(-1, -1, h.shape[-1]))
 
@@ -350,8 +362,9 @@ def _denoise_spans(policy: DiffusionPolicy, prefixes: list[list[int]], suffixes:
     ``block_size`` more masked positions (before the suffix) until it reaches ``grow_to`` tokens.
 
     Returns:
-        (spans, steps, logprobs, forwards): per row LongTensor[n_r] tokens, LongTensor[n_r] step (0-based, over
-        the whole decoding) at which each was unmasked, FloatTensor[n_r] temperature-1 log-prob at that step.
+        (spans, steps, logprobs, span_lengths, forwards): per row LongTensor[n_r] tokens, LongTensor[n_r] step
+        (0-based, over the whole decoding) at which each was unmasked, FloatTensor[n_r] temperature-1 log-prob at
+        that step, list[int] the span's length (tokens) at each of the row's steps (:attr:`Rollout.span_lengths`).
     """
     device, mask_id, eos_id, bs = policy.device, policy.mask_id, policy.eos_id, policy.block_size
     k_sched = transfer_schedule(bs, cfg.steps_per_block)
@@ -360,6 +373,7 @@ def _denoise_spans(policy: DiffusionPolicy, prefixes: list[list[int]], suffixes:
     span = [torch.full((n,), mask_id, dtype=torch.long, device=device) for n in span_lens]
     step_of = [torch.full((n,), -1, dtype=torch.long, device=device) for n in span_lens]
     lp_of = [torch.zeros(n, device=device) for n in span_lens]
+    trace: list[list[int]] = [[] for _ in span_lens]  # per row, the span's length at each of its steps
     active, step, forwards = list(range(len(prefixes))), 0, 0
 
     def todo(x: torch.Tensor, in_span: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -374,6 +388,8 @@ def _denoise_spans(policy: DiffusionPolicy, prefixes: list[list[int]], suffixes:
 
     while active:
         lengths = [span[r].numel() for r in active]
+        for r, n in zip(active, lengths):
+            trace[r].append(n)
         logits = span_logits(policy, [torch.cat([pre[r], span[r], suf[r]]) for r in active],
                              [pre[r].numel() for r in active], lengths)
         forwards += 1
@@ -409,13 +425,14 @@ def _denoise_spans(policy: DiffusionPolicy, prefixes: list[list[int]], suffixes:
                 still.append(r)
         active = still
         step += 1
-    return span, step_of, lp_of, forwards
+    return span, step_of, lp_of, trace, forwards
 
 
 def _run_spans(policy: DiffusionPolicy, prefixes: list[list[int]], suffixes: list[list[int]], span_lens: list[int],
                cfg: SamplingConfig, generator: torch.Generator, stop_at_eos: bool, grow_to: int | None,
                keep_tail: bool = False):
-    """Validate, run :func:`_denoise_spans` in inference mode, convert to lists and time it."""
+    """Validate, run :func:`_denoise_spans` in inference mode, convert to lists and time it: (span ids, unmask
+    steps, behaviour log-probs, span lengths a step, stats)."""
     if policy.family == "sdar":
         raise ValueError(
             "policy: prefix/suffix infilling and whole-response decoding need a bidirectional family "
@@ -435,20 +452,40 @@ def _run_spans(policy: DiffusionPolicy, prefixes: list[list[int]], suffixes: lis
     t0 = time.perf_counter()
     try:
         with torch.inference_mode():
-            span, steps, lps, forwards = _denoise_spans(policy, prefixes, suffixes, span_lens, cfg, generator,
-                                                        stop_at_eos, grow_to, keep_tail)
+            span, steps, lps, trace, forwards = _denoise_spans(policy, prefixes, suffixes, span_lens, cfg, generator,
+                                                               stop_at_eos, grow_to, keep_tail)
     finally:
         model.train(was_training)
     seconds = time.perf_counter() - t0
     out = [t.tolist() for t in span], [t.tolist() for t in steps], [t.tolist() for t in lps]
     new = sum(int((t >= 0).sum()) for t in steps)  # decoded tokens (a kept tail's never-decoded positions: -1)
     stats = SampleStats(len(prefixes), sum(map(len, prefixes)), new, forwards, seconds, new / max(seconds, 1e-9))
-    return (*out, stats)
+    return (*out, trace, stats)
+
+
+def _span_group(policy: DiffusionPolicy, prefix: list[int], suffix: list[int], num_samples: int, cfg: SamplingConfig,
+                seed: int, first: int, grow_to: int | None, stop_at_eos: bool) -> RolloutGroup:
+    """A group of LLaDA / Dream rollouts of ``prefix ‖ span ‖ suffix`` (:func:`_denoise_spans`, span of ``first``
+    tokens, grown to ``grow_to``) with what the TraceRL replay needs: the tail decoded after the first ``eos``
+    (``stop_at_eos``; a fixed span is response throughout) and the span's length at every step."""
+    if num_samples < 1:
+        raise ValueError(f"num_samples={num_samples}: must be >= 1")
+    gen = torch.Generator(device=policy.device).manual_seed(seed)
+    spans, steps, lps, trace, stats = _run_spans(policy, [prefix] * num_samples, [suffix] * num_samples,
+                                                 [first] * num_samples, cfg, gen, stop_at_eos, grow_to,
+                                                 keep_tail=stop_at_eos)
+    group = RolloutGroup()
+    for span, st, lp, lengths in zip(spans, steps, lps, trace):
+        cut = span.index(policy.eos_id) if policy.eos_id in span else len(span)
+        end = min(cut + 1, len(span)) if stop_at_eos else len(span)
+        group.append(Rollout(list(prefix), span[:end], st[:end], lp[:end], policy.decode(span[:cut]), cut < len(span),
+                             list(suffix), tail_ids=span[end:], tail_steps=st[end:], span_lengths=lengths))
+    group.stats = stats
+    return group
 
 
 def sample_masked_ids(
     policy: DiffusionPolicy, prompts: list[list[int]], cfg: SamplingConfig, generator: torch.Generator,
-    keep_tail: bool = False,
 ) -> tuple[list[list[int]], list[list[int]], list[list[float]], SampleStats]:
     """Masked-diffusion decoding of one response a prompt for LLaDA / Dream (batched prompts of any lengths).
 
@@ -458,16 +495,13 @@ def sample_masked_ids(
     step, cycled, the same rate as SDAR's; dynamic: every draw with confidence >= ``threshold``, at least one,
     Fast-dLLM). A response ends at its first ``eos``: positions after it are not decoded, and it stops once the
     tokens before it are unmasked. Batched rows are right-padded and padding is never attended, so a batch
-    gives each row what it gets alone (greedy).
-
-    Args:
-        keep_tail: also return the positions after the first ``eos`` up to the last one decoded (a position
-            after the eventual ``eos`` may be decoded before it): ``<|mask|>`` and step -1 where never decoded
-            (:attr:`Rollout.tail_ids`; :func:`sample_group` keeps them for the TraceRL replay).
+    gives each row what it gets alone (greedy). :func:`sample_group` also keeps, for the TraceRL replay, the
+    positions after the first ``eos`` that were decoded before it (:attr:`Rollout.tail_ids`) and the span's
+    length at every step (:attr:`Rollout.span_lengths`).
 
     Returns:
         (response_ids, unmask_step, behaviour_logprobs, stats): per prompt, lists of equal length (up to and
-        including the first ``eos``, or with ``keep_tail`` its tail, else ``max_new_tokens``); ``unmask_step``
+        including the first ``eos``, else ``max_new_tokens``); ``unmask_step``
         counts steps over the whole response (not per block). ``stats.prompt_tokens`` sums the prompts.
 
     Raises:
@@ -475,8 +509,19 @@ def sample_masked_ids(
     """
     if any(len(p) == 0 for p in prompts):
         raise ValueError("prompt_ids: must not be empty")
-    return _run_spans(policy, prompts, [[] for _ in prompts], [cfg.max_new_tokens] * len(prompts), cfg, generator,
-                      stop_at_eos=True, grow_to=None, keep_tail=keep_tail)
+    ids, steps, lps, _, stats = _run_spans(policy, prompts, [[] for _ in prompts], [cfg.max_new_tokens] * len(prompts),
+                                           cfg, generator, stop_at_eos=True, grow_to=None)
+    return ids, steps, lps, stats
+
+
+def _infill_span(policy: DiffusionPolicy, cfg: SamplingConfig, span_len: int | None) -> tuple[int, int | None]:
+    """(first span length, length to grow to or None) of an infill: ``span_len`` fixed, or (None) grown from
+    ``block_size`` to ``cfg.max_new_tokens``; ValueError for ``span_len < 1``."""
+    if span_len is not None and span_len < 1:
+        raise ValueError(f"span_len={span_len}: must be >= 1 (or None to grow the span)")
+    if span_len is None:
+        return min(policy.block_size, cfg.max_new_tokens), cfg.max_new_tokens
+    return span_len, None
 
 
 def infill_ids(
@@ -508,35 +553,30 @@ def infill_ids(
     """
     if len(prefixes) != len(suffixes):
         raise ValueError(f"prefixes ({len(prefixes)}) and suffixes ({len(suffixes)}): must be as many")
-    if span_len is not None and span_len < 1:
-        raise ValueError(f"span_len={span_len}: must be >= 1 (or None to grow the span)")
-    grow = span_len is None
-    first = min(policy.block_size, cfg.max_new_tokens) if grow else span_len
-    return _run_spans(policy, prefixes, suffixes, [first] * len(prefixes), cfg, generator, stop_at_eos=grow,
-                      grow_to=cfg.max_new_tokens if grow else None)
+    first, grow_to = _infill_span(policy, cfg, span_len)
+    spans, steps, lps, _, stats = _run_spans(policy, prefixes, suffixes, [first] * len(prefixes), cfg, generator,
+                                             stop_at_eos=grow_to is not None, grow_to=grow_to)
+    return spans, steps, lps, stats
 
 
 def infill_group(
     policy: DiffusionPolicy, prefix: str, suffix: str, num_samples: int, cfg: SamplingConfig, seed: int,
     span_len: int | None = None,
 ) -> RolloutGroup:
-    """Sample ``num_samples`` infills of the span between ``prefix`` and ``suffix`` (:func:`infill_ids`).
+    """Sample ``num_samples`` infills of the span between ``prefix`` and ``suffix`` (:func:`infill_ids`, the same
+    draws for the same seed).
+
+    Deterministic for a given policy, prefix, suffix, cfg and seed (on one device).
 
     Returns:
-        :class:`RolloutGroup` of :class:`Rollout` with ``prompt_ids`` = the prefix, ``suffix_ids`` = the
-        suffix and ``response_ids`` = the span; ``text`` is the span up to its first ``eos``.
+        :class:`RolloutGroup` of :class:`Rollout` with ``prompt_ids`` = the prefix, ``suffix_ids`` = the suffix,
+        ``response_ids`` = the span (a grown span: up to and including its first ``eos``, the positions decoded
+        after it in ``tail_ids``), ``span_lengths`` = the span's length at every step; ``text`` is the span up to
+        its first ``eos``.
 
     Raises:
         ValueError: ``num_samples < 1``; see :func:`infill_ids`.
     """
-    if num_samples < 1:
-        raise ValueError(f"num_samples={num_samples}: must be >= 1")
-    pre, suf = policy.encode(prefix), policy.encode(suffix)
-    gen = torch.Generator(device=policy.device).manual_seed(seed)
-    spans, steps, lps, stats = infill_ids(policy, [pre] * num_samples, [suf] * num_samples, cfg, gen, span_len)
-    group = RolloutGroup()
-    for span, st, lp in zip(spans, steps, lps):
-        cut = span.index(policy.eos_id) if policy.eos_id in span else len(span)
-        group.append(Rollout(list(pre), span, st, lp, policy.decode(span[:cut]), cut < len(span), list(suf)))
-    group.stats = stats
-    return group
+    first, grow_to = _infill_span(policy, cfg, span_len)
+    return _span_group(policy, policy.encode(prefix), policy.encode(suffix), num_samples, cfg, seed, first, grow_to,
+                       stop_at_eos=grow_to is not None)

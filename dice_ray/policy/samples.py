@@ -26,6 +26,13 @@ class Rollout:
             eventual ``eos`` may come first): the token and step there, ``<|mask|>`` and -1 where never
             decoded. Not part of the response (no reward, no loss), but part of the later denoising states:
             the TraceRL replay shows them (:func:`dice_ray.policy.logprobs.tracerl_logprobs`). Empty otherwise.
+        span_lengths: LLaDA / Dream: for each denoising step of this sample (index = the step, as counted by
+            ``unmask_step``; length = the steps it took, so every ``unmask_step`` is below it), the length in tokens
+            of the span (canvas) that step's forward decoded, masked positions included: ``max_new_tokens`` at
+            every step for whole-response decoding; for a grown infill span ``block_size`` at first, then a block
+            more after each step that filled it without an ``eos``. The state at step ``s`` is the prompt, the first
+            ``span_lengths[s]`` canvas positions (``response_ids ‖ tail_ids`` where ``unmask_step < s``, else
+            ``<|mask|>``) and ``suffix_ids``. Empty for SDAR (fixed blocks).
 
     SDAR responses are a multiple of ``block_size`` long; LLaDA / Dream responses end at their first ``eos``.
     """
@@ -39,6 +46,7 @@ class Rollout:
     suffix_ids: list[int] = field(default_factory=list)
     tail_ids: list[int] = field(default_factory=list)
     tail_steps: list[int] = field(default_factory=list)
+    span_lengths: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Masked-diffusion SFT warm start of the policy, every family (:mod:`dice_ray.policy.families`).
 
-Each training example is a (prompt, target) pair; the target gets ``<|eos|>`` appended and is padded with
+Each training example is a (prompt, target) pair (LLaDA / Dream infilling: a (before, middle, after) triple, the
+middle its target, see below); the target gets ``<|eos|>`` appended and is padded with
 ``<|eos|>`` to a multiple of ``block_size`` (the sampler stops after the block holding ``<|eos|>``). The loss
 depends on the family, chosen in one place (:func:`diffusion_loss`); the rest of the loop is shared.
 
@@ -19,7 +20,11 @@ depends on the family, chosen in one place (:func:`diffusion_loss`); the rest of
   the response length, mean over the batch's items (an unbiased estimate of the mean per-token cross-entropy over
   masking levels, so ``target_loss`` reads on the same scale). Dream's logits are read one position to the left.
   ``complementary_mask``: a second copy masks exactly the other tokens (ratio ``1 - t``, weight ``1 / (1 - t)``,
-  ``t`` then drawn from ``U(eps, 1 - eps)``), the two copies averaged.
+  ``t`` then drawn from ``U(eps, 1 - eps)``), the two copies averaged. Infilling in place: a
+  ``(before, middle, after)`` triple (:func:`dice_ray.tasks.prompts.sft_pairs` for ``"llada"`` / ``"dream"``) trains
+  the middle in the layout the sampler infills in (:func:`dice_ray.policy.sampler.infill_group`):
+  ``before ‖ noisy middle ‖ after`` with full attention, the loss on the masked middle tokens only, ``after`` clean
+  as the prompt is. SDAR keeps the scaffold in its prompt and trains ``(prompt, middle)`` pairs.
 
 Optimiser: AdamW (betas 0.9, 0.98), gradient-norm clipping, linear warm-up
 and cosine decay to ``min_lr_ratio`` (a ``LambdaLR``), ``gradient_accumulation_steps`` batches a step.
@@ -71,8 +76,9 @@ from dice_ray.policy.policy import DiffusionPolicy
 from dice_ray.policy.sampler import span_hidden
 
 SFT_VERSION = "3"  # bump when the training recipe changes: old cache entries stop matching
-# fields that do not change the warm start's weights (zero_stage only picks dice-ray sft's engine)
-_BOOKKEEPING = {"enabled", "cache_dir", "num_threads", "log_every", "checkpoint_every", "zero_stage"}
+# fields that do not change the warm start's weights (zero_stage only picks dice-ray sft's engine; seed is hashed as
+# the seed in effect, DiceConfig.sft_seed)
+_BOOKKEEPING = {"enabled", "cache_dir", "num_threads", "log_every", "checkpoint_every", "zero_stage", "seed"}
 MASK_EPS = 1e-3
 """LLaDA's lower bound of the mask ratio ``t`` of the bidirectional families' SFT (the ``1 / t`` weight <= 1000)."""
 
@@ -103,30 +109,43 @@ class SFTReport:
     losses: list[tuple[int, float]] = field(default_factory=list)
 
 
-def tokenize_pairs(policy: DiffusionPolicy, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
-    """Token ids of (prompt, target) pairs; targets end with ``<|eos|>``, padded with it to whole blocks.
+def tokenize_pairs(policy: DiffusionPolicy, pairs: list[tuple[str, ...]]) -> list[tuple[list[int], ...]]:
+    """Token ids of (prompt, target) pairs and (LLaDA / Dream) (before, middle, after) infill triples.
+
+    Items keep their pair's shape: ``(prompt_ids, target_ids)`` or ``(before_ids, middle_ids, after_ids)``. Targets
+    (middles) end with ``<|eos|>``, padded with it to whole blocks; ``after`` is encoded as it is (may be empty).
 
     Raises:
-        ValueError: an empty prompt, or prompt + target longer than ``max_position_embeddings``.
+        ValueError: a pair of neither 2 nor 3 texts, a triple for SDAR (it keeps the scaffold in its prompt), an empty
+            prompt, or prompt + target (+ after) longer than ``max_position_embeddings``.
     """
     out = []
     bs, limit = policy.block_size, policy.model_cfg.max_position_embeddings
-    for i, (prompt, target) in enumerate(pairs):
-        p = policy.encode(prompt)
-        t = policy.encode(target) + [policy.eos_id]
+    for i, pair in enumerate(pairs):
+        if len(pair) not in (2, 3):
+            raise ValueError(f"pairs[{i}]: must be (prompt, target) or, LLaDA / Dream, (before, middle, after); "
+                             f"got {len(pair)} texts")
+        if len(pair) == 3 and policy.family not in BIDIRECTIONAL:
+            raise ValueError(f"pairs[{i}]: a (before, middle, after) triple infills in place, for LLaDA / Dream; SDAR "
+                             "keeps the scaffold in its prompt: pass (prompt, middle)")
+        p = policy.encode(pair[0])
+        t = policy.encode(pair[1]) + [policy.eos_id]
         t += [policy.eos_id] * (-len(t) % bs)
+        after = [policy.encode(pair[2])] if len(pair) == 3 else []
         if not p:
             raise ValueError(f"pairs[{i}]: the prompt is empty")
-        if len(p) + len(t) > limit:
+        if len(p) + len(t) + sum(map(len, after)) > limit:
+            also = f" + {len(after[0])} after" if after else ""
             raise ValueError(
-                f"pairs[{i}]: {len(p)} prompt + {len(t)} target tokens exceed max_position_embeddings={limit}"
+                f"pairs[{i}]: {len(p)} prompt + {len(t)} target{also} tokens exceed max_position_embeddings={limit}"
             )
-        out.append((p, t))
+        out.append((p, t, *after))
     return out
 
 
-def sft_cache_key(policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTConfig, seed: int) -> str:
-    """sha256 (hex, 24 chars) of everything that decides the warm-started weights."""
+def sft_cache_key(policy: DiffusionPolicy, pairs: list[tuple[str, ...]], cfg: SFTConfig, seed: int) -> str:
+    """sha256 (hex, 24 chars) of everything that decides the warm-started weights (a list of 2-tuple pairs hashes as
+    it always has; a triple hashes as its three texts)."""
     h = hashlib.sha256()
     cfg_part = cfg.model_dump(exclude=_BOOKKEEPING)
     model_part = policy.model_cfg.model_dump(exclude={"path"})
@@ -154,7 +173,7 @@ def _collate(items: list[tuple[list[int], list[int]]], pad_id: int, device: torc
 
 def masked_diffusion_loss(
     policy: DiffusionPolicy,
-    items: list[tuple[list[int], list[int]]],
+    items: list[tuple[list[int], ...]],
     masks: list[torch.Tensor],
     t: torch.Tensor,
 ) -> torch.Tensor:
@@ -162,15 +181,16 @@ def masked_diffusion_loss(
 
     LLaDA's SFT objective (Nie et al. 2025, arXiv 2502.09992, eq. 3 and its SFT section; ``GSAI-ML/LLaDA``'s
     guidelines): item ``i``'s row is ``prompt ‖ noisy response`` (the response's ``masks[i]`` positions replaced
-    by ``<|mask|>``, the prompt clean), one forward with full attention (padding keys of the batch never
+    by ``<|mask|>``, the prompt clean), or ``before ‖ noisy middle ‖ after`` for an infill triple (``after`` clean,
+    never scored: the sampler's infilling layout), one forward with full attention (padding keys of the batch never
     attended: :func:`dice_ray.policy.sampler.span_hidden`, which also reads Dream's logits one position to the
     left, :func:`~dice_ray.policy.families.logit_shift`; only the masked positions are projected to logits); the loss is
     ``sum over masked j of CE(logits_j, target_j) / t_i``, divided by the response length ``len(target_i)``.
     An item's value does not depend on the other items of the batch.
 
     Args:
-        items: ``(prompt_ids, target_ids)``, non-empty prompts (Dream reads the first target from the last prompt
-            position).
+        items: ``(prompt_ids, target_ids)`` or ``(before_ids, middle_ids, after_ids)``, non-empty prompts (Dream
+            reads the first target from the last prompt position).
         masks: BoolTensor[len(target_i)] per item (True: masked; any device).
         t: FloatTensor[B], each item's mask ratio in (0, 1] (the ``1 / t`` weight).
 
@@ -185,23 +205,24 @@ def masked_diffusion_loss(
         raise ValueError(f"policy: masked_diffusion_loss needs family in {BIDIRECTIONAL}, got {policy.family!r}")
     if len(masks) != len(items) or t.shape != (len(items),):
         raise ValueError(f"masks ({len(masks)}) and t {tuple(t.shape)}: need one per item ({len(items)})")
-    if any(m.shape != (len(r),) for m, (_, r) in zip(masks, items)):
+    if any(m.shape != (len(r),) for m, (_, r, *_) in zip(masks, items)):
         raise ValueError("masks: masks[i] must be a BoolTensor of len(target_i) entries")
     if not bool(((t > 0) & (t <= 1)).all()):
         raise ValueError(f"t: mask ratios must lie in (0, 1], got {t.tolist()}")
     device, mask_id = policy.device, policy.mask_id
     rows, starts, lengths = [], [], []
-    for (p, r), m in zip(items, masks):
+    for (p, r, *after), m in zip(items, masks):
         resp = torch.tensor(r, dtype=torch.long, device=device)
         noisy = torch.where(m.to(device), torch.full_like(resp, mask_id), resp)
-        rows.append(torch.cat([torch.tensor(p, dtype=torch.long, device=device), noisy]))
+        rows.append(torch.cat([torch.tensor(p, dtype=torch.long, device=device), noisy,
+                               torch.tensor(after[0] if after else [], dtype=torch.long, device=device)]))
         starts.append(len(p))
         lengths.append(len(r))
-    h = span_hidden(policy, rows, starts, lengths)  # [B, S, H], Dream's shift applied
+    h = span_hidden(policy.model, rows, starts, lengths, policy.logit_shift, policy.pad_id)  # [B, S, H], shifted
     S = h.shape[1]
     sel = torch.zeros(len(items), S, dtype=torch.bool, device=device)
     target = torch.zeros(len(items), S, dtype=torch.long, device=device)
-    for i, ((_, r), m) in enumerate(zip(items, masks)):
+    for i, ((_, r, *_), m) in enumerate(zip(items, masks)):
         sel[i, : len(r)] = m.to(device)
         target[i, : len(r)] = torch.tensor(r, dtype=torch.long, device=device)
     ce = F.cross_entropy(token_logits(policy.model, h[sel], mask_id), target[sel], reduction="none")  # [n_masked]
@@ -211,13 +232,13 @@ def masked_diffusion_loss(
 
 
 def _bidirectional_loss(
-    policy: DiffusionPolicy, items: list[tuple[list[int], list[int]]], generator: torch.Generator, complementary: bool
+    policy: DiffusionPolicy, items: list[tuple[list[int], ...]], generator: torch.Generator, complementary: bool
 ) -> tuple[torch.Tensor, int]:
     """:func:`diffusion_loss` for LLaDA / Dream: draw ``t`` and the masks item by item, then
     :func:`masked_diffusion_loss` (both copies in one forward), mean over the items (and the two copies)."""
     hi = 1.0 - MASK_EPS if complementary else 1.0  # the complement's ratio 1 - t stays >= eps too
     ts, masks = [], []
-    for _, r in items:  # item by item: a batch draws what its items draw one after another
+    for _, r, *_ in items:  # item by item: a batch draws what its items draw one after another
         t = MASK_EPS + (hi - MASK_EPS) * torch.rand((), generator=generator)
         masks.append(torch.rand(len(r), generator=generator) < t)
         ts.append(t)
@@ -230,7 +251,7 @@ def _bidirectional_loss(
 
 def diffusion_loss(
     policy: DiffusionPolicy,
-    items: list[tuple[list[int], list[int]]],
+    items: list[tuple[list[int], ...]],
     generator: torch.Generator,
     complementary: bool = True,
 ) -> tuple[torch.Tensor, int]:
@@ -243,16 +264,22 @@ def diffusion_loss(
     the items.
 
     Args:
-        items: ``(prompt_ids, target_ids)``, targets a multiple of ``block_size`` long (SDAR).
+        items: ``(prompt_ids, target_ids)``, targets a multiple of ``block_size`` long (SDAR); LLaDA / Dream also
+            ``(before_ids, middle_ids, after_ids)`` infill triples (:func:`masked_diffusion_loss`).
         generator: CPU torch.Generator drawing the masks (and ``t``).
         complementary: add the complementary noisy copy (DiffuCoder coupled sampling; LLaDA / Dream: weighted
             ``1 / (1 - t)``, the two copies averaged).
 
     Returns:
         (scalar fp32 loss, differentiable; number of masked target tokens).
+
+    Raises:
+        ValueError: an SDAR batch holding an infill triple (SDAR keeps the scaffold in its prompt).
     """
     if getattr(policy, "family", "sdar") in BIDIRECTIONAL:
         return _bidirectional_loss(policy, items, generator, complementary)
+    if any(len(it) != 2 for it in items):
+        raise ValueError("items: SDAR trains (prompt_ids, target_ids) pairs; it keeps the scaffold in its prompt")
     model, bs, mask_id = policy.model, policy.block_size, policy.mask_id
     device = policy.device
     prompt, resp, P, valid = _collate(items, policy.pad_id, device)
@@ -455,7 +482,7 @@ class SFTRun:
 
     Args:
         policy: trained in place (its model is put in train mode by :meth:`train_step`).
-        pairs: (prompt, target) texts.
+        pairs: (prompt, target) texts, or (LLaDA / Dream) (before, middle, after) infill triples.
         cfg: steps, batch size, accumulation, AdamW and schedule (see :class:`~dice_ray.config.SFTConfig`).
         seed: seed of the data order and the masks.
         use_deepspeed: step through :func:`deepspeed_engine` (ZeRO stage ``cfg.zero_stage``, bf16 when the
@@ -473,13 +500,13 @@ class SFTRun:
         RuntimeError: ``use_deepspeed`` in a process that belongs to a group of more than one rank.
     """
 
-    def __init__(self, policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTConfig, seed: int,
+    def __init__(self, policy: DiffusionPolicy, pairs: list[tuple[str, ...]], cfg: SFTConfig, seed: int,
                  use_deepspeed: bool = False):
         if not pairs:
             raise ValueError("pairs: need at least one (prompt, target) pair")
         self.policy, self.cfg = policy, cfg
         self.items = tokenize_pairs(policy, pairs)
-        self._costs = [len(p) + 3 * len(t) for p, t in self.items]
+        self._costs = [len(p) + 3 * len(t) + sum(map(len, after)) for p, t, *after in self.items]
         self.gen = torch.Generator().manual_seed(seed)
         self.opt = torch.optim.AdamW(policy.model.parameters(), lr=cfg.learning_rate, betas=(0.9, 0.98),
                                      weight_decay=cfg.weight_decay)
@@ -500,7 +527,7 @@ class SFTRun:
         """True once ``cfg.steps`` steps are taken or ``cfg.target_loss`` stopped the run."""
         return self.stopped or self.step >= self.cfg.steps
 
-    def _next_batch(self) -> list[tuple[list[int], list[int]]]:
+    def _next_batch(self) -> list[tuple[list[int], ...]]:
         if not self._batches:
             self._batches = length_batches(self._costs, self.cfg.batch_size, self.gen)
         return [self.items[i] for i in self._batches.pop()]
@@ -535,7 +562,7 @@ class SFTRun:
             else:
                 (loss / accum).backward()
             total += loss.item()
-            tokens += sum(len(p) + len(t) for p, t in batch)
+            tokens += sum(sum(map(len, item)) for item in batch)
         if engine is None:
             clip_grad_norm(model.parameters(), cfg.max_grad_norm)
             self.opt.step()
@@ -662,9 +689,10 @@ def _torch_threads(n: int | None):
         torch.set_num_threads(before)
 
 
-def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTConfig, seed: int,
+def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, ...]], cfg: SFTConfig, seed: int,
                log: Callable[[str], None] | None = None) -> SFTReport:
-    """Masked-diffusion SFT of ``policy`` (in place) on (prompt, target) pairs, cached by content hash.
+    """Masked-diffusion SFT of ``policy`` (in place) on (prompt, target) pairs (LLaDA / Dream also (before,
+    middle, after) infill triples, :func:`tokenize_pairs`), cached by content hash.
 
     The model is left in eval mode. With ``cfg.enabled`` False or ``cfg.steps == 0`` nothing is trained.
     Plain torch (no DeepSpeed, no ``torch.distributed`` group: it runs in the Learner actor before
@@ -685,7 +713,7 @@ def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, str]], cfg: SFTCo
     t0 = time.perf_counter()
     if not pairs:
         raise ValueError("pairs: need at least one (prompt, target) pair")
-    pairs = [(str(p), str(t)) for p, t in pairs]
+    pairs = [tuple(str(x) for x in pair) for pair in pairs]
     if not cfg.enabled or cfg.steps == 0:
         return SFTReport(0, float("nan"), time.perf_counter() - t0, False, "", len(pairs))
     key = sft_cache_key(policy, pairs, cfg, seed)
@@ -744,43 +772,37 @@ class SFTInputError(ValueError):
     """Unusable input to :func:`run_sft`; the message is one line naming the input and the rule."""
 
 
-def sft_data_pairs(spec: str, cfg: DiceConfig, log: Callable[[str], None] = lambda s: None) -> list[tuple[str, str]]:
-    """The (prompt, target) pairs the trainer's warm start learns for task spec ``spec`` under ``cfg``.
+def sft_data_pairs(spec: str, cfg: DiceConfig, log: Callable[[str], None] = lambda s: None) -> list[tuple[str, ...]]:
+    """The training pairs the trainer's warm start learns for task spec ``spec`` under ``cfg``.
 
     Same selection as :meth:`dice_ray.cluster.trainer.Trainer._warm_start`: the first ``tasks.max_tasks``
     accepted tasks, less the held-out split (``tasks.heldout_fraction``), those with a reference solution,
-    each giving :func:`dice_ray.tasks.prompts.sft_pairs` in template ``tasks.prompt_template``.
+    each giving :func:`dice_ray.tasks.prompts.sft_pairs` in template ``tasks.prompt_template`` for the family
+    ``model.family`` (LLaDA / Dream infill pairs are (before, middle, after) triples).
 
     Raises:
         SFTInputError: ``spec`` is unknown, names no readable file, or yields no pair.
     """
-    from dice_ray.tasks.loaders import load_tasks, split_tasks
-    from dice_ray.tasks.prompts import sft_pairs
-    from dice_ray.tasks.scaffold import ScaffoldError
+    from dice_ray.tasks.loaders import load_tasks, select_tasks, split_tasks
+    from dice_ray.tasks.prompts import training_pairs
 
     try:
         report = load_tasks(spec, max_input_elements=cfg.tasks.max_input_elements)
     except (ValueError, FileNotFoundError) as e:
         raise SFTInputError(f"--data {spec}: {e}") from None
     log(f"tasks {report.summary()}")
-    tasks = report.tasks[: cfg.tasks.max_tasks]  # None: all
+    tasks = select_tasks(report.tasks, cfg.tasks.max_tasks, cfg.tasks.solution_variants)
     train, heldout = split_tasks(tasks, cfg.tasks.heldout_fraction)
-    pairs: list[tuple[str, str]] = []
-    uncut = 0
-    for t in train:
-        if t.solution_src is None:
-            continue
-        try:
-            pairs += sft_pairs(t, cfg.tasks.prompt_template)
-        except ScaffoldError:
-            uncut += 1
+    pairs, uncut = training_pairs(train, cfg.tasks.prompt_template, cfg.model.family, cfg.phase.scaffold_granularity)
     if not pairs:
         first = f"; first rejection: {report.rejected[0].source}: {report.rejected[0].reason}" if report.rejected else ""
         why = (f"{len(train)} training task(s), none with a reference solution to learn" if train
                else "no task accepted")
         raise SFTInputError(f"--data {spec}: {why} ({report.summary()}{first})".replace("\n", " "))
+    skipped = (f"; {uncut} whose solution cannot be cut at phase.scaffold_granularity="
+               f"{cfg.phase.scaffold_granularity} skipped" if uncut else "")
     log(f"pairs {len(pairs)} from {len(train)} training task(s); {len(heldout)} held out "
-        f"(tasks.heldout_fraction={cfg.tasks.heldout_fraction})" + (f"; {uncut} without CUDA source skipped" if uncut else ""))
+        f"(tasks.heldout_fraction={cfg.tasks.heldout_fraction}){skipped}")
     return pairs
 
 
@@ -828,7 +850,7 @@ def run_sft(
     """``dice-ray sft``: masked-diffusion SFT of the policy on a task set's solutions, written to ``out``.
 
     The same training as the trainer's warm start (:func:`warm_start` on the pairs of
-    :func:`sft_data_pairs`, initial weights ``DiffusionPolicy.from_config(model)``, seed ``rl.seed``), as a
+    :func:`sft_data_pairs`, initial weights ``DiffusionPolicy.from_config(model)``, seed ``sft.seed`` or ``rl.seed``), as a
     command of its own, through a one-process DeepSpeed engine (:class:`SFTRun` with ``use_deepspeed``: ZeRO
     stage ``sft.zero_stage``, bf16 when ``model.dtype`` is bfloat16, on the GPU when there is one): no cache,
     a checkpoint (DeepSpeed's, plus the data order and RNG) every ``sft.checkpoint_every`` steps and at the
@@ -901,11 +923,11 @@ def _run_sft(data, out, config_path, overrides, resume, log) -> dict:
     pairs = sft_data_pairs(data, cfg, log)
     policy = DiffusionPolicy.from_config(cfg.model)
     # the warm start's key, and the ZeRO stage: a resume must find the checkpoint layout it wrote
-    key = f"{sft_cache_key(policy, pairs, cfg.sft, cfg.rl.seed)}-zero{cfg.sft.zero_stage}"
+    key = f"{sft_cache_key(policy, pairs, cfg.sft, cfg.sft_seed)}-zero{cfg.sft.zero_stage}"
     if torch.cuda.is_available():
         policy.to("cuda")
     try:
-        run = SFTRun(policy, pairs, cfg.sft, cfg.rl.seed, use_deepspeed=True)
+        run = SFTRun(policy, pairs, cfg.sft, cfg.sft_seed, use_deepspeed=True)
     except ValueError as e:  # a pair too long for the model
         raise SFTInputError(f"--data {data}: {e} (raise model.max_position_embeddings or cap tasks.max_tasks)") from None
     metrics = out / SFT_METRICS_FILE
