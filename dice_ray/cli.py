@@ -14,8 +14,9 @@ from typing import Any
 
 USAGE_ERROR = 2
 RUN_FAILED = 1
-TASKS_HELP = ("task set: 'builtin', 'dice:PATH' (DICE JSON file or folder), 'kernelbench:DIR', "
-              "'kernelbench-json:PATH', 'alpaca:PATH' (CuKe / Alpaca pairs) or 'jsonl:PATH'")
+TASKS_HELP = ("task set: 'builtin' (or 'builtin:N', its first N tasks), 'dice:PATH' (DICE JSON file or folder), "
+              "'kernelbench:DIR', 'kernelbench-json:PATH', 'alpaca:PATH' (CuKe / Alpaca pairs) or 'jsonl:PATH'; "
+              "several joined by '+' (DICE's two files: dice:INFILL.json+dice:E2E.json)")
 
 
 def _fail(msg: str) -> int:
@@ -303,15 +304,22 @@ def _num(x: Any, fmt: str = ".3f") -> str:
 
 
 def describe_status(status: dict) -> str:
-    """Three lines of ``dice-ray status``: the curriculum (phase, infill fraction, the next step the
-    scheduler hands out: ahead of the last finished step while steps are in flight), the last finished
-    step's rewards and times, and the verifier pool (size, queue, throughput in candidates/s)."""
+    """The lines of ``dice-ray status``: the curriculum (phase, infill fraction, the next step the scheduler hands
+    out: ahead of the last finished step while steps are in flight, each phase's task pool position), its newest
+    decision with the figure behind it, the last finished step's rewards and times, and the verifier pool (size,
+    queue, throughput in candidates/s)."""
     sched, last, pool = status.get("schedule", {}), status.get("last_step") or {}, status.get("verifier_pool", {})
     if status.get("restoring"):
         lines = ["resuming: the scheduler's state is not restored yet (the learner is loading the checkpoint)"]
     else:
-        lines = [f"phase {sched.get('phase')} (infill fraction {_num(sched.get('infill_fraction'), '.2f')}); next step "
-                 f"to sample {sched.get('step')} (epoch {sched.get('epoch')}, task position {sched.get('position')})"]
+        pools = "; ".join(f"{phase} epoch {p.get('epoch')}, position {p.get('position')}"
+                          for phase, p in (sched.get("pools") or {}).items())
+        holding = ", holding: the end-to-end reward collapsed" if (sched.get("curriculum") or {}).get("holding") else ""
+        lines = [f"phase {sched.get('phase')} (infill fraction {_num(sched.get('infill_fraction'), '.2f')}{holding}); "
+                 f"next step to sample {sched.get('step')} ({pools})"]
+        decision = status.get("last_decision")
+        lines.append(f"curriculum: step {decision['step']} {decision['action']}: {decision['reason']}" if decision
+                     else "curriculum: no decision yet")
     if last:
         lines.append(
             f"last finished step {last.get('step')}: reward {_num(last.get('reward_mean'))} (std {_num(last.get('reward_std'))}), "

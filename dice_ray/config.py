@@ -42,9 +42,12 @@ class TasksConfig(_Section):
     """Which problems the run trains and evaluates on."""
 
     spec: str = Field(
-        "builtin",
-        description="'builtin', 'dice:PATH' (a DICE JSON file or folder), 'kernelbench:DIR', 'kernelbench-json:PATH' "
-        "(KernelBench's dataset rows), 'alpaca:PATH' (CuKe / Alpaca pairs) or 'jsonl:PATH'; see dice_ray.tasks.loaders.",
+        "builtin:24",
+        description="'builtin' (the 109-task suite), 'builtin:N' (its first N; the default, builtin:24: single operators "
+        "a 0.9 M-parameter policy on 2 CPU cores learns in minutes), 'dice:PATH' (a DICE JSON file or folder), "
+        "'kernelbench:DIR', 'kernelbench-json:PATH' (KernelBench's dataset rows), 'alpaca:PATH' (CuKe / Alpaca pairs) "
+        "or 'jsonl:PATH'; several joined by '+' (DICE's two files: dice:INFILL.json+dice:E2E.json); see "
+        "dice_ray.tasks.loaders.",
     )
     heldout_fraction: float = Field(
         0.2, ge=0.0, lt=1.0, description="Share of tasks kept out of SFT and RL, for compile-rate reports."
@@ -57,6 +60,10 @@ class TasksConfig(_Section):
         "(DICE's data holds references of up to 17 GB of inputs), get their size constant halved until they fit "
         "(KernelBench#146) or are refused when they have none; None: no cap.",
     )
+    solution_variants: bool = Field(
+        False, description="Keep the tasks' slower honest solution variants (the built-in suite's solution_slow.py) for "
+        "the SFT warm start, so that the policy can write either and RL's speedup term can move it to the faster "
+        "(GPU; benchmarks/learning.py --speedup-variants). False: the variants are dropped at load.")
     prompt_template: Literal["compact", "dice"] = Field(
         "compact",
         description="Prompt template set: 'compact' fits the tiny policy's ~600-token prompt budget; 'dice' is "
@@ -106,7 +113,8 @@ class ModelConfig(_Section):
 class SamplingConfig(_Section):
     """Block-diffusion decoding (SDAR / Fast-dLLM low-confidence remasking)."""
 
-    max_new_tokens: int = Field(512, ge=4, description="Response length cap (tokens; a multiple of model.block_size).")
+    max_new_tokens: int = Field(256, ge=4, description="Response length cap (tokens; a multiple of model.block_size). "
+                                "The default fits the longest solution of builtin:24 (199 tokens); DICE: 4096.")
     steps_per_block: int = Field(4, ge=1, description="Denoising steps a block for static remasking.")
     remasking: Literal["static", "dynamic"] = Field(
         "dynamic", description="static: k tokens a step; dynamic: every token above the threshold (>=1)."
@@ -162,6 +170,9 @@ class SFTConfig(_Section):
         "warm start ignores it (plain torch).",
     )
     cache_dir: str = Field("~/.cache/dice-ray/sft", description="Where warm-started weights are cached.")
+    seed: int | None = Field(
+        None, ge=0, lt=2**32, description="Seed of the warm start's data order and masks; None: rl.seed. Fix it to run "
+        "several RL seeds from one warm start (benchmarks/learning.py).")
 
 
 class RewardConfig(_Section):
@@ -364,24 +375,45 @@ class VerifyConfig(_Section):
 
 
 class PhaseConfig(_Section):
-    """BiC-RL curriculum: infilling first, end-to-end after, with a linear ramp between (no abrupt switch)."""
+    """BiC-RL curriculum (DICE): infilling first, end-to-end after, a ramp between (no abrupt switch); see
+    ``dice_ray.cluster.scheduler``."""
 
-    infill_steps: int = Field(3, ge=0, description="Steps with infill fraction 1.0 (DICE: 20).")
-    ramp_steps: int = Field(3, ge=0, description="Steps over which the infill fraction falls linearly to final.")
-    final_infill_fraction: float = Field(0.0, ge=0.0, le=1.0, description="Infill share of prompts after the ramp.")
+    schedule: Literal["gated", "fixed"] = Field(
+        "gated", description="gated: leave infilling when gate_metric over the last gate_window infilling steps reaches "
+        "gate_threshold (or at infill_steps), and hold or raise infilling again when the end-to-end reward collapses "
+        "(collapse_ratio); fixed: infill_steps of infilling, then the ramp (DICE's step counts).")
+    infill_steps: int = Field(8, ge=0, description="fixed: steps of infilling (DICE: 20); gated: the most (the gate may "
+                              "open sooner).")
+    ramp_steps: int = Field(4, ge=0, description="Steps over which the infill fraction falls linearly to final.")
+    final_infill_fraction: float = Field(0.25, ge=0.0, le=1.0, description="Infill share of prompts after the ramp "
+                                         "(DICE: 0; some infilling keeps the tiny policy from forgetting it).")
+    gate_metric: Literal["auto", "compile_rate", "correct_rate", "reward_mean"] = Field(
+        "auto", description="gated: the figure of the infilling prompts that opens the gate; auto: the correct rate "
+                            "when the verifier measures it (GPU), else the compile rate.")
+    gate_threshold: float = Field(0.7, ge=0.0, le=1.0, description="gated: leave infilling once gate_metric (mean over "
+                                  "gate_window steps) is at least this.")
+    gate_window: int = Field(2, ge=1, description="gated: steps averaged by the gate and by the collapse check.")
+    collapse_ratio: float = Field(
+        0.5, ge=0.0, lt=1.0, description="gated: when the end-to-end reward (mean over gate_window steps) falls below "
+        "this share of its best such mean so far, the infill fraction goes back up one ramp step and holds until the "
+        "reward recovers (DICE: a transition too abrupt makes the model forget); 0: off.")
     scaffold_granularity: Literal["source", "body"] = Field(
         "source", description="Where infill scaffolds are cut: 'source' (DICE's: the whole CUDA source is the middle) or "
-        "'body' (the first __global__ kernel's body; signature, braces and the rest kept). The SFT warm start trains 'source'.",
+        "'body' (the first __global__ kernel's body; signature, braces and the rest kept). The SFT warm start learns the same cut.",
     )
 
 
 class RLConfig(_Section):
     """GRPO-family loss with TraceRL log-probs (Wang et al. 2025, DICE's method); names after TRL's GRPOConfig."""
 
-    steps: int = Field(10, ge=1, description="RL steps in the run (DICE: 20 infilling + 100 end-to-end).")
+    steps: int = Field(30, ge=1, description="RL steps in the run (DICE: 20 infilling + 100 end-to-end).")
+    update_policy: bool = Field(
+        True, description="False: the control arm of benchmarks/learning.py: the same sampling, verification and "
+        "curriculum, but no learner step, so the policy never changes.")
     prompts_per_step: int = Field(8, ge=1, description="Prompts (groups) a step (DICE: 64).")
     num_generations: int = Field(8, ge=2, description="G: samples a prompt, a group (DICE: 16).")
-    learning_rate: float = Field(1e-4, gt=0.0, description="AdamW lr (DICE: 1e-6 on 8B).")
+    learning_rate: float = Field(2e-4, gt=0.0, description="AdamW lr (DICE: 1e-6 on 8B). The tiny default policy "
+                                 "learns at 2e-4; 3e-4 with two PPO epochs forgets (benchmarks/learning.py).")
     beta: float = Field(0.0, ge=0.0, description="k3 KL coefficient against the reference policy (DICE: 0.01).")
     epsilon: float = Field(0.2, gt=0.0, description="PPO clip range.")
     scale_rewards: bool = Field(True, description="Divide group-centred rewards by the group std (GRPO z-score).")
@@ -412,10 +444,17 @@ class RLConfig(_Section):
 
 
 class EvalConfig(_Section):
-    """Compile / correct rates on held-out tasks at the start and the end of a run."""
+    """Evaluations at the start and the end of a run: the reward on fixed training prompts (does the RL teach?) and
+    compile / correct rates on held-out tasks (does it carry over?)."""
 
-    heldout_tasks: int = Field(4, ge=0, description="Held-out tasks sampled (0: skip the report).")
-    samples: int = Field(2, ge=1, description="Samples a held-out task and phase.")
+    heldout_tasks: int = Field(6, ge=0, description="Held-out tasks sampled (0: skip the report).")
+    train_tasks: int = Field(12, ge=0, description="Training tasks of each phase whose prompts are sampled at the start "
+                             "and the end with fixed seeds: the reward on training prompts the summary compares (0: skip).")
+    samples: int = Field(4, ge=1, description="Samples a training task and phase in the evaluation of training prompts.")
+    heldout_samples: int = Field(
+        16, ge=1, description="Samples a held-out task and phase: the held-out tasks are few and their compile rate "
+        "small, so more samples keep it from moving by chance (4 tasks x 4 samples a phase moved a 0.22 rate by up to "
+        "0.12 between seeds of one policy).")
 
 
 class ClusterConfig(_Section):
@@ -540,6 +579,11 @@ class DiceConfig(_Section):
     rl: RLConfig = RLConfig()
     eval: EvalConfig = EvalConfig()
     cluster: ClusterConfig = ClusterConfig()
+
+    @property
+    def sft_seed(self) -> int:
+        """The warm start's seed: ``sft.seed``, else ``rl.seed``."""
+        return self.rl.seed if self.sft.seed is None else self.sft.seed
 
     @field_validator("run_name")
     @classmethod

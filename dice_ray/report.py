@@ -343,16 +343,26 @@ def markdown_report(run: Run, curves_png: str | None = "curves.png") -> str:
         if lag and lags:
             lines.append(f"- Staleness (learner steps a sample's weights lag): mean {statistics.fmean(lags):.2f}, max {lag}.")
 
-    heldout = [(w, (run.summary or {}).get(f"heldout_{w}")) for w in ("start", "end")]
-    heldout = [(w, h) for w, h in heldout if isinstance(h, dict) and h]
-    if heldout:
-        lines += ["", "## Held-out tasks", "", "| when | phase | candidates | compile rate | correct rate |", "|---|---|---|---|---|"]
-        for when, h in heldout:
-            for phase, fig in h.items():
-                if isinstance(fig, dict):
-                    lines.append(f"| {when} | {phase} | {fig.get('candidates', 'n/a')} | "
-                                 f"{_fmt(fig.get('compile_rate'), '{:.1%}')} | {_fmt(fig.get('correct_rate'), '{:.1%}')} |")
+    for key, title in (("train", "Training prompts (fixed seeds)"), ("heldout", "Held-out tasks")):
+        lines += _evaluation_table(run.summary or {}, key, title)
     return "\n".join(lines) + "\n"
+
+
+def _evaluation_table(summary: dict, key: str, title: str) -> list[str]:
+    """The Markdown table of a run's start / end evaluations ``{key}_start`` / ``{key}_end`` (reward, compile and
+    correct rates by phase), or no line when the summary has none."""
+    evaluations = [(w, summary.get(f"{key}_{w}")) for w in ("start", "end")]
+    evaluations = [(w, h) for w, h in evaluations if isinstance(h, dict) and h]
+    if not evaluations:
+        return []
+    lines = ["", f"## {title}", "", "| when | phase | candidates | reward | compile rate | correct rate |",
+             "|---|---|---|---|---|---|"]
+    for when, h in evaluations:
+        for phase, fig in h.items():
+            if isinstance(fig, dict):
+                lines.append(f"| {when} | {phase} | {fig.get('candidates', 'n/a')} | {_fmt(fig.get('reward_mean'), '{:.3f}')} | "
+                             f"{_fmt(fig.get('compile_rate'), '{:.1%}')} | {_fmt(fig.get('correct_rate'), '{:.1%}')} |")
+    return lines
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[Path, Path, str]:

@@ -23,7 +23,7 @@ TINY_FAMILY_SHAPE = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_lay
 DETERMINISTIC = [
     "rl.prompts_per_step=2", "rl.num_generations=3", "rl.beta=0.01", "rl.logprob_estimator=coupled",
     "phase.infill_steps=2", "phase.ramp_steps=3",  # steps 0-1 infill, 2-4 ramp (resume at 3), 5 e2e
-    "sampling.max_new_tokens=96", "sft.steps=100", "eval.heldout_tasks=0",
+    "sampling.max_new_tokens=96", "sft.steps=100", "eval.heldout_tasks=0", "eval.train_tasks=1",
     "cluster.num_verifiers=1", "tasks.max_tasks=6",  # 5 training tasks: new epochs at steps 2 and 4
 ]
 """``dice-ray train`` overrides of a deterministic 6-step CPU run (compile-only verifiers): tests/test_resume_exact.py

@@ -161,12 +161,12 @@ def stand_ins():
 
 def _loop(actors, max_staleness: int, steps: int = 4):
     """The trainer's step loop with stand-ins: (per-step (lags, window), scheduler steps saved, seconds)."""
-    tasks = [(f"t{i}", 1, False) for i in range(3)]
-    scheduler = PhaseSchedulerActor.remote(tasks, PhaseConfig(), 2, 0)
+    tasks = [(f"t{i}", 1) for i in range(3)]
+    scheduler = PhaseSchedulerActor.remote([], tasks, PhaseConfig(), 2, 0)
     worker, pool, learner = actors
     ray.get([worker.set_weights.remote(0), scheduler.get_state.remote()])
     tl = StageTimeline()
-    pipe = StepPipeline(scheduler, [worker], pool, {t: None for t, _, _ in tasks}, 2, max_staleness, 0, steps, tl)
+    pipe = StepPipeline(scheduler, [worker], pool, {t: None for t, _ in tasks}, 2, max_staleness, 0, steps, tl)
     version, out, saved = 0, [], []
     t_start = time.perf_counter()
     for step in range(steps):
@@ -188,9 +188,9 @@ def _loop(actors, max_staleness: int, steps: int = 4):
 def test_resuming_scheduler_says_so_until_its_state_is_restored(stand_ins):
     """``dice-ray status`` early in a resumed run: the scheduler reports ``restoring`` (not the fresh
     schedule's step 0) until the trainer restores its state."""
-    tasks = [(f"t{i}", 1, False) for i in range(3)]
-    fresh = PhaseSchedulerActor.remote(tasks, PhaseConfig(), 2, 0)
-    resumed = PhaseSchedulerActor.remote(tasks, PhaseConfig(), 2, 0, True)
+    tasks = [(f"t{i}", 1) for i in range(3)]
+    fresh = PhaseSchedulerActor.remote([], tasks, PhaseConfig(), 2, 0)
+    resumed = PhaseSchedulerActor.remote([], tasks, PhaseConfig(), 2, 0, 0, True)
     assert ray.get(fresh.status.remote())["restoring"] is False
     assert ray.get(resumed.status.remote())["restoring"] is True
     ray.get(fresh.next_batch.remote())
@@ -279,13 +279,13 @@ def test_lanes_sample_steps_side_by_side_on_their_own_workers(stand_ins):
 
     _, pool, fake_learner = stand_ins
     workers, learner = [LaneRollout.remote() for _ in range(2)], VersionedLearner()
-    tasks = [(f"t{i}", 1, False) for i in range(4)]
-    scheduler = PhaseSchedulerActor.remote(tasks, PhaseConfig(), 2, 0)
+    tasks = [(f"t{i}", 1) for i in range(4)]
+    scheduler = PhaseSchedulerActor.remote([], tasks, PhaseConfig(), 2, 0)
     sync = WeightSync(learner, workers, "object_store", keep_versions=2)
     sync.push(0)
     with pytest.raises(ValueError, match="lanes=3"):
         StepPipeline(scheduler, workers, pool, {}, 2, 1, 0, 5, StageTimeline(), lanes=3)
-    pipe = StepPipeline(scheduler, workers, pool, {t: None for t, _, _ in tasks}, 2, 1, 0, 5, StageTimeline(),
+    pipe = StepPipeline(scheduler, workers, pool, {t: None for t, _ in tasks}, 2, 1, 0, 5, StageTimeline(),
                         weight_sync=sync, lanes=2)
     version, lags, request_steps = 0, [], {}
     for step in range(5):

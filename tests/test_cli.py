@@ -294,18 +294,23 @@ def test_train_bad_tasks_fail_before_ray_or_a_run_folder(tmp_path, spec, says, c
 def test_status_summary_names_phase_step_rewards_and_pool():
     from dice_ray.cli import describe_status
 
-    status = {"schedule": {"step": 7, "epoch": 0, "position": 14, "infill_fraction": 0.5, "phase": "ramp"},
+    status = {"schedule": {"step": 7, "pools": {"infill": {"epoch": 0, "position": 14}, "e2e": {"epoch": 1, "position": 2}},
+                           "infill_fraction": 0.5, "phase": "ramp", "curriculum": {"holding": False}},
+              "last_decision": {"step": 6, "action": "leave-infill", "reason": "compile_rate 0.72 (mean of steps 4-5) >= "
+                                "phase.gate_threshold=0.7"},
               "last_step": {"step": 5, "reward_mean": 0.4213, "reward_std": 0.1, "compile_rate": 0.75, "correct_rate": None,
                             "cheat_rate": 0.0, "speedup_geomean": None, "candidates": 8, "step_seconds": 12.34},
               "verifier_pool": {"size": 3, "serving": 2, "draining": 1, "queue_depth": 4, "in_flight": 2, "completed": 120,
                                 "throughput_per_s": 2.125}}
     lines = describe_status(status).splitlines()
     assert lines == [
-        "phase ramp (infill fraction 0.50); next step to sample 7 (epoch 0, task position 14)",
+        "phase ramp (infill fraction 0.50); next step to sample 7 (infill epoch 0, position 14; e2e epoch 1, position 2)",
+        "curriculum: step 6 leave-infill: compile_rate 0.72 (mean of steps 4-5) >= phase.gate_threshold=0.7",
         "last finished step 5: reward 0.421 (std 0.100), compile 0.75, correct n/a, cheat 0.00, speedup n/a, "
         "8 candidates in 12.3 s",
         "verifier pool: 3 actors (2 serving, 1 draining), queue 4, in flight 2, 120 verified, 2.12 candidates/s since it started"]
-    assert describe_status({**status, "last_step": {}}).splitlines()[1] == "no step finished yet"
+    assert describe_status({**status, "last_step": {}}).splitlines()[2] == "no step finished yet"
+    assert describe_status({**status, "last_decision": None}).splitlines()[1] == "curriculum: no decision yet"
     # a resumed run before the scheduler's state is restored: not the fresh schedule's step 0
     assert describe_status({**status, "restoring": True}).splitlines()[0].startswith("resuming: the scheduler's state")
 

@@ -249,7 +249,8 @@ def test_job_submit_then_scale_verifiers_while_it_runs(tmp_path):
                        "python", "jobs/train.py", f"run_dir={run_dir}", "run_name=r", f"sft.cache_dir={tmp_path / 'sft'}",
                        f"rl.steps={steps}", "rl.prompts_per_step=2", "rl.num_generations=2", "phase.infill_steps=1",
                        "phase.ramp_steps=1", "sampling.max_new_tokens=96", "sft.steps=40", "eval.heldout_tasks=1",
-                       "eval.samples=1", "cluster.num_verifiers=1", "tasks.max_tasks=12"], env)
+                       "eval.samples=1", "eval.heldout_samples=1", "eval.train_tasks=1", "cluster.num_verifiers=1",
+                       "tasks.max_tasks=12"], env)
         assert submit.returncode == 0, submit.stdout + submit.stderr
 
         def job_api(path: str = "") -> dict:
@@ -292,7 +293,8 @@ def test_job_submit_then_scale_verifiers_while_it_runs(tmp_path):
             time.sleep(1)
         after = json.loads(_cli([*dice, "status", "--json", "--address", address], env).stdout)
         lines = _cli([*dice, "status", "--address", address], env).stdout.splitlines()
-        assert len(lines) == 3 and lines[0].startswith("phase ") and lines[2].startswith("verifier pool: 2 actors (2 serving"), lines
+        assert len(lines) == 4 and lines[0].startswith("phase ") and lines[1].startswith("curriculum: "), lines
+        assert lines[3].startswith("verifier pool: 2 actors (2 serving"), lines
         assert after["verifier_pool"]["size"] == 2 and after["verifier_pool"]["serving"] == 2, after
         assert job_status() == "RUNNING", "the job ended before the pool was scaled: raise rl.steps"
 

@@ -218,7 +218,7 @@ def test_split_heldout_is_the_part_train_kept_out(tmp_path, capsys, no_ray):
                  "tasks.max_tasks=50", "sampling.max_new_tokens=16", "verify.mode=compile_only"]) == 0
     data = json.loads((out / "results.json").read_text())
     assert data["split"] == "heldout" and [t["task_id"] for t in data["tasks"]] == ids(split_tasks(every[:12], 0.2)[1])
-    assert "by the run's split (tasks.spec=builtin, tasks.max_tasks=12" in capsys.readouterr().err
+    assert "by the run's split (tasks.spec=builtin:24, tasks.max_tasks=12" in capsys.readouterr().err
 
 
 def test_eval_needs_one_source(tmp_path, capsys):

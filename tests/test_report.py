@@ -61,7 +61,9 @@ def test_report_of_a_finished_run(tmp_path, capsys):
             _record(2, "e2e", 0.0, 0.6, 1.0, correct=0.5, speedup=1.5), _record(3, "e2e", 0.0, 0.8, 1.0, correct=1.0, speedup=2.0)]
     summary = {"steps": 4, "seconds": 120.0,
                "heldout_start": {"e2e": {"candidates": 4, "compile_rate": 0.25, "correct_rate": None}},
-               "heldout_end": {"e2e": {"candidates": 4, "compile_rate": 0.75, "correct_rate": None}}}
+               "heldout_end": {"e2e": {"candidates": 4, "compile_rate": 0.75, "correct_rate": None}},
+               "train_start": {"infill": {"candidates": 8, "reward_mean": 0.25, "compile_rate": 0.5, "correct_rate": None}},
+               "train_end": {"infill": {"candidates": 8, "reward_mean": 0.625, "compile_rate": 0.75, "correct_rate": None}}}
     run = _run_dir(tmp_path, "done", 4, recs, summary=summary)
     out = tmp_path / "out"
     rc, stdout, _ = _report(capsys, run, "--out", out)
@@ -79,7 +81,8 @@ def test_report_of_a_finished_run(tmp_path, capsys):
     assert "| correct rate | 50.0% (step 2) | 100.0% | 75.0% | 50.0% | 100.0% |" in md
     assert "| speedup (geomean) | 1.50x (step 2) | 2.00x | 1.75x | 1.50x | 2.00x |" in md
     assert "| verify | 2.00 | 50% |" in md and "| whole step | 4.00 | 100% |" in md and "Asynchronous" not in md
-    assert "| end | e2e | 4 | 75.0% | n/a |" in md
+    assert "## Held-out tasks" in md and "| end | e2e | 4 | n/a | 75.0% | n/a |" in md
+    assert "## Training prompts (fixed seeds)" in md and "| end | infill | 8 | 0.625 | 75.0% | n/a |" in md
     assert "Groups dropped (equal rewards): 4." in md and "`rl.steps` | `4`" in md
 
 

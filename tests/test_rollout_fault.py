@@ -106,14 +106,14 @@ def _run(pool, tmp: Path, max_staleness: int, die_on: dict[int, int], steps: int
     weights version its batch was launched with: what a run without failures samples. ``queued``: the
     asynchronous trainer's object-store path (pushes queued behind the rollouts ahead, a lane a step)."""
     tmp.mkdir()
-    tasks = [(f"t{i}", 1, False) for i in range(5)]
-    scheduler = PhaseSchedulerActor.remote(tasks, PhaseConfig(), 3, 0)
+    tasks = [(f"t{i}", 1) for i in range(5)]
+    scheduler = PhaseSchedulerActor.remote([], tasks, PhaseConfig(), 3, 0)
     logs = [tmp / f"log{i}" for i in range(2)]
     workers = [CrashingRollout.remote(str(tmp / f"marker{i}"), die_on.get(i, 0), str(logs[i])) for i in range(2)]
     learner = FakeLearner()
     sync = WeightSync(learner, workers, "object_store", keep_versions=max_staleness + 1)
     sync.push(0)
-    pipe = StepPipeline(scheduler, workers, pool, {t: None for t, _, _ in tasks}, 2, max_staleness, 0, steps,
+    pipe = StepPipeline(scheduler, workers, pool, {t: None for t, _ in tasks}, 2, max_staleness, 0, steps,
                         StageTimeline(), weight_sync=sync, lanes=2 if queued else 1)
     out = []
     for step in range(steps):
@@ -172,8 +172,8 @@ def test_a_worker_killed_between_steps_is_resynced_before_it_samples(cluster, tm
 
 @pytest.mark.slow
 def test_a_shard_that_keeps_crashing_stops_the_run_with_its_name(cluster, tmp_path):
-    tasks = [("t0", 1, False), ("t1", 1, False)]
-    scheduler = PhaseSchedulerActor.remote(tasks, PhaseConfig(), 2, 0)
+    tasks = [("t0", 1), ("t1", 1)]
+    scheduler = PhaseSchedulerActor.remote([], tasks, PhaseConfig(), 2, 0)
     workers = [CrashingRollout.remote(str(tmp_path / "m"), -1)]
     sync = WeightSync(FakeLearner(), workers, "object_store")
     sync.push(0)

@@ -10,7 +10,7 @@ import torch
 
 from dice_ray.cli import main
 from dice_ray.cluster.trainer import Trainer
-from dice_ray.config import load_config
+from dice_ray.config import DiceConfig, load_config
 from dice_ray.policy.policy import DiffusionPolicy
 from dice_ray.policy.sft import SFTRun, sft_data_pairs, warm_start
 from dice_ray.tasks.loaders import BUILTIN_DIR
@@ -246,4 +246,4 @@ def test_the_last_progress_line_shows_the_final_loss(tmp_path, capsys):
 def test_data_defaults_to_the_configs_tasks_spec(tmp_path, capsys):
     out = tmp_path / "sft"
     assert _sft(out, *SMALL, "sft.steps=1") == 0
-    assert json.loads(capsys.readouterr().out)["data"] == "builtin"
+    assert json.loads(capsys.readouterr().out)["data"] == DiceConfig().tasks.spec == "builtin:24"

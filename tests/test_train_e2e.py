@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 SMALL = [
     "rl.steps=3", "rl.prompts_per_step=2", "rl.num_generations=2",
     "phase.infill_steps=1", "phase.ramp_steps=1",
-    "sft.steps=8", "eval.heldout_tasks=1", "eval.samples=1",  # a warm start, trained here
+    "sft.steps=8", "eval.heldout_tasks=1", "eval.train_tasks=1", "eval.samples=1", "eval.heldout_samples=1",  # a warm start
     "cluster.num_verifiers=1", "tasks.max_tasks=12",
     "rl.max_staleness=1", "cluster.num_rollout_workers=2",  # two lanes: consecutive steps sample on different workers
     "sampling.max_new_tokens=256",  # rollouts (~0.5 s) outlast a compile-only verification, as on GPUs
@@ -54,7 +54,7 @@ def test_train_covers_both_phases_then_resumes(tmp_path):
     assert all(r["verifier_mode"] == "compile_only" for r in records)
     assert all(r["candidates"] == 4 for r in records)  # exactly one verdict a candidate
     assert "compile-only" in out and str(run) in out
-    assert f"dice-ray eval --tasks builtin --split heldout --model {run})" in " ".join(out.split())  # its own tasks
+    assert f"dice-ray eval --tasks builtin:24 --split heldout --model {run})" in " ".join(out.split())  # its own tasks
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 3 and "e2e" in summary["phases_seen"]
     assert summary["heldout_start"] is not None and summary["heldout_end"] is not None

@@ -109,3 +109,46 @@ def test_a_resumed_run_says_how_many_steps_it_ran_and_claims_no_warm_start():
     assert "warm start" not in first
     assert "warm start" in describe_summary({**summary, "resumed_at_step": None})
     assert "held-out" not in describe_summary({**summary, "heldout_end": None})
+
+
+def test_step_record_counts_each_phases_prompts_and_figures():
+    from types import SimpleNamespace
+
+    from dice_ray.cluster.scheduler import Decision, PromptRequest, StepPlan
+    from dice_ray.cluster.trainer import step_record
+
+    reqs = [PromptRequest(f"s3-p{i}", f"t{i}", phase, i) for i, phase in enumerate(["infill", "infill", "e2e"])]
+    groups = [SimpleNamespace(request=r, candidates=["a", "b"]) for r in reqs]
+
+    def v(ok: bool) -> Verdict:
+        return Verdict(candidate_id="c", task_id="t", verdict="ok" if ok else "compile_error", compiled=ok,
+                       correct=None, speedup=None, reward=1.0 if ok else 0.0, reason="", mode="compile_only", seconds=0.1)
+
+    verdicts = [v(True), v(True), v(True), v(False), v(False), v(False)]
+    decision = Decision(3, "leave-infill", 0.75, "compile_rate 0.8 >= 0.6", "compile_rate", 0.8, 0.6)
+    rec = step_record(StepPlan(3, 0.75, "ramp", reqs, decision), groups, verdicts, dropped=1)
+    assert (rec["prompts_infill"], rec["prompts_e2e"], rec["infill_target"]) == (2, 1, 0.75)
+    assert rec["infill_fraction"] == 2 / 3  # the share actually sampled, not the curriculum's target
+    assert rec["by_phase"]["infill"] == {"prompts": 2, "candidates": 4, "reward_mean": 0.75, "compile_rate": 0.75,
+                                         "correct_rate": None, "speedup_geomean": None}
+    assert rec["by_phase"]["e2e"]["reward_mean"] == 0.0 and rec["reward_mean"] == 0.5
+    assert rec["phase_decision"]["action"] == "leave-infill" and rec["gate_figure"] == 0.8
+
+
+def test_learning_line_compares_each_phase_start_and_end():
+    from dice_ray.cluster.trainer import describe_learning
+
+    start = {"infill": {"reward_mean": 0.41}, "e2e": {"reward_mean": 0.12}}
+    end = {"infill": {"reward_mean": 0.62}, "e2e": {"reward_mean": 0.10}}
+    assert describe_learning(start, end) == ("training prompts, reward at start -> end: infill 0.410 -> 0.620 (up), "
+                                             "e2e 0.120 -> 0.100 (down)")
+    assert describe_learning(None, end) is None
+    summary_line = describe_summary({"steps": 2, "phases_seen": ["infill"], "final": {}, "train_start": start,
+                                     "train_end": end}).splitlines()
+    assert any(line.startswith("training prompts, reward at start -> end") for line in summary_line)
+
+
+def test_spread_picks_evenly_first_and_last_included():
+    from dice_ray.cluster.trainer import spread
+
+    assert spread(list(range(10)), 4) == [0, 3, 6, 9] and spread([1, 2], 5) == [1, 2] and spread(list(range(5)), 1) == [0]

@@ -47,6 +47,12 @@ class TrainGroup:
             the decoded positions after a LLaDA / Dream response's ``eos``, kept for the TraceRL replay).
         behaviour_logprobs: float32 [G, R], log-probs recorded when the rollout was sampled.
         advantages: float32 [G].
+        suffix_ids: int64 [S], LLaDA / Dream infilling: the fixed tokens after the span, shared by the group
+            (:attr:`~dice_ray.policy.samples.Rollout.suffix_ids`); empty otherwise (SDAR keeps the scaffold in its
+            prompt).
+        span_lens: int64 [G, N], LLaDA / Dream: each row's span length (tokens) at each of its denoising steps
+            (:attr:`~dice_ray.policy.samples.Rollout.span_lengths`), 0 after a row's last step; N = the group's
+            most steps. Empty (numel 0) for SDAR.
     """
 
     prompt_ids: torch.Tensor
@@ -55,17 +61,28 @@ class TrainGroup:
     mask: torch.Tensor
     behaviour_logprobs: torch.Tensor
     advantages: torch.Tensor
+    suffix_ids: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    span_lens: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.long))
 
 
 def make_train_group(prompt_ids: list[int], rollouts: list, advantages: torch.Tensor) -> TrainGroup:
     """Pad a group's rollouts into a :class:`TrainGroup` (pad id 0 and step -1, masked out); a rollout's
-    ``tail_ids`` / ``tail_steps`` follow its response, masked out (context for the TraceRL replay)."""
+    ``tail_ids`` / ``tail_steps`` follow its response, masked out (context for the TraceRL replay); the group's
+    ``suffix_ids`` and every rollout's ``span_lengths`` come along (the context the sampler saw).
+
+    Raises:
+        ValueError: the rollouts do not share one ``suffix_ids`` (a group is one prompt).
+    """
     g = len(rollouts)
     r = max(len(x.response_ids) + len(x.tail_ids) for x in rollouts)
+    suffix = list(rollouts[0].suffix_ids)
+    if any(list(x.suffix_ids) != suffix for x in rollouts):
+        raise ValueError("rollouts: the samples of a group must share one suffix_ids (one prompt a group)")
     ids = torch.zeros(g, r, dtype=torch.long)
     steps = torch.full((g, r), -1, dtype=torch.long)
     mask = torch.zeros(g, r, dtype=torch.bool)
     blp = torch.zeros(g, r, dtype=torch.float32)
+    span_lens = torch.zeros(g, max(len(x.span_lengths) for x in rollouts), dtype=torch.long)
     for i, x in enumerate(rollouts):
         n = len(x.response_ids)
         end = n + len(x.tail_ids)
@@ -73,13 +90,15 @@ def make_train_group(prompt_ids: list[int], rollouts: list, advantages: torch.Te
         steps[i, :end] = torch.tensor(list(x.unmask_step) + list(x.tail_steps), dtype=torch.long)
         mask[i, :n] = True
         blp[i, :n] = torch.tensor(x.behaviour_logprobs)
-    return TrainGroup(torch.tensor(prompt_ids, dtype=torch.long), ids, steps, mask, blp, advantages.float())
+        span_lens[i, : len(x.span_lengths)] = torch.tensor(x.span_lengths, dtype=torch.long)
+    return TrainGroup(torch.tensor(prompt_ids, dtype=torch.long), ids, steps, mask, blp, advantages.float(),
+                      torch.tensor(suffix, dtype=torch.long), span_lens)
 
 
 def group_tokens(g: TrainGroup) -> int:
-    """Tokens a group costs a micro-batch: ``G * (P + R)``, prompt and padded response of each sample."""
+    """Tokens a group costs a micro-batch: ``G * (P + R + S)``, prompt, padded response and suffix of each sample."""
     n, r = g.response_ids.shape
-    return n * (r + g.prompt_ids.numel())
+    return n * (r + g.prompt_ids.numel() + g.suffix_ids.numel())
 
 
 @dataclass
@@ -234,13 +253,13 @@ class Learner:
             sock.bind(("", 0))
             return ray.util.get_node_ip_address(), sock.getsockname()[1]
 
-    def warm_start(self, pairs: list[tuple[str, str]]) -> dict:
+    def warm_start(self, pairs: list[tuple[str, ...]]) -> dict:
         """Masked-diffusion SFT warm start (cached by content hash); before :meth:`init_engine`."""
         from dataclasses import asdict
 
         from dice_ray.policy.sft import warm_start
 
-        report = warm_start(self.policy, pairs, self.cfg.sft, seed=self.cfg.rl.seed,
+        report = warm_start(self.policy, pairs, self.cfg.sft, seed=self.cfg.sft_seed,
                             log=lambda line: print(line, flush=True))  # reaches the driver's console
         self.warm_started = True
         return asdict(report)
@@ -347,12 +366,18 @@ class Learner:
         real = sorted({k for m, pad in zip(share.micro_batches, share.padded) if not pad for k in m})
 
         # bidirectional families (LLaDA, Dream) decode a canvas of max_new_tokens whatever the group's longest
-        # response: the replay needs its length; SDAR decodes block by block and ignores it
+        # response (an infill span grows up to it): the replay needs its length at every step (the group's span
+        # trace; without one, max_new_tokens throughout), and the suffix after an infilled span; SDAR decodes
+        # block by block and ignores both
         canvas = None if family_of(self.engine.module) in (None, "sdar") else self.cfg.sampling.max_new_tokens
 
         def logprobs_of(model, g: TrainGroup, seed: int) -> torch.Tensor:
+            trace = g.span_lens.to(dev) if g.span_lens.numel() else None
+            # tracerl follows the trace; coupled / diffu_grpo score a canvas as long as the group's longest span
+            longest = canvas if trace is None else int(g.span_lens.max())
             return response_logprobs(est, model, g.prompt_ids.to(dev), g.response_ids.to(dev), g.unmask_step.to(dev),
-                                     g.mask.to(dev), block, mask_id, seed=seed, canvas_len=canvas)
+                                     g.mask.to(dev), block, mask_id, seed=seed, canvas_len=longest,
+                                     suffix_ids=g.suffix_ids.to(dev), span_lens=trace)
 
         old = {k: gs[k].behaviour_logprobs.to(dev) for k in real}
         if est != "tracerl":  # the ratio's old log-probs: same estimator and masks, pre-update weights

@@ -17,6 +17,8 @@ is not set, so its series keeps its last value. Names and meanings:
 ``dice_ray_cheat_rate``                share given a ``cheat`` verdict
 ``dice_ray_speedup_geomean``           geometric mean speedup over correct candidates
 ``dice_ray_infill_fraction``           share of the step's prompts that were infilling
+``dice_ray_infill_target``             the curriculum's infill fraction for the step (before rounding)
+``dice_ray_gate_figure``               the figure behind the newest curriculum decision (e.g. the gate's compile rate)
 ``dice_ray_phase``                     0 infill, 1 ramp, 2 end-to-end
 ``dice_ray_step``                      RL step just finished
 ``dice_ray_rollout_tokens_per_s``      response tokens a second of the step's rollout in flight
@@ -84,6 +86,8 @@ METRICS = {
     "cheat_rate": "share of candidates given a cheat verdict",
     "speedup_geomean": "geometric mean speedup over correct candidates",
     "infill_fraction": "share of the step's prompts that were infilling",
+    "infill_target": "the curriculum's infill fraction for the step (before rounding)",
+    "gate_figure": "the figure behind the newest curriculum decision (e.g. the gate's compile rate)",
     "phase": "0 infill, 1 ramp, 2 end-to-end",
     "step": "RL step just finished",
     "rollout_tokens_per_s": "response tokens sampled a second",

@@ -55,6 +55,7 @@ import ray
 
 from dice_ray.cluster.metrics import Interval, StageTimeline
 from dice_ray.cluster.rollout import WeightsMissing, tasks_of, wait_until_alive
+from dice_ray.cluster.scheduler import StepPlan
 from dice_ray.tasks.task import Task
 
 MAX_SHARD_FAILURES = 3
@@ -163,8 +164,8 @@ class Batch:
     """One step's prompts on their way through rollout and verification.
 
     Attributes:
-        step: the RL step the scheduler drew it for.
-        infill_fraction, phase, requests: as :meth:`PhaseSchedule.next_batch` returned them.
+        plan: the :class:`~dice_ray.cluster.scheduler.StepPlan` the scheduler drew (step, infill fraction, stage,
+            requests, the curriculum's decision).
         schedule: the scheduler's state just before this batch was drawn (what a checkpoint taken
             while it is in flight saves, so a resume draws it again).
         version: weights version the rollout workers held when it was launched.
@@ -177,10 +178,7 @@ class Batch:
         failures: consecutive failures of each shard.
     """
 
-    step: int
-    infill_fraction: float
-    phase: str
-    requests: list
+    plan: StepPlan
     schedule: dict
     version: int
     rollout: Flight
@@ -190,6 +188,14 @@ class Batch:
     verify: Flight | None = None
     restarts: int = 0
     failures: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def step(self) -> int:
+        return self.plan.step
+
+    @property
+    def requests(self) -> list:
+        return self.plan.requests
 
 
 def check_staleness(groups: list, step: int, max_staleness: int) -> list[int]:
@@ -344,13 +350,14 @@ class StepPipeline:
     def _launch(self, version: int) -> None:
         start = time.perf_counter()
         schedule = ray.get(self.scheduler.get_state.remote())
-        step, frac, phase, requests = ray.get(self.scheduler.next_batch.remote())
+        plan = ray.get(self.scheduler.next_batch.remote())
+        step, requests = plan.step, plan.requests
         lane = [i for i in range(len(self.rollout_workers)) if i % self.lanes == step % self.lanes]
         n = len(lane)
         shards = [(i, requests[k::n]) for k, i in enumerate(lane) if requests[k::n]]
         refs = [self.rollout_workers[i].generate.remote(s, self.num_generations, tasks_of(s, self.tasks)) for i, s in shards]
         rollout = Flight(refs, self.timeline.add("rollout", start), self._wake)
-        self.pending.append(Batch(step, frac, phase, requests, schedule, version, rollout, shards))
+        self.pending.append(Batch(plan, schedule, version, rollout, shards))
         self.next_step = step + 1
 
     def _recover(self, batch: Batch, failed: list[tuple[int, BaseException]]) -> None:

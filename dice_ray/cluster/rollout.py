@@ -162,6 +162,13 @@ class RolloutWorker:
         self.version = version
         return version
 
+    def context_tokens(self, items: list[tuple[Task, str]]) -> list[int]:
+        """Tokens of the fixed context of each ``(task, phase)`` (:func:`~dice_ray.policy.task_sampling.context_tokens`):
+        the trainer leaves out the prompts that would not fit the model with ``sampling.max_new_tokens`` more."""
+        from dice_ray.policy.task_sampling import context_tokens
+
+        return [context_tokens(self.policy, task, phase, self.template, self.granularity) for task, phase in items]
+
     def generate(self, requests: list[PromptRequest], num_generations: int, tasks: dict[str, Task]) -> list[GroupRollout]:
         """Sample ``num_generations`` completions for each request.
 
@@ -177,8 +184,7 @@ class RolloutWorker:
             KeyError: a request names a task missing from ``tasks``.
             WeightsMissing: no weights were set since the process started (a restarted worker).
         """
-        from dice_ray.policy.sampler import sample_group
-        from dice_ray.tasks.prompts import assemble_candidate, build_prompt
+        from dice_ray.policy.task_sampling import sample_task_group
 
         self.calls += 1
         _fault_hook(self.calls)
@@ -187,11 +193,10 @@ class RolloutWorker:
         out = []
         for req in requests:
             task = tasks[req.task_id]
-            prompt = build_prompt(task, req.phase, self.template, self.granularity)
             t0 = time.perf_counter()
-            rollouts = sample_group(self.policy, prompt, num_generations, self.sampling_cfg, seed=req.seed)
+            rollouts, candidates = sample_task_group(self.policy, task, req.phase, self.template, self.granularity,
+                                                     num_generations, self.sampling_cfg, req.seed)
             seconds = time.perf_counter() - t0
-            candidates = [assemble_candidate(task, req.phase, r.text, self.granularity) for r in rollouts]
             tokens = sum(len(r.response_ids) for r in rollouts)
             out.append(GroupRollout(req, rollouts, candidates, tokens, seconds, self.version))
         return out

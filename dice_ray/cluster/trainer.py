@@ -19,8 +19,10 @@ import shutil
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
@@ -38,15 +40,15 @@ from dice_ray.cluster.learner import LearnerGroup, TrainGroup, learner_env, make
 from dice_ray.cluster.metrics import GpuBusySampler, RunMetrics, StageTimeline
 from dice_ray.cluster.pipeline import Flight, StepPipeline, staleness_stats, verify_items
 from dice_ray.cluster.rollout import ROLLOUT_MAX_RESTARTS, GroupRollout, RolloutWorker, tasks_of
-from dice_ray.cluster.scheduler import NAMESPACE, SCHEDULER_NAME, PhaseSchedulerActor, PromptRequest
+from dice_ray.cluster.scheduler import NAMESPACE, SCHEDULER_NAME, PhaseSchedulerActor, PromptRequest, StepPlan
 from dice_ray.cluster.storage import CheckpointStore, run_store_url
 from dice_ray.cluster.verifier_pool import POOL_NAME, VerifierPool
 from dice_ray.cluster.weight_sync import WeightSync, resolve_mode
 from dice_ray.config import DEEPSPEED_OPS_DIR, DiceConfig, load_config
 from dice_ray.report import STOPPED_FILE, plot_curves, read_metrics
 from dice_ray.rl.advantages import group_advantages
-from dice_ray.tasks.loaders import load_tasks, split_tasks
-from dice_ray.tasks.prompts import can_infill
+from dice_ray.tasks.loaders import load_tasks, phase_pool, select_tasks, split_tasks
+from dice_ray.tasks.prompts import infill_blocker
 from dice_ray.verify.verifier import AUTO_GPU_WORKERS
 
 COLUMNS = [
@@ -156,6 +158,40 @@ def describe_heldout(out: dict) -> str:
     return "; ".join(parts) or "no eligible task"
 
 
+#: seed bases of the evaluations' samples (prompt i: base + i), apart from the training seeds
+#: (``rl.seed * 1_000_003 + step * 1000 + i``)
+HELDOUT_SEED, TRAIN_EVAL_SEED = 7919, 104_729
+
+
+def spread(items: list, k: int) -> list:
+    """``k`` items spread evenly over ``items`` (all of them when there are at most ``k``), first and last included."""
+    if len(items) <= k:
+        return list(items)
+    return [items[round(i * (len(items) - 1) / max(k - 1, 1))] for i in range(k)]
+
+
+def eval_figures(groups: list[GroupRollout], verdicts: list, tasks: dict) -> dict:
+    """Figures of an evaluation's samples: :func:`rates`, ``tasks``, ``compile_only`` (no verdict measured more than
+    compiling) and ``computes``: the share of the rewarded candidates whose kernels match their task's solution up to
+    names (:func:`dice_ray.eval.kernel_match.computes`: not an empty or trivial kernel paid by a compile-only proxy),
+    None when none was rewarded."""
+    from dice_ray.eval.kernel_match import computes
+
+    flat = [(g, c) for g in groups for c in g.candidates]
+    rewarded = [(g, c) for (g, c), v in zip(flat, verdicts) if v.reward > 0]
+    match = [computes(c, tasks[g.request.task_id]) for g, c in rewarded]
+    return {**rates(verdicts), "tasks": len(groups),
+            "compile_only": bool(verdicts) and all(v.mode == "compile_only" for v in verdicts),
+            "computes": sum(match) / len(match) if match else None}
+
+
+def describe_train_eval(out: dict) -> str:
+    """One line from :meth:`Trainer.train_eval`, e.g. ``infill: reward 0.62 over 32 candidates (8 tasks), 66% compile;
+    e2e: ...``."""
+    return "; ".join(f"{phase}: reward {f['reward_mean']:.3f} over {f['candidates']} candidates ({f['tasks']} tasks), "
+                     f"{f['compile_rate']:.0%} compile" for phase, f in out.items()) or "no task"
+
+
 def describe_summary(summary: dict) -> str:
     """Two lines for the console from the run's summary (what ``summary.json`` holds; the held-out lines are
     printed before it), e.g. ``10 steps (phases infill, ramp, e2e), 332.9 s with the warm start and held-out
@@ -187,10 +223,26 @@ def describe_summary(summary: dict) -> str:
         f"{pct(final.get('cheat_rate'))}, speedup {'n/a' if speedup is None else f'{speedup:.2f}x'}; "
         f"{summary.get('groups_dropped_total', 0)} groups dropped (all rewards equal: no advantage)",
     ]
+    learned = describe_learning(summary.get("train_start"), summary.get("train_end"))
+    if learned:
+        lines.append(learned)
     verdicts = final.get("verdicts")
-    if verdicts:  # a third line: what the rates above are made of
+    if verdicts:  # a last line: what the rates above are made of
         lines.append("last step's verdicts: " + ", ".join(f"{k} {n}" for k, n in sorted(verdicts.items(), key=lambda kv: -kv[1])))
     return "\n".join(lines)
+
+
+def describe_learning(start: dict | None, end: dict | None) -> str | None:
+    """One line on the reward of the fixed training prompts at the run's start and end, each phase (None without
+    both evaluations), e.g. ``training prompts, reward at start -> end: infill 0.41 -> 0.62 (up), e2e 0.12 -> 0.30
+    (up)``."""
+    if not start or not end:
+        return None
+    parts = []
+    for phase in (p for p in ("infill", "e2e") if p in start and p in end):
+        a, b = start[phase]["reward_mean"], end[phase]["reward_mean"]
+        parts.append(f"{phase} {a:.3f} -> {b:.3f} ({'up' if b > a else 'down' if b < a else 'same'})")
+    return "training prompts, reward at start -> end: " + ", ".join(parts) if parts else None
 
 
 def correct_rate(verdicts: list) -> float | None:
@@ -201,29 +253,62 @@ def correct_rate(verdicts: list) -> float | None:
     return sum(bool(v.correct) for v in measured) / len(measured) if measured else None
 
 
-def step_record(step: int, phase: str, frac: float, groups: list[GroupRollout], verdicts: list, dropped: int) -> dict:
-    """Per-step figures from verdicts: reward mean/std, compile / correct / cheat rates, speedup geomean."""
-    rewards = [v.reward for v in verdicts]
-    n = max(len(verdicts), 1)
+def speedup_geomean(verdicts: list) -> float | None:
+    """Geometric mean of the measured speedups of the correct verdicts; None when there is none."""
     speedups = [v.speedup for v in verdicts if v.correct and v.speedup and v.speedup > 0]
+    return math.exp(statistics.fmean(math.log(s) for s in speedups)) if speedups else None
+
+
+def rates(verdicts: list) -> dict:
+    """``candidates``, ``reward_mean``, ``compile_rate``, ``correct_rate`` (:func:`correct_rate`) and
+    ``speedup_geomean`` (:func:`speedup_geomean`) of verdicts."""
+    n = max(len(verdicts), 1)
+    return {"candidates": len(verdicts), "reward_mean": sum(v.reward for v in verdicts) / n,
+            "compile_rate": sum(v.compiled for v in verdicts) / n, "correct_rate": correct_rate(verdicts),
+            "speedup_geomean": speedup_geomean(verdicts)}
+
+
+def by_phase(groups: list[GroupRollout], verdicts: list) -> dict:
+    """Figures of each phase's prompts in a step: ``{phase: {"prompts", "candidates", "reward_mean", "compile_rate",
+    "correct_rate"}}`` for the phases the step sampled (verdicts in group order, one a candidate). The phase
+    scheduler's gate reads them."""
+    out: dict[str, dict] = {}
+    start = 0
+    for g in groups:
+        end = start + len(g.candidates)
+        entry = out.setdefault(g.request.phase, {"prompts": 0, "verdicts": []})
+        entry["prompts"] += 1
+        entry["verdicts"] += verdicts[start:end]
+        start = end
+    return {phase: {"prompts": e["prompts"], **rates(e["verdicts"])} for phase, e in out.items()}
+
+
+def step_record(plan: StepPlan, groups: list[GroupRollout], verdicts: list, dropped: int) -> dict:
+    """Per-step figures from verdicts: reward mean/std, compile / correct / cheat rates, speedup geomean, the
+    prompts of each phase (``prompts_infill``, ``prompts_e2e``; ``infill_fraction`` is the share actually sampled,
+    ``infill_target`` the curriculum's), each phase's figures (:func:`by_phase`) and the curriculum's decision."""
+    rewards = [v.reward for v in verdicts]
     counts: dict[str, int] = {}
     for v in verdicts:
         counts[v.verdict] = counts.get(v.verdict, 0) + 1
+    decision = asdict(plan.decision) if plan.decision is not None else None
     return {
-        "step": step,
-        "phase": phase,
-        "infill_fraction": frac,
-        "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+        "step": plan.step,
+        "phase": plan.stage,
+        "infill_fraction": plan.infill_fraction,
+        "infill_target": plan.infill_target,
+        "prompts_infill": sum(r.phase == "infill" for r in plan.requests),
+        "prompts_e2e": sum(r.phase == "e2e" for r in plan.requests),
+        **rates(verdicts),  # candidates, reward_mean, compile_rate, correct_rate, speedup_geomean
         "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-        "compile_rate": sum(v.compiled for v in verdicts) / n,
-        "correct_rate": correct_rate(verdicts),
-        "cheat_rate": counts.get("cheat", 0) / n,
-        "speedup_geomean": math.exp(statistics.fmean(math.log(s) for s in speedups)) if speedups else None,
+        "cheat_rate": counts.get("cheat", 0) / max(len(verdicts), 1),
         "verdicts": counts,
-        "candidates": len(verdicts),
         "groups": len(groups),
         "groups_dropped": dropped,
         "verifier_mode": verdicts[0].mode if verdicts else None,
+        "by_phase": by_phase(groups, verdicts),
+        "phase_decision": decision,
+        "gate_figure": decision.get("value") if decision else None,
     }
 
 
@@ -253,7 +338,7 @@ class Trainer:
         cfg, con = self.cfg, self.console
         # the tasks first, then Ray: a bad tasks.spec or address fails before a run folder exists
         report = load_tasks(cfg.tasks.spec, max_input_elements=cfg.tasks.max_input_elements)
-        tasks = report.tasks[: cfg.tasks.max_tasks]  # None: all
+        tasks = select_tasks(report.tasks, cfg.tasks.max_tasks, cfg.tasks.solution_variants)
         if not tasks:
             raise ValueError(f"tasks.spec={cfg.tasks.spec!r}: no task accepted ({report.summary()}): "
                              + "; ".join(report.rejection_lines(5)))
@@ -277,10 +362,6 @@ class Trainer:
             raise ValueError("cluster.fused_kernels='liger' needs a GPU learner, and this Ray cluster has no GPU "
                              "(Liger's Triton kernels run on CUDA only): set fused_kernels to 'auto' or 'none'")
         self.metrics = RunMetrics(self.run_dir.name)
-        self.scheduler = PhaseSchedulerActor.options(name=SCHEDULER_NAME, namespace=NAMESPACE).remote(
-            [(t.task_id, t.level, t.solution_format == "fast" and can_infill(t, cfg.phase.scaffold_granularity))
-             for t in self.train_tasks], cfg.phase, cfg.rl.prompts_per_step, cfg.rl.seed, bool(self.resume)
-        )
         n_verifiers = cfg.cluster.num_verifiers or (gpus if gpus else 2)
         gpus_per_verifier = cfg.cluster.verifier_gpus if gpus and cfg.verify.mode != "compile_only" else 0.0
         # a call's own stage limits, plus waiting for the GPU gate behind the actor's other workers
@@ -299,6 +380,11 @@ class Trainer:
             )
             for _ in range(cfg.cluster.num_rollout_workers)
         ]
+        self.pools = self._phase_pools()
+        self.scheduler = PhaseSchedulerActor.options(name=SCHEDULER_NAME, namespace=NAMESPACE).remote(
+            [(t.task_id, t.level) for t in self.pools["infill"]], [(t.task_id, t.level) for t in self.pools["e2e"]],
+            cfg.phase, cfg.rl.prompts_per_step, cfg.rl.seed, cfg.rl.max_staleness, bool(self.resume)
+        )
         use_gpu = bool(gpus and cfg.cluster.learner_gpus)
         ranks = cfg.cluster.learner_ranks
         self.learner = LearnerGroup(cfg, use_gpu, max(1, threads // ranks) if threads else 0, learner_env(use_gpu))
@@ -329,10 +415,44 @@ class Trainer:
             con.print(f"[bold]learner[/] {describe_learner(info)}")
         self._sync_weights()
 
+    def _phase_pools(self) -> dict[str, list]:
+        """The training tasks each phase draws from (:func:`~dice_ray.tasks.loaders.phase_pool`); a task of the
+        infilling set that cannot be infilled (no solution, nothing to cut) is left out and counted here, once, by
+        reason."""
+        gran = self.cfg.phase.scaffold_granularity
+        candidates = {"infill": phase_pool(self.train_tasks, "infill"), "e2e": phase_pool(self.train_tasks, "e2e")}
+        blocked = {t.task_id: infill_blocker(t, gran) for t in candidates["infill"]}
+        candidates["infill"] = [t for t in candidates["infill"] if blocked[t.task_id] is None]
+        self.unfit = self._unfit({**candidates, "held-out": self.heldout[: self.cfg.eval.heldout_tasks]})
+        pools = {phase: [t for t in tasks if (t.task_id, phase) not in self.unfit] for phase, tasks in candidates.items()}
+        split = len(blocked) < len(self.train_tasks) or len(candidates["e2e"]) < len(self.train_tasks)
+        line = (f"[bold]phases[/] infilling: {len(pools['infill'])} of {len(blocked)} tasks (scaffold granularity {gran}); "
+                f"end-to-end: {len(pools['e2e'])} of {len(candidates['e2e'])} tasks"
+                + (" (each phase from its own task set)" if split else ""))
+        self.console.print(line)
+        reasons = Counter(r for r in blocked.values() if r is not None)
+        reasons.update(f"the {phase} prompt and sampling.max_new_tokens={self.cfg.sampling.max_new_tokens} exceed "
+                       f"model.max_position_embeddings={self.cfg.model.max_position_embeddings}"
+                       for _, phase in self.unfit)
+        for reason, n in reasons.most_common():
+            self.console.print(f"  left out: {n} task(s): {escape(reason)}", highlight=False)
+        return pools
+
+    def _unfit(self, tasks: dict[str, list]) -> set[tuple[str, str]]:
+        """``(task_id, phase)`` of the prompts whose context (measured by a rollout worker, with the policy's tokenizer)
+        and ``sampling.max_new_tokens`` more would not fit ``model.max_position_embeddings``; ``tasks`` maps a phase
+        (``held-out``: both phases) to its tasks."""
+        items = [(t, phase) for key, ts in tasks.items() for t in ts
+                 for phase in ((key,) if key in ("infill", "e2e") else ("infill", "e2e"))
+                 if phase == "e2e" or infill_blocker(t, self.cfg.phase.scaffold_granularity) is None]
+        room = self.cfg.model.max_position_embeddings - self.cfg.sampling.max_new_tokens
+        lengths = ray.get(self.rollout_workers[0].context_tokens.remote(items)) if items else []
+        return {(t.task_id, phase) for (t, phase), n in zip(items, lengths) if n > room}
+
     def _warm_start(self) -> bool:
         """Masked-diffusion SFT of the learner's policy on the training tasks' reference solutions; returns whether it
         ran (and so waited for the learner actor to start)."""
-        from dice_ray.tasks.prompts import sft_pairs
+        from dice_ray.tasks.prompts import training_pairs
 
         cfg, con = self.cfg, self.console
         if cfg.model.path:
@@ -340,7 +460,8 @@ class Trainer:
             return False
         if not cfg.sft.enabled:
             return False
-        pairs = [p for t in self.train_tasks if t.solution_src for p in sft_pairs(t, cfg.tasks.prompt_template)]
+        pairs, _ = training_pairs(self.train_tasks, cfg.tasks.prompt_template, cfg.model.family,
+                                  cfg.phase.scaffold_granularity)
         if not pairs:
             con.print("[bold]warm start[/] skipped: no training task has a reference solution to learn from")
             return False
@@ -375,7 +496,8 @@ class Trainer:
             metrics.write_text("".join(json.dumps(r) + "\n" for r in kept))
         sched = state["schedule"]
         self.console.print(f"[bold]resumed[/] from {state_path.parent} at step {self.start_step} (the scheduler at "
-                           f"step {sched.get('step')}, epoch {sched.get('epoch')}, task position {sched.get('position')})")
+                           f"step {sched.get('step')}, phase {sched.get('phase')}, infill fraction "
+                           f"{sched.get('infill_fraction')})")
 
     # ---- one RL step, stage by stage -----------------------------------------------------------------
     # rollout and verification of the RL steps go through self.pipeline (StepPipeline: ahead of the
@@ -399,7 +521,7 @@ class Trainer:
             for i, grp in enumerate(groups)
             if adv.keep[i]
         ]
-        if not batch:
+        if not batch or not self.cfg.rl.update_policy:  # nothing to learn from, or the control arm: no update
             return None, adv.num_dropped
         return self.pipeline.submit("learn", [self.learner.train_step.remote(batch)], start=t0), adv.num_dropped
 
@@ -421,7 +543,9 @@ class Trainer:
         instead of the scheduler's own, when batches were drawn ahead of the learner)."""
         tag = f"step_{step:06d}"
         ray.get(self.learner.save.remote(str(self.ckpt_dir), tag))
-        schedule = schedule if schedule is not None else ray.get(self.scheduler.get_state.remote())
+        now = ray.get(self.scheduler.get_state.remote())
+        # a batch drawn ahead is drawn again on resume (its state before the draw), with every figure seen so far
+        schedule = {**schedule, "figures": now["figures"]} if schedule is not None else now
         state = {"step": step, "schedule": schedule, "time": time.time()}
         (self.ckpt_dir / tag / "state.json").write_text(json.dumps(state, indent=1))  # the completeness marker, last
         keep_local = self.cfg.keep_checkpoints
@@ -455,7 +579,9 @@ class Trainer:
         t0 = time.perf_counter()
         pipe = self.pipeline
         batch = pipe.take(self.weights_version)
-        step, frac, phase = batch.step, batch.infill_fraction, batch.phase
+        step, phase = batch.step, batch.plan.stage
+        if batch.plan.decision is not None:
+            self._print_decision(batch.plan.decision)
         show(f"step {step} {phase}: rollout")
         groups = pipe.groups(batch)
         show(f"step {step} {phase}: verify {sum(len(g.candidates) for g in groups)}")
@@ -470,7 +596,8 @@ class Trainer:
         sync = self._sync_weights(wait=not self.queued_sync)
         sync_s = sync["seconds"]
         self.timeline.add("sync", t_sync, time.perf_counter())
-        rec = step_record(step, phase, frac, groups, verdicts, dropped)
+        rec = step_record(batch.plan, groups, verdicts, dropped)
+        self.scheduler.report.remote(rec)  # before the checkpoint: its curriculum state holds this step's figures
         pool = ray.get(self.pool.status.remote())
         rollout_s, verify_s = batch.rollout.seconds, batch.verify.seconds
         rec.update(
@@ -499,43 +626,54 @@ class Trainer:
         return rec
 
     def record(self, rec: dict) -> None:
-        """Append the step to metrics.jsonl, export it to Ray metrics and the scheduler, print its row."""
+        """Append the step to metrics.jsonl, export it to Ray metrics, print its row (the scheduler has it already:
+        :meth:`train_step` posts it before the checkpoint)."""
         with (self.run_dir / "metrics.jsonl").open("a") as f:
             f.write(json.dumps(rec) + "\n")
         self.metrics.publish(rec)
-        self.scheduler.report.remote(rec)
         self._print_row(rec)
 
-    # ---- held-out report -----------------------------------------------------------------------------
+    # ---- evaluations at the start and the end ----------------------------------------------------------
     def heldout_eval(self, when: str) -> dict | None:
-        """Compile (and, on GPUs, correct) rates of samples on held-out tasks, per phase."""
+        """Compile (and, on GPUs, correct) rates of samples on held-out tasks, per phase (None: no held-out task)."""
         tasks = self.heldout[: self.cfg.eval.heldout_tasks]
         if not tasks:
             return None
-        out = {}
+        gran = self.cfg.phase.scaffold_granularity
+        pools = {"infill": [t for t in tasks if infill_blocker(t, gran) is None and (t.task_id, "infill") not in self.unfit],
+                 "e2e": [t for t in tasks if (t.task_id, "e2e") not in self.unfit]}
         with waiting(self.console, f"held-out ({when}): sampling and verifying {len(tasks)} task(s)"):
-            for phase in ("infill", "e2e"):
-                out.update(self._heldout_phase(when, phase, tasks))
+            out = self._evaluate(f"eval-{when}", pools, HELDOUT_SEED, self.cfg.eval.heldout_samples)
         self.console.print(f"[bold]held-out ({when})[/] {describe_heldout(out)}")
         return out
 
-    def _heldout_phase(self, when: str, phase: str, tasks: list) -> dict:
-        """``{phase: rates}`` of :meth:`heldout_eval` for one phase (empty when no task is eligible)."""
-        eligible = [t for t in tasks if phase == "e2e" or t.solution_format == "fast"]
-        if not eligible:
-            return {}
-        reqs = [PromptRequest(f"eval-{when}-{phase}-{i}", t.task_id, phase, 7919 + i) for i, t in enumerate(eligible)]
-        n = len(self.rollout_workers)
-        refs = [w.generate.remote(reqs[i::n], self.cfg.eval.samples, tasks_of(reqs[i::n], self.tasks))
-                for i, w in enumerate(self.rollout_workers) if reqs[i::n]]
-        verdicts = self.verify([g for part in ray.get(refs) for g in part])
-        return {phase: {
-            "candidates": len(verdicts),
-            "tasks": len(eligible),
-            "compile_rate": sum(v.compiled for v in verdicts) / max(len(verdicts), 1),
-            "correct_rate": correct_rate(verdicts),
-            "compile_only": bool(verdicts) and all(v.mode == "compile_only" for v in verdicts),
-        }}
+    def train_eval(self, when: str) -> dict | None:
+        """The reward on a fixed set of training prompts, per phase: ``eval.train_tasks`` tasks of each phase's pool
+        (spread over it in curriculum order), ``eval.samples`` samples each, seeds fixed and apart from the training
+        ones, so the start and the end (and two runs from one warm start) sample the same prompts with the same
+        seeds. None with ``eval.train_tasks=0``."""
+        k = self.cfg.eval.train_tasks
+        if not k:
+            return None
+        pools = {phase: spread(sorted(pool, key=lambda t: (t.level, t.task_id)), k) for phase, pool in self.pools.items()}
+        with waiting(self.console, f"training prompts ({when}): sampling and verifying"):
+            out = self._evaluate(f"train-{when}", pools, TRAIN_EVAL_SEED, self.cfg.eval.samples)
+        self.console.print(f"[bold]training prompts ({when})[/] {describe_train_eval(out)}")
+        return out
+
+    def _evaluate(self, tag: str, pools: dict[str, list], seed: int, samples: int) -> dict:
+        """``{phase: figures}`` of ``samples`` samples a task of each phase's tasks (:func:`eval_figures`)."""
+        out = {}
+        for phase, tasks in pools.items():
+            if not tasks:
+                continue
+            reqs = [PromptRequest(f"{tag}-{phase}-{i}", t.task_id, phase, seed + i) for i, t in enumerate(tasks)]
+            n = len(self.rollout_workers)
+            refs = [w.generate.remote(reqs[i::n], samples, tasks_of(reqs[i::n], self.tasks))
+                    for i, w in enumerate(self.rollout_workers) if reqs[i::n]]
+            groups = [g for part in ray.get(refs) for g in part]
+            out[phase] = eval_figures(groups, self.verify(groups), self.tasks)
+        return out
 
     # ---- the loop --------------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -543,7 +681,7 @@ class Trainer:
         cfg, con = self.cfg, self.console
         t_run = time.perf_counter()
         self.setup()
-        heldout_start = self._previous_summary().get("heldout_start") if self.resume else self.heldout_eval("start")
+        start = self._start_evaluations()
         self._start_pipeline()
         self._print_header()
         with Progress(
@@ -556,8 +694,8 @@ class Trainer:
                 self.record(rec)
                 bar.update(job, advance=1, description="")
         self.gpu_sampler.stop()
-        heldout_end = self.heldout_eval("end")
-        return self._finish(t_run, heldout_start, heldout_end)
+        end = {"train_end": self.train_eval("end"), "heldout_end": self.heldout_eval("end")}
+        return self._finish(t_run, {**start, **end})
 
     def _start_pipeline(self) -> None:
         """The loop's step pipeline (``rl.max_staleness``), stage timeline and GPU busy sampler.
@@ -586,11 +724,17 @@ class Trainer:
         gpus = "NVML, this node" if self.gpu_sampler.read is not None else "no GPU seen"
         self.console.print(f"[bold]pipeline[/] {mode}; GPU busy share: {gpus}")
 
-    def _previous_summary(self) -> dict:
-        path = self.run_dir / "summary.json"
-        return json.loads(path.read_text()) if path.exists() else {}
+    def _start_evaluations(self) -> dict:
+        """``train_start`` and ``heldout_start``: evaluated now and kept in ``START_EVAL_FILE``, or, resuming, read
+        back from there (they belong to the run's first session)."""
+        path = self.run_dir / START_EVAL_FILE
+        if self.resume:
+            return json.loads(path.read_text()) if path.exists() else {"train_start": None, "heldout_start": None}
+        start = {"train_start": self.train_eval("start"), "heldout_start": self.heldout_eval("start")}
+        path.write_text(json.dumps(start, indent=1))
+        return start
 
-    def _finish(self, t_run: float, heldout_start: dict | None, heldout_end: dict | None) -> dict:
+    def _finish(self, t_run: float, evaluations: dict) -> dict:
         records = read_metrics(self.run_dir)
         plot = plot_curves(records, self.run_dir / "curves.png", title=f"dice-ray {self.run_dir.name}")
         phases = list(dict.fromkeys(r["phase"] for r in records))  # in the order the curriculum reached them
@@ -604,8 +748,7 @@ class Trainer:
                                                      "verdicts")} if records else {},
             "reward_mean_first_last": [records[0]["reward_mean"], records[-1]["reward_mean"]] if records else None,
             "groups_dropped_total": sum(r["groups_dropped"] for r in records),
-            "heldout_start": heldout_start,
-            "heldout_end": heldout_end,
+            **evaluations,  # train_start / train_end (reward on training prompts), heldout_start / heldout_end
             "seconds": time.perf_counter() - t_run,
             "checkpoints": self.store.url if self.store is not None else str(self.ckpt_dir),
             "metrics": str(self.run_dir / "metrics.jsonl"),
@@ -622,6 +765,11 @@ class Trainer:
                   + f"--model {self.run_dir}); a Markdown summary and "
                   f"plots: dice-ray report {self.run_dir}")
         return summary
+
+    def _print_decision(self, decision) -> None:
+        """One line a curriculum decision (:class:`~dice_ray.cluster.scheduler.Decision`), with its figure."""
+        self.console.print(f"[bold]curriculum[/] step {decision.step}: {decision.action}, infill fraction "
+                           f"{decision.infill_fraction:.2f}: {escape(decision.reason)}", highlight=False)
 
     def _print_header(self) -> None:
         self.console.print(" ".join(f"{name:>{w}}" for name, w, _ in COLUMNS), style="bold")
@@ -650,9 +798,12 @@ class Trainer:
                 ray.get(pool.close.remote(), timeout=60)
             except Exception:  # noqa: BLE001 - shutting down: the kill below still happens
                 pass
-        for h in [pool, getattr(self, "scheduler", None)]:
+        for h in [pool, getattr(self, "scheduler", None), *getattr(self, "rollout_workers", [])]:
             if h is not None:
                 ray.kill(h)
+        learner = getattr(self, "learner", None)
+        if learner is not None:  # a driver that runs several trainers (benchmarks/learning.py) frees their CPUs / GPUs
+            learner.shutdown()
 
 
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
@@ -683,6 +834,9 @@ def waiting(console: Console, what: str) -> Iterator[None]:
         console.print(f"{what} ...")
         yield
 
+
+#: the start evaluations of a run (training prompts, held-out tasks), kept for the summary of a resumed run
+START_EVAL_FILE = "eval_start.json"
 
 #: what a folder holds once a run used it (a second run there would append to its metrics, overwrite its config and
 #: rotate its checkpoints away)

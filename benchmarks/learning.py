@@ -1,0 +1,235 @@
+"""Does the RL teach? The same RL run with learning on (arm ``rl``) and off (arm ``control``), from one warm start.
+
+Issue 40: "from one warm start, runs the same RL config with learning on (arm ``rl``) and with learning off (arm
+``control``: same sampling, verification and schedule, no parameter update), for 3 seeds each". Each run is a real
+``dice-ray train`` (:class:`~dice_ray.cluster.trainer.Trainer`: the Ray actors, the verifier pool, the DeepSpeed
+learner) on the preset of ``--device`` (``configs/learning-cpu.yaml``: compile-only reward on CPU;
+``configs/learning-gpu.yaml``: correctness and speedup measured on a GPU), all in one local Ray cluster. The
+warm start is shared: ``sft.seed`` is fixed, so the first run trains it and the others load it from the SFT
+cache; the RL seed (``rl.seed``: the prompts' order and the samples) changes with ``--seeds``. The control arm
+sets ``rl.update_policy=false``: it samples, verifies and walks the curriculum as the ``rl`` arm does, and never
+takes a learner step. The presets use the fixed schedule (``phase.schedule=fixed``), so both arms of a seed draw the
+same prompts with the same seeds at every step (the gated schedule reads figures, which differ by arm).
+
+For each run: ``reward_start`` / ``reward_end``, the mean reward on a fixed evaluation set of training prompts,
+both phases (``eval.train_tasks`` tasks a phase, sampled with fixed seeds apart from the training ones, before
+the first step and after the last: the trainer's ``train_start`` / ``train_end``); ``heldout_start`` /
+``heldout_end``, the held-out compile rate (correct rate on a GPU) over both phases; ``curve``, the per-step
+training reward; ``computes_end``: the share of the rewarded evaluation samples at the end whose kernels match
+their task's solution up to names (:mod:`dice_ray.eval.kernel_match`: not an empty or trivial kernel paid by the
+compile-only proxy); ``speedup_start`` / ``speedup_end``, the speedup geomean of the correct evaluation samples
+(GPU). The targets are checked and printed (exit status 1 when one is missed); ``--json`` prints one JSON object
+``{"arms": {"rl": [...], "control": [...]}, ...}`` on stdout; a PNG of both arms' curves and evaluations is
+written to ``OUT/learning.png``.
+
+    python benchmarks/learning.py --device cpu --json                 # 3 seeds x 2 arms, compile-only reward
+    python benchmarks/learning.py --device cuda --speedup-variants    # GPU: the slower built-in variants in the
+                                                                      # warm start, speedups measured
+    python benchmarks/learning.py --seeds 0 rl.steps=6                # one seed, a config override
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = {"cpu": ROOT / "configs" / "learning-cpu.yaml", "cuda": ROOT / "configs" / "learning-gpu.yaml"}
+ARMS = ("rl", "control")
+#: CPU targets of issue 40: the rl arm's rise on every seed, the control arm's drift, the held-out rate's rise
+TARGETS = {"rl_rise": 0.15, "control_drift": 0.05, "heldout_ratio": 1.5, "wall_s": 30 * 60}
+
+
+def arm_overrides(arm: str, seed: int, out: Path, device: str, variants: bool) -> list[str]:
+    """The ``dice-ray train`` overrides of one run: its arm, RL seed and run folder (and, with ``variants``, the
+    built-in suite's slower solution variants in the warm start)."""
+    over = [f"rl.seed={seed}", f"rl.update_policy={'true' if arm == 'rl' else 'false'}", f"run_dir={out}",
+            f"run_name={arm}-seed{seed}"]
+    if device == "cpu":
+        over.append("verify.mode=compile_only")
+    if variants:
+        over.append("tasks.solution_variants=true")
+    return over
+
+
+def pooled(figures: dict | None, key: str) -> float | None:
+    """The mean of ``key`` over an evaluation's phases, weighted by their candidates (None without figures)."""
+    parts = [(f["candidates"], f[key]) for f in (figures or {}).values() if f.get(key) is not None and f["candidates"]]
+    total = sum(n for n, _ in parts)
+    return sum(n * v for n, v in parts) / total if total else None
+
+
+def run_entry(summary: dict, records: list[dict], device: str) -> dict:
+    """One seed's entry of an arm from its run's summary and step records (see the module docstring)."""
+    heldout_key = "correct_rate" if device == "cuda" else "compile_rate"
+    return {
+        "reward_start": pooled(summary.get("train_start"), "reward_mean"),
+        "reward_end": pooled(summary.get("train_end"), "reward_mean"),
+        "by_phase": {when: {phase: round(f["reward_mean"], 4) for phase, f in (summary.get(f"train_{when}") or {}).items()}
+                     for when in ("start", "end")},
+        "heldout_start": pooled(summary.get("heldout_start"), heldout_key),
+        "heldout_end": pooled(summary.get("heldout_end"), heldout_key),
+        "computes_end": pooled(summary.get("train_end"), "computes"),
+        "speedup_start": pooled(summary.get("train_start"), "speedup_geomean"),
+        "speedup_end": pooled(summary.get("train_end"), "speedup_geomean"),
+        "curve": [r["reward_mean"] for r in records],
+        "phases": [r["phase"] for r in records],
+        "seconds": summary.get("seconds"),
+        "run_dir": summary.get("run_dir"),
+    }
+
+
+def check_targets(result: dict) -> list[tuple[str, bool, str]]:
+    """``(target, met, detail)`` of the CPU targets: every seed's ``rl`` rise, ``control`` drift and held-out rise,
+    and the wall time of all runs."""
+    out = []
+    for i, e in enumerate(result["arms"]["rl"]):
+        rise = e["reward_end"] - e["reward_start"]
+        out.append((f"rl seed {i}: reward_end - reward_start >= {TARGETS['rl_rise']}", rise >= TARGETS["rl_rise"],
+                    f"{e['reward_start']:.3f} -> {e['reward_end']:.3f} ({rise:+.3f})"))
+        a, b = e["heldout_start"], e["heldout_end"]
+        ok = a is not None and b is not None and b > 0 and b >= TARGETS["heldout_ratio"] * a
+        out.append((f"rl seed {i}: held-out end > 0 and >= {TARGETS['heldout_ratio']}x start", ok,
+                    f"{a if a is None else round(a, 3)} -> {b if b is None else round(b, 3)}"))
+    for i, e in enumerate(result["arms"]["control"]):
+        drift = e["reward_end"] - e["reward_start"]
+        out.append((f"control seed {i}: |reward_end - reward_start| < {TARGETS['control_drift']}",
+                    abs(drift) < TARGETS["control_drift"], f"{e['reward_start']:.3f} -> {e['reward_end']:.3f} ({drift:+.3f})"))
+    out.append((f"wall time of all runs < {TARGETS['wall_s'] / 60:.0f} min", result["seconds"] < TARGETS["wall_s"],
+                f"{result['seconds']:.0f} s"))
+    return out
+
+
+#: steps of the rolling mean drawn over each training-reward curve (a step's reward moves with its task mix)
+SMOOTH = 8
+
+
+def rolling_mean(values: list[float], window: int) -> list[float]:
+    """The mean of each value and the ``window - 1`` before it (fewer at the start)."""
+    return [sum(values[max(0, i - window + 1): i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
+
+
+def plot(result: dict, path: Path) -> Path:
+    """Both arms' per-step training reward (one line a seed) and their evaluations at start and end."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    colours = {"rl": "tab:blue", "control": "tab:grey"}
+    for arm, entries in result["arms"].items():
+        for i, e in enumerate(entries):
+            ax1.plot(e["curve"], color=colours[arm], alpha=0.2, linewidth=0.8)
+            ax1.plot(rolling_mean(e["curve"], SMOOTH), color=colours[arm], linewidth=1.6,
+                     label=f"{arm} ({SMOOTH}-step mean)" if i == 0 else None)
+            ax2.plot([0, 1], [e["reward_start"], e["reward_end"]], "o-", color=colours[arm],
+                     label=f"{arm}: training prompts" if i == 0 else None)
+            if e["heldout_start"] is not None and e["heldout_end"] is not None:
+                ax2.plot([0, 1], [e["heldout_start"], e["heldout_end"]], "s--", color=colours[arm], alpha=0.6,
+                         label=f"{arm}: held-out rate" if i == 0 else None)
+    ax1.set(xlabel="RL step", ylabel="mean reward of the step's samples", title="training reward")
+    ax2.set(xticks=[0, 1], xticklabels=["start", "end"], ylabel="reward / rate", title="fixed evaluations")
+    for ax in (ax1, ax2):
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run_all(device: str, seeds: list[int], out: Path, overrides: list[str], variants: bool, log) -> dict:
+    """Every (seed, arm) run in one local Ray cluster; the result object (``arms``, ``seconds``, ...)."""
+    import ray
+
+    from dice_ray.cluster.trainer import Trainer, new_run_dir
+    from dice_ray.config import load_config
+    from dice_ray.report import read_metrics
+
+    t0 = time.perf_counter()
+    out = out / "runs" / time.strftime("%Y%m%d-%H%M%S")  # the run folders of this invocation
+    arms: dict[str, list] = {arm: [] for arm in ARMS}
+    try:
+        for seed in seeds:
+            for arm in ARMS:
+                cfg = load_config(PRESETS[device], overrides + arm_overrides(arm, seed, out, device, variants))
+                log(f"== {arm}, seed {seed} ==")
+                trainer = Trainer(cfg, new_run_dir(cfg))
+                try:
+                    summary = trainer.run()
+                finally:
+                    trainer.shutdown()
+                arms[arm].append(run_entry(summary, read_metrics(Path(summary["run_dir"])), device))
+    finally:
+        ray.shutdown()
+    return {"device": device, "preset": str(PRESETS[device].relative_to(ROOT)), "overrides": overrides,
+            "seeds": seeds, "speedup_variants": variants, "arms": arms, "seconds": time.perf_counter() - t0}
+
+
+def describe(result: dict) -> str:
+    """A table: one row a run, then the targets."""
+    rows = [f"{'arm':8} {'seed':>4} {'reward start':>12} {'end':>6} {'rise':>7} {'held-out':>9} {'end':>6} "
+            f"{'computes':>8} {'speedup':>8} {'end':>6}"]
+    fmt = lambda x, spec=".3f": "n/a" if x is None else format(x, spec)  # noqa: E731
+    for arm, entries in result["arms"].items():
+        for seed, e in zip(result["seeds"], entries):
+            rise = e["reward_end"] - e["reward_start"]
+            rows.append(f"{arm:8} {seed:>4} {fmt(e['reward_start']):>12} {fmt(e['reward_end']):>6} {rise:>+7.3f} "
+                        f"{fmt(e['heldout_start']):>9} {fmt(e['heldout_end']):>6} {fmt(e['computes_end'], '.0%'):>8} "
+                        f"{fmt(e['speedup_start'], '.2f'):>8} {fmt(e['speedup_end'], '.2f'):>6}")
+    rows.append(f"{len(result['seeds']) * len(ARMS)} runs in {result['seconds']:.0f} s")
+    if result["device"] == "cpu":
+        rows += [f"{'met' if ok else 'MISSED':6} {name}: {detail}" for name, ok, detail in check_targets(result)]
+    return "\n".join(rows)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0,1,2"`` -> ``[0, 1, 2]``."""
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds {text!r}: expected comma-separated integers") from None
+    if not seeds or any(s < 0 for s in seeds):
+        raise argparse.ArgumentTypeError(f"--seeds {text!r}: expected one or more integers >= 0")
+    return seeds
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", choices=sorted(PRESETS), default="cpu", help="preset and verifier (default cpu)")
+    ap.add_argument("--seeds", type=parse_seeds, default=[0, 1, 2], help="RL seeds (default 0,1,2)")
+    ap.add_argument("--speedup-variants", action="store_true",
+                    help="warm-start on the built-in slower variants too (tasks.solution_variants): does RL move to the "
+                         "faster kernel? (GPU)")
+    ap.add_argument("--out", type=Path, default=Path("runs/learning"), help="folder of the runs and the PNG")
+    ap.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
+    ap.add_argument("overrides", nargs="*", help="config overrides (key=value) applied to every run")
+    args = ap.parse_args(argv)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("benchmarks/learning.py --device cuda: no GPU visible (torch.cuda.is_available() is False)",
+                  file=sys.stderr)
+            return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    # the runs' consoles go to stderr, so that --json leaves stdout to the result
+    with contextlib.redirect_stdout(sys.stderr):
+        result = run_all(args.device, args.seeds, args.out.resolve(), args.overrides, args.speedup_variants, log)
+    result["plot"] = str(plot(result, args.out / "learning.png"))
+    (args.out / "learning.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result) if args.json else describe(result))
+    if args.json:
+        log(describe(result))
+    missed = [t for t in check_targets(result) if not t[1]] if args.device == "cpu" else []
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
