@@ -14,7 +14,9 @@ same prompts with the same seeds at every step (the gated schedule reads figures
 For each run: ``reward_start`` / ``reward_end``, the mean reward on a fixed evaluation set of training prompts,
 both phases (``eval.train_tasks`` tasks a phase, sampled with fixed seeds apart from the training ones, before
 the first step and after the last: the trainer's ``train_start`` / ``train_end``); ``heldout_start`` /
-``heldout_end``, the held-out compile rate (correct rate on a GPU) over both phases; ``curve``, the per-step
+``heldout_end``, the held-out compile rate (correct rate on a GPU) over both phases; ``heldout_ok_start`` /
+``heldout_ok_end``, the held-out share of verdicts ``ok`` (a candidate can compile and still miss the kernel its
+launch code calls); ``heldout_by_phase``, those rates of each phase; ``curve``, the per-step
 training reward; ``computes_end``: the share of the rewarded evaluation samples at the end whose kernels match
 their task's solution up to names (:mod:`dice_ray.eval.kernel_match`: not an empty or trivial kernel paid by the
 compile-only proxy); ``speedup_start`` / ``speedup_end``, the speedup geomean of the correct evaluation samples
@@ -73,6 +75,11 @@ def run_entry(summary: dict, records: list[dict], device: str) -> dict:
                      for when in ("start", "end")},
         "heldout_start": pooled(summary.get("heldout_start"), heldout_key),
         "heldout_end": pooled(summary.get("heldout_end"), heldout_key),
+        "heldout_ok_start": pooled(summary.get("heldout_start"), "ok_rate"),
+        "heldout_ok_end": pooled(summary.get("heldout_end"), "ok_rate"),
+        "heldout_by_phase": {when: {phase: {k: f.get(k) for k in ("compile_rate", "ok_rate", "correct_rate")}
+                                    for phase, f in (summary.get(f"heldout_{when}") or {}).items()}
+                             for when in ("start", "end")},
         "computes_end": pooled(summary.get("train_end"), "computes"),
         "speedup_start": pooled(summary.get("train_start"), "speedup_geomean"),
         "speedup_end": pooled(summary.get("train_end"), "speedup_geomean"),
@@ -174,13 +181,14 @@ def run_all(device: str, seeds: list[int], out: Path, overrides: list[str], vari
 def describe(result: dict) -> str:
     """A table: one row a run, then the targets."""
     rows = [f"{'arm':8} {'seed':>4} {'reward start':>12} {'end':>6} {'rise':>7} {'held-out':>9} {'end':>6} "
-            f"{'computes':>8} {'speedup':>8} {'end':>6}"]
+            f"{'ok':>6} {'end':>6} {'computes':>8} {'speedup':>8} {'end':>6}"]
     fmt = lambda x, spec=".3f": "n/a" if x is None else format(x, spec)  # noqa: E731
     for arm, entries in result["arms"].items():
         for seed, e in zip(result["seeds"], entries):
             rise = e["reward_end"] - e["reward_start"]
             rows.append(f"{arm:8} {seed:>4} {fmt(e['reward_start']):>12} {fmt(e['reward_end']):>6} {rise:>+7.3f} "
-                        f"{fmt(e['heldout_start']):>9} {fmt(e['heldout_end']):>6} {fmt(e['computes_end'], '.0%'):>8} "
+                        f"{fmt(e['heldout_start']):>9} {fmt(e['heldout_end']):>6} {fmt(e['heldout_ok_start']):>6} "
+                        f"{fmt(e['heldout_ok_end']):>6} {fmt(e['computes_end'], '.0%'):>8} "
                         f"{fmt(e['speedup_start'], '.2f'):>8} {fmt(e['speedup_end'], '.2f'):>6}")
     rows.append(f"{len(result['seeds']) * len(ARMS)} runs in {result['seconds']:.0f} s")
     if result["device"] == "cpu":

@@ -295,6 +295,8 @@ def test_job_submit_then_scale_verifiers_while_it_runs(tmp_path):
         lines = _cli([*dice, "status", "--address", address], env).stdout.splitlines()
         assert len(lines) == 4 and lines[0].startswith("phase ") and lines[1].startswith("curriculum: "), lines
         assert lines[3].startswith("verifier pool: 2 actors (2 serving"), lines
+        if after.get("last_step"):  # a finished step's whole record, its time included (not the pre-checkpoint post)
+            assert isinstance(after["last_step"].get("step_seconds"), float) and " n/a s" not in lines[2], lines
         assert after["verifier_pool"]["size"] == 2 and after["verifier_pool"]["serving"] == 2, after
         assert job_status() == "RUNNING", "the job ended before the pool was scaled: raise rl.steps"
 

@@ -36,9 +36,10 @@ def test_learner_line_says_where_the_weights_came_from_and_how_it_runs():
 
 
 def test_heldout_line_names_each_phase_and_says_when_correctness_was_not_measured():
-    out = {"infill": {"candidates": 8, "tasks": 4, "compile_rate": 0.25, "correct_rate": None, "compile_only": True},
+    out = {"infill": {"candidates": 8, "tasks": 4, "compile_rate": 0.25, "ok_rate": 0.125, "correct_rate": None,
+                      "compile_only": True},
            "e2e": {"candidates": 8, "tasks": 4, "compile_rate": 0.5, "correct_rate": 0.125, "compile_only": False}}
-    assert describe_heldout(out) == ("infill: 8 candidates (4 held-out tasks), 25.0% compile, correctness not measured "
+    assert describe_heldout(out) == ("infill: 8 candidates (4 held-out tasks), 25.0% compile, 12.5% ok, correctness not measured "
                                      "(compile-only verifier); e2e: 8 candidates (4 held-out tasks), 50.0% compile, "
                                      "12.5% correct")
     gpu_none = {"e2e": {"candidates": 8, "compile_rate": 0.0, "correct_rate": None, "compile_only": False}}
@@ -124,13 +125,14 @@ def test_step_record_counts_each_phases_prompts_and_figures():
         return Verdict(candidate_id="c", task_id="t", verdict="ok" if ok else "compile_error", compiled=ok,
                        correct=None, speedup=None, reward=1.0 if ok else 0.0, reason="", mode="compile_only", seconds=0.1)
 
-    verdicts = [v(True), v(True), v(True), v(False), v(False), v(False)]
+    built_but_unlaunchable = v(False).model_copy(update={"compiled": True})  # e.g. unknown-kernel: compiled, not rewarded
+    verdicts = [v(True), v(True), v(True), built_but_unlaunchable, v(False), v(False)]
     decision = Decision(3, "leave-infill", 0.75, "compile_rate 0.8 >= 0.6", "compile_rate", 0.8, 0.6)
     rec = step_record(StepPlan(3, 0.75, "ramp", reqs, decision), groups, verdicts, dropped=1)
     assert (rec["prompts_infill"], rec["prompts_e2e"], rec["infill_target"]) == (2, 1, 0.75)
     assert rec["infill_fraction"] == 2 / 3  # the share actually sampled, not the curriculum's target
-    assert rec["by_phase"]["infill"] == {"prompts": 2, "candidates": 4, "reward_mean": 0.75, "compile_rate": 0.75,
-                                         "correct_rate": None, "speedup_geomean": None}
+    assert rec["by_phase"]["infill"] == {"prompts": 2, "candidates": 4, "reward_mean": 0.75, "compile_rate": 1.0,
+                                         "ok_rate": 0.75, "correct_rate": None, "speedup_geomean": None}
     assert rec["by_phase"]["e2e"]["reward_mean"] == 0.0 and rec["reward_mean"] == 0.5
     assert rec["phase_decision"]["action"] == "leave-infill" and rec["gate_figure"] == 0.8
 

@@ -341,10 +341,16 @@ class PhaseSchedulerActor:
         self.schedule.set_state(state)
         self.restoring = False
 
-    def report(self, metrics: dict) -> None:
-        """The driver posts each step's record here: its figures feed the curriculum; ``dice-ray status`` shows it."""
-        self.schedule.observe(metrics)
-        self.last_report = metrics
+    def observe(self, record: dict) -> None:
+        """A step's figures for the curriculum (:meth:`PhaseSchedule.observe`), posted before its checkpoint so that
+        the checkpoint's curriculum state holds them."""
+        self.schedule.observe(record)
+
+    def report(self, record: dict) -> None:
+        """A finished step's whole record (times included): ``dice-ray status`` shows it; its figures feed the
+        curriculum if :meth:`observe` did not have them yet."""
+        self.schedule.observe(record)
+        self.last_report = record
 
     def status(self) -> dict:
         state = self.schedule.get_state()

@@ -143,7 +143,7 @@ def describe_learner(info: dict) -> str:
 
 def describe_heldout(out: dict) -> str:
     """One line from :meth:`Trainer.heldout_eval`'s ``{phase: {"candidates", "tasks", "compile_rate",
-    "correct_rate", "compile_only"}}``, e.g. ``infill: 8 candidates (4 held-out tasks), 25.0% compile, correctness
+    "ok_rate", "correct_rate", "compile_only"}}``, e.g. ``infill: 8 candidates (4 held-out tasks), 25.0% compile, 12.5% ok, correctness
     not measured (compile-only verifier); e2e: ...`` (``... (nothing compiled)`` on a GPU verifier when no
     candidate compiled)."""
     parts = []
@@ -153,8 +153,9 @@ def describe_heldout(out: dict) -> str:
         said = f"{correct:.1%} correct" if correct is not None else f"correctness not measured ({why})"
         n = fig.get("tasks")
         tasks = f" ({n} held-out task{'' if n == 1 else 's'})" if n else ""
-        parts.append(f"{phase}: {fig.get('candidates')} candidates{tasks}, {fig.get('compile_rate', 0.0):.1%} compile, "
-                     f"{said}")
+        ok = f", {fig['ok_rate']:.1%} ok" if fig.get("ok_rate") is not None else ""  # none in an older run's eval_start.json
+        parts.append(f"{phase}: {fig.get('candidates')} candidates{tasks}, {fig.get('compile_rate', 0.0):.1%} compile"
+                     f"{ok}, {said}")
     return "; ".join(parts) or "no eligible task"
 
 
@@ -260,11 +261,13 @@ def speedup_geomean(verdicts: list) -> float | None:
 
 
 def rates(verdicts: list) -> dict:
-    """``candidates``, ``reward_mean``, ``compile_rate``, ``correct_rate`` (:func:`correct_rate`) and
-    ``speedup_geomean`` (:func:`speedup_geomean`) of verdicts."""
+    """``candidates``, ``reward_mean``, ``compile_rate`` (the module built: its kernels may still miss what the launch
+    code calls), ``ok_rate`` (verdict ``ok``: what a compile-only verifier rewards), ``correct_rate``
+    (:func:`correct_rate`) and ``speedup_geomean`` (:func:`speedup_geomean`) of verdicts."""
     n = max(len(verdicts), 1)
     return {"candidates": len(verdicts), "reward_mean": sum(v.reward for v in verdicts) / n,
-            "compile_rate": sum(v.compiled for v in verdicts) / n, "correct_rate": correct_rate(verdicts),
+            "compile_rate": sum(v.compiled for v in verdicts) / n,
+            "ok_rate": sum(v.verdict == "ok" for v in verdicts) / n, "correct_rate": correct_rate(verdicts),
             "speedup_geomean": speedup_geomean(verdicts)}
 
 
@@ -597,7 +600,7 @@ class Trainer:
         sync_s = sync["seconds"]
         self.timeline.add("sync", t_sync, time.perf_counter())
         rec = step_record(batch.plan, groups, verdicts, dropped)
-        self.scheduler.report.remote(rec)  # before the checkpoint: its curriculum state holds this step's figures
+        self.scheduler.observe.remote(rec)  # before the checkpoint: its curriculum state holds this step's figures
         pool = ray.get(self.pool.status.remote())
         rollout_s, verify_s = batch.rollout.seconds, batch.verify.seconds
         rec.update(
@@ -626,8 +629,10 @@ class Trainer:
         return rec
 
     def record(self, rec: dict) -> None:
-        """Append the step to metrics.jsonl, export it to Ray metrics, print its row (the scheduler has it already:
-        :meth:`train_step` posts it before the checkpoint)."""
+        """Append the step to metrics.jsonl, export it to Ray metrics, print its row, and post the finished record
+        (its times too) to the scheduler for ``dice-ray status`` (:meth:`train_step` posted its figures for the
+        curriculum before the checkpoint)."""
+        self.scheduler.report.remote(rec)
         with (self.run_dir / "metrics.jsonl").open("a") as f:
             f.write(json.dumps(rec) + "\n")
         self.metrics.publish(rec)
@@ -759,16 +764,17 @@ class Trainer:
         con = self.console
         con.print(Rule("summary"), width=min(con.width, 80))  # the log-file console is 160 wide: no wrapped rule
         con.print(describe_summary(summary), highlight=False)
-        con.print(f"[bold]outputs[/] run directory {self.run_dir}: config.yaml, metrics.jsonl, summary.json, curves.png, "
-                  f"checkpoints/ (each with its policy: dice-ray eval --tasks {escape(shlex.quote(self.cfg.tasks.spec))} "
+        con.print(f"[bold]outputs[/] run directory {self.run_dir}: config.yaml, metrics.jsonl, summary.json, eval_start.json, "
+                  f"curves.png, checkpoints/ (each with its policy: dice-ray eval --tasks {escape(shlex.quote(self.cfg.tasks.spec))} "
                   + ("--split heldout " if self.heldout else "")  # the tasks it did not train on
                   + f"--model {self.run_dir}); a Markdown summary and "
                   f"plots: dice-ray report {self.run_dir}")
         return summary
 
     def _print_decision(self, decision) -> None:
-        """One line a curriculum decision (:class:`~dice_ray.cluster.scheduler.Decision`), with its figure."""
-        self.console.print(f"[bold]curriculum[/] step {decision.step}: {decision.action}, infill fraction "
+        """One line a curriculum decision (:class:`~dice_ray.cluster.scheduler.Decision`), with its figure. The target
+        it sets (``infill_target``) is a share of prompts; the table's ``inf.frac`` is the share a step drew."""
+        self.console.print(f"[bold]curriculum[/] step {decision.step}: {decision.action}, infill target "
                            f"{decision.infill_fraction:.2f}: {escape(decision.reason)}", highlight=False)
 
     def _print_header(self) -> None:
