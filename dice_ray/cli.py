@@ -405,6 +405,9 @@ def cmd_verifiers(args: argparse.Namespace) -> int:
         return _fail(f"verifiers {args.action}: {str(exc.cause) if exc.cause else exc}".splitlines()[0])
     except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
         return _fail(f"verifiers {args.action}: the verifier pool did not answer ({type(exc).__name__})")
+    if args.action == "scale" and status.get("scaled_from") == args.n:
+        print(f"dice-ray: the verifier pool's target is {args.n} actor{'' if args.n == 1 else 's'} already: nothing "
+              "changed", file=sys.stderr)
     if args.action == "scale" and status.get("autoscale"):
         print(f"dice-ray: note: autoscaling is on; it resumes after {status['autoscale']['cooldown_s']:.0f} s "
               f"within [{status['autoscale']['min']}, {status['autoscale']['max']}]", file=sys.stderr)

@@ -57,6 +57,10 @@ def process_state(pid: int, want: str = "", timeout_s: float = 5.0) -> str:
         time.sleep(0.01)
 
 
+#: a subprocess's guard against a hang (s), not a speed check: these cores are shared and slow down several-fold
+HANG_S = 600
+
+
 def load_benchmark(name: str) -> ModuleType:
     """``benchmarks/<name>.py`` as a module (the benchmarks are scripts, not a package)."""
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")

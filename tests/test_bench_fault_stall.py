@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from _helpers import load_benchmark
+from _helpers import HANG_S, load_benchmark
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_fault_stall.py"
 bench = load_benchmark("gpu_fault_stall")
@@ -30,16 +30,16 @@ def test_longest_iteration_counts_every_iteration_that_overlaps_the_window():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path")
 def test_without_a_gpu_it_says_so_and_exits_0(tmp_path):
     out = tmp_path / "stall.json"
-    r = subprocess.run([sys.executable, str(BENCH), "--json", str(out)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, str(BENCH), "--json", str(out)], capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0 and "skipped (no GPU" in r.stdout, r.stderr[-500:]
     assert json.loads(out.read_text()) == {"skipped": "no GPU"}
 
 
 def test_bad_counts_fail_in_one_line_naming_them():
-    r = subprocess.run([sys.executable, str(BENCH), "--victims", "0"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, str(BENCH), "--victims", "0"], capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 2 and "--victims must be >= 1, got 0" in r.stderr and "Traceback" not in r.stderr, r.stderr[-500:]
     assert "--contexts" not in r.stderr.splitlines()[-1]  # only the bad flag is named
     r = subprocess.run([sys.executable, str(BENCH), "--victim-mib", "0", "--fault-mib", "-3", "--device", "-2"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 2 and ("--victim-mib must be >= 1, got 0; --fault-mib must be >= 1, got -3; "
                                   "--device must be >= 0, got -2") in r.stderr, r.stderr

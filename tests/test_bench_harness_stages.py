@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from _helpers import load_benchmark
+from _helpers import HANG_S, load_benchmark
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "harness_stage_costs.py"
 
@@ -30,5 +30,5 @@ def test_jobs_are_a_correct_and_an_incorrect_variant_of_each_fast_task():
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the no-GPU path")
 def test_without_a_gpu_it_says_so_and_exits_0():
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([sys.executable, str(BENCH)], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run([sys.executable, str(BENCH)], capture_output=True, text=True, env=env, timeout=HANG_S)
     assert proc.returncode == 0 and "no GPU" in proc.stdout, proc.stderr[-2000:]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from _helpers import load_benchmark
+from _helpers import HANG_S, load_benchmark
 from dice_ray.config import VerifyConfig
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "verifier_throughput.py"
@@ -39,7 +39,7 @@ def test_pool_sizes_parse_and_reject_bad_lists():
                                           "--copies must be >= 1, got 0\n"),
                                          (["--crash-every", "0", "--crash-cost"], "--crash-cost needs crashing")])
 def test_bad_flags_fail_in_one_line_naming_them(flags, says):
-    done = subprocess.run([sys.executable, str(BENCH), *flags], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, str(BENCH), *flags], capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr[-800:]
 
 
@@ -76,7 +76,7 @@ def test_pool_mode_runs_compile_only_on_cpu(tmp_path):
     env["CUDA_VISIBLE_DEVICES"] = ""
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--pool", "1,2", "--tasks", "3", "--json", str(out)],
-        capture_output=True, text=True, timeout=240, env=env, check=False,
+        capture_output=True, text=True, timeout=HANG_S, env=env, check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     figures = json.loads(out.read_text())
@@ -110,7 +110,7 @@ def test_single_verifier_rounds_quote_the_median_on_cpu(tmp_path):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--tasks", "2", "--rounds", "3", "--inline", "0", "--crash-cost", "--json", str(out)],
-        capture_output=True, text=True, timeout=300, env=env, check=False,
+        capture_output=True, text=True, timeout=HANG_S, env=env, check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     figures = json.loads(out.read_text())

@@ -20,6 +20,7 @@ from dice_ray.policy.model import block_mask
 from dice_ray.policy.policy import DiffusionPolicy
 from dice_ray.policy.sampler import sample_ids
 from dice_ray.rl.loss import clipped_policy_loss
+from _helpers import HANG_S
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -127,7 +128,7 @@ def test_learner_benchmark_tiny_cpu(tmp_path):
     # a process group an earlier test left in this process holds its MASTER_PORT: the benchmark picks its own
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
     proc = subprocess.run([sys.executable, str(BENCH / "learner_throughput.py"), "--device", "cpu", "--tiny",
-                           "--out", str(out)], check=False, capture_output=True, text=True, timeout=120, env=env)
+                           "--out", str(out)], check=False, capture_output=True, text=True, timeout=HANG_S, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for field in ("processed tokens", "MFU (6 x", "matmul MFU", "attention", "ZeRO-2", "gloo"):
         assert field in proc.stdout

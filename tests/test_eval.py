@@ -341,3 +341,28 @@ def test_model_may_name_a_train_run_directory(tmp_path, capsys, no_ray):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err[-1].startswith("dice-ray: error: model path") and "a dice-ray run directory with no checkpoint" in err[-1]
     assert not any("sampling" in line for line in err)
+
+
+def test_the_plot_of_an_all_zero_evaluation_says_so_rather_than_stay_blank():
+    """results.png of a run where nothing compiled (compile-only) or nothing was correct (measured): bars labelled 0%,
+    and a sentence across the axes; a run with a compiled task has no such sentence."""
+    import matplotlib.pyplot as plt
+
+    from dice_ray.eval.report import figure
+
+    def result(compiled: float, measured: bool) -> dict:
+        level = {"compiled": compiled}
+        return {"candidates": [], "tasks": [{"task_id": "t", "level": 1}], "hardware": "H100",
+                "metrics": {"overall": {"measured": measured, "compiled": compiled}, "levels": {1: level}}}
+
+    def texts(fig) -> list[str]:
+        return [t.get_text() for t in fig.axes[0].texts]
+
+    for compiled, said in ((0.0, True), (0.5, False)):
+        fig = figure(result(compiled, measured=False))
+        assert any("no task compiled" in t for t in texts(fig)) == said
+        assert f"{compiled:.0%}" in texts(fig)  # each bar's label
+        plt.close(fig)
+    fig = figure(result(0.0, measured=True))
+    assert any("fast_p is 0 at every p" in t for t in texts(fig))
+    plt.close(fig)

@@ -66,7 +66,7 @@ def test_a_waiter_measures_itself_after_its_timeout_and_the_oldest_facts_go_firs
     assert book.claim("slow", object(), 1.0) is None
     t0 = time.monotonic()
     assert book.claim("slow", object(), 0.2) is None  # the measuring job is stuck: measure too
-    assert 0.2 <= time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 >= 0.2  # it waited its own timeout first
     for key in ("a", "b", "c"):
         book.keep(key, {"outputs": [], "note": key})
     book.keep("b", {"outputs": [], "note": "later"})  # the first kept stays

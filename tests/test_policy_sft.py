@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import pytest
 import torch
@@ -64,9 +63,8 @@ def test_warm_start_memorizes_and_caches(tmp_path):
         assert len(r.response_ids) < 64  # stopped after the block holding <|eos|>
 
     again = DiffusionPolicy.build(TINY, seed=0)
-    t0 = time.perf_counter()
     hit = warm_start(again, PAIRS, cfg, seed=0)
-    assert hit.cache_hit and hit.steps == 0 and time.perf_counter() - t0 < 2.0
+    assert hit.cache_hit and hit.steps == 0  # loaded, not trained
     assert hit.cache_key == report.cache_key and hit.final_loss == report.final_loss
     for k, v in policy.state_dict().items():
         assert torch.equal(v, again.state_dict()[k])
@@ -215,3 +213,6 @@ def test_progress_line_paces_the_time_left_on_the_steps_after_the_first():
     line = sft._progress_line(Run(), 100, 30.0, 10.0)
     assert line == "warm start: step 11/100, loss 4.468 (step 10), 30 s, ~89 s left at this pace"
     assert sft._progress_line(Run(), 100, 30.0, None).endswith("~243 s left at this pace")  # the mean of all
+    # sft.target_loss usually stops the warm start early: the time left is a bound, and the line says so
+    assert sft._progress_line(Run(), 100, 30.0, 10.0, 0.1).endswith(
+        ", at most ~89 s left at this pace (it stops at loss <= 0.1)")

@@ -204,9 +204,21 @@ def test_promql_parser_sees_metric_names_and_labels():
     assert names == {"ray_x", "y_total"} and labels == {"SessionName", "run"}
 
 
+def _pool_gauge_names() -> list[str]:
+    """The ``dice_ray_verifier_pool_*`` names of the reST table in dice_ray/cluster/verifier_pool.py's docstring
+    (the pool actor's own gauges, tag ``pool``)."""
+    from dice_ray.cluster import verifier_pool
+
+    return re.findall(r"^``(dice_ray_verifier_pool_\w+)``\s+\S", verifier_pool.__doc__, flags=re.MULTILINE)
+
+
 def test_grafana_dashboard_uses_only_documented_prometheus_names():
+    """Every documented gauge, the run's (tag ``run``) and the verifier pool's (tag ``pool``), has a panel, and the
+    panels name no other metric or label."""
     dash = json.loads(DASHBOARD.read_text())
-    allowed = {PROMETHEUS_PREFIX + n for n in _documented_names()}
+    pool_names = {PROMETHEUS_PREFIX + n for n in _pool_gauge_names()}
+    assert len(pool_names) == 6
+    allowed = {PROMETHEUS_PREFIX + n for n in _documented_names()} | pool_names
     variables = {v["name"]: v for v in dash["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
     panels = [p for p in dash["panels"] if p["type"] != "row"]
@@ -217,7 +229,7 @@ def test_grafana_dashboard_uses_only_documented_prometheus_names():
         for t in p["targets"]:
             names, labels = _promql_parts(t["expr"])
             assert names and names <= allowed, (p["title"], t["expr"])
-            assert labels <= {RUN_TAG, "SessionName"}, t["expr"]
+            assert labels <= ({"pool", "SessionName"} if names <= pool_names else {RUN_TAG, "SessionName"}), t["expr"]
             seen |= names
     assert seen == allowed  # every documented metric has a panel
     for var in ("SessionName", "run"):

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from _helpers import BENCHMARKS, load_benchmark
+from _helpers import HANG_S, BENCHMARKS, load_benchmark
 from dice_ray.config import RewardConfig, VerifyConfig
 from dice_ray.tasks.scaffold import make_scaffold
 from dice_ray.verify.verifier import Verifier
@@ -108,5 +108,5 @@ def test_benchmark_pairs_each_tasks_solution_with_its_variant(monkeypatch):
 def test_benchmark_without_a_gpu_says_so_and_exits_0():
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run([sys.executable, str(BENCHMARKS / "speedup_variants.py"), "--tasks", "relu"],
-                          capture_output=True, text=True, env=env, timeout=120)
+                          capture_output=True, text=True, env=env, timeout=HANG_S)
     assert proc.returncode == 0 and "no GPU" in proc.stdout, proc.stderr[-2000:]

@@ -154,3 +154,15 @@ def test_spread_picks_evenly_first_and_last_included():
     from dice_ray.cluster.trainer import spread
 
     assert spread(list(range(10)), 4) == [0, 3, 6, 9] and spread([1, 2], 5) == [1, 2] and spread(list(range(5)), 1) == [0]
+
+
+def test_the_step_table_fits_an_80_column_terminal():
+    """Each column's name and widest value fit its width, and a row with the spaces between is at most 80 wide."""
+    from dice_ray.cluster.trainer import COLUMNS
+
+    widest = {"step": 9999, "phase": "infill", "infill": 1.0, "reward": -0.123, "±std": 0.5, "compile": 1.0,
+              "correct": 1.0, "cheat": 1.0, "speedup": 99.99, "drop": 999, "loss": -1.23e-12, "sec": 999.9}
+    assert sorted(widest) == sorted(name for name, _, _ in COLUMNS)
+    for name, width, fmt in COLUMNS:
+        assert len(name) <= width and len(fmt.format(widest[name])) <= width, (name, fmt.format(widest[name]))
+    assert sum(width for _, width, _ in COLUMNS) + len(COLUMNS) - 1 <= 80

@@ -115,7 +115,9 @@ def test_cli_scales_a_running_job_while_batches_run(cluster, relu, capsys):
         wait_for_pool(pool, lambda s: s["queue_depth"] >= 2 and all(a["in_flight"] for a in s["actors"]), what="3 busy actors")
 
         rc, status = verifiers("scale", "1")
-        assert rc == 0 and status["size"] == 1 and status["draining"] == 2, status
+        assert rc == 0 and status["size"] == 1 and status["draining"] == 2 and status["scaled_from"] == 3, status
+        assert cli.main(["verifiers", "scale", "1", "--address", cluster]) == 0  # to its size: says so, changes nothing
+        assert "target is 1 actor already: nothing changed" in capsys.readouterr().err
         rc, status = verifiers("status")
         assert rc == 0 and status["size"] == 1
         status = wait_for_pool(pool, lambda s: s["draining"] == 0 and len(s["retired"]) == 2, what="drained actors retired")

@@ -52,10 +52,10 @@ from dice_ray.tasks.prompts import infill_blocker
 from dice_ray.verify.verifier import AUTO_GPU_WORKERS
 
 COLUMNS = [
-    ("step", 4, "{:d}"), ("phase", 6, "{}"), ("inf.frac", 8, "{:.2f}"), ("reward", 6, "{:.3f}"), ("±std", 6, "{:.3f}"),
-    ("compile", 7, "{:.0%}"), ("correct", 7, "{:.0%}"), ("cheat", 6, "{:.0%}"), ("speedup", 7, "{:.2f}x"),
-    ("dropped", 7, "{:d}"), ("loss", 9, "{:+.2e}"), ("sec", 6, "{:.1f}"), ("mode", 12, "{}"),
-]
+    ("step", 4, "{:d}"), ("phase", 6, "{}"), ("infill", 6, "{:.2f}"), ("reward", 6, "{:.3f}"), ("±std", 4, "{:.2f}"),
+    ("compile", 7, "{:.0%}"), ("correct", 7, "{:.0%}"), ("cheat", 5, "{:.0%}"), ("speedup", 7, "{:.2f}x"),
+    ("drop", 4, "{:d}"), ("loss", 8, "{:+.1e}"), ("sec", 5, "{:.1f}"),
+]  # 80 columns with the spaces between: an 80-column terminal shows a row on one line
 
 
 #: the logger of Ray's (>= 2.60) notices about token authentication on a local cluster it starts
@@ -773,7 +773,7 @@ class Trainer:
 
     def _print_decision(self, decision) -> None:
         """One line a curriculum decision (:class:`~dice_ray.cluster.scheduler.Decision`), with its figure. The target
-        it sets (``infill_target``) is a share of prompts; the table's ``inf.frac`` is the share a step drew."""
+        it sets (``infill_target``) is a share of prompts; the table's ``infill`` is the share a step drew."""
         self.console.print(f"[bold]curriculum[/] step {decision.step}: {decision.action}, infill target "
                            f"{decision.infill_fraction:.2f}: {escape(decision.reason)}", highlight=False)
 
@@ -781,12 +781,18 @@ class Trainer:
         self.console.print(" ".join(f"{name:>{w}}" for name, w, _ in COLUMNS), style="bold")
 
     def _print_row(self, rec: dict) -> None:
+        """One row of :data:`COLUMNS` (``infill``: the share of prompts the step drew for infilling; ``drop``: groups
+        dropped), after a line naming the verifier's mode whenever it differs from the previous row's."""
+        mode = rec["verifier_mode"]
+        if mode != getattr(self, "_row_mode", None):
+            self._row_mode = mode
+            self.console.print("verifier compile-only: compile rate and dry runs, no values or times measured"
+                               if mode == "compile_only" else f"verifier {mode}", style="dim", highlight=False)
         values = {
-            "step": rec["step"], "phase": rec["phase"], "inf.frac": rec["infill_fraction"], "reward": rec["reward_mean"],
+            "step": rec["step"], "phase": rec["phase"], "infill": rec["infill_fraction"], "reward": rec["reward_mean"],
             "±std": rec["reward_std"], "compile": rec["compile_rate"], "correct": rec["correct_rate"],
-            "cheat": rec["cheat_rate"], "speedup": rec["speedup_geomean"], "dropped": rec["groups_dropped"],
+            "cheat": rec["cheat_rate"], "speedup": rec["speedup_geomean"], "drop": rec["groups_dropped"],
             "loss": rec["loss"], "sec": rec["step_seconds"],
-            "mode": "compile-only" if rec["verifier_mode"] == "compile_only" else "gpu",
         }
         cells = []
         for name, w, fmt in COLUMNS:

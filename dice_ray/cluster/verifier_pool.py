@@ -623,7 +623,8 @@ class VerifierPool:
     async def scale(self, n: int) -> dict:
         """Grow or shrink to ``n`` actors now; shrinking lets in-flight candidates finish first.
 
-        With autoscaling on, the autoscaler resumes after its cool-down (within its bounds).
+        With autoscaling on, the autoscaler resumes after its cool-down (within its bounds). Returns
+        :meth:`status` with ``scaled_from``: the target size before this call (``n`` itself: nothing changed).
 
         Raises:
             ValueError: ``n`` is not an integer >= 1.
@@ -634,9 +635,9 @@ class VerifierPool:
         if self._closed:
             raise RuntimeError("scale: the verifier pool is closed")
         await self._ensure_started()
-        self._target = n
+        before, self._target = self._target, n
         self._resize(n)
-        return await self.status()
+        return {**await self.status(), "scaled_from": before}
 
     async def close(self) -> None:
         """End every coroutine the pool started and stop its verifier actors' sandbox workers.

@@ -102,8 +102,25 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join([*lines, ""])
 
 
+def _say_all_zero(ax, text: str) -> None:
+    """Write ``text`` across the middle of ``ax``: a plot whose every value is 0 would be a blank axes."""
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", wrap=True)
+
+
 def plot(result: dict[str, Any], out_png: str | Path) -> Path:
-    """Plot fast_p over p per level (measured), or compile rates per level (compile-only), to ``out_png``."""
+    """Save :func:`figure` of ``result`` to ``out_png`` (100 dpi); returns the path."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(result)
+    out_png = Path(out_png)
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+    return out_png
+
+
+def figure(result: dict[str, Any]):
+    """A matplotlib Figure of fast_p over p per level (measured), or of compile rates per level (compile-only, each bar
+    labelled with its share); when every value is 0 it says so in words rather than show a blank axes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -128,21 +145,22 @@ def plot(result: dict[str, Any], out_png: str | Path) -> Path:
                     linestyle="--" if name == "overall" else "-")
         ax.set_xlabel("speedup threshold p")
         ax.set_ylabel("fast_p (share of tasks)")
-        ax.set_ylim(0, 1.02)
+        ax.set_ylim(-0.02, 1.02)  # a fast_p of 0 stays visible on the axis
         ax.legend()
         ax.set_title(f"fast_p on {result['hardware']}")
+        if not any(line.get_ydata().any() for line in ax.get_lines()):
+            _say_all_zero(ax, "fast_p is 0 at every p: no task had a correct sample (results.md says why)")
     else:
         names = [f"L{lvl}" for lvl in metrics["levels"]] + ["all"]
         vals = [m["compiled"] or 0.0 for m in metrics["levels"].values()] + [metrics["overall"]["compiled"] or 0.0]
-        ax.bar(names, vals)
+        ax.bar_label(ax.bar(names, vals), labels=[f"{v:.0%}" for v in vals])
         ax.set_ylim(0, 1.02)
         ax.set_ylabel("compiled (share of tasks)")
         ax.set_title("compile-only: correctness and speed not measured")
+        if not any(vals):
+            _say_all_zero(ax, "no task compiled (results.md lists the verdicts)")
     fig.tight_layout()
-    out_png = Path(out_png)
-    fig.savefig(out_png, dpi=100)
-    plt.close(fig)
-    return out_png
+    return fig
 
 
 def write_report(result: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:

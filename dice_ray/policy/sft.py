@@ -661,12 +661,14 @@ PROGRESS_EVERY_S = 30.0
 is sooner: on loaded cores 50 steps can take minutes."""
 
 
-def _progress_line(run: SFTRun, steps: int, elapsed_s: float, since_step1_s: float | None) -> str:
+def _progress_line(run: SFTRun, steps: int, elapsed_s: float, since_step1_s: float | None,
+                   target_loss: float | None = None) -> str:
     """``warm start: step 120/800, loss 4.468 (step 100), 106 s, ~600 s left at this pace``: the loss is the last
     recorded window's (named when it is not this step's); the time left assumes every later step runs at the
     mean pace of the steps after the first (``since_step1_s``: seconds since step 1 ended; the set-up and the
-    first step, slower, would inflate it), or of all steps so far when there are none yet (a ``target_loss``
-    may stop earlier; other load on the cores may slow the rest down)."""
+    first step, slower, would inflate it), or of all steps so far when there are none yet (other load on the cores
+    may slow the rest down). With a ``target_loss`` (``sft.target_loss``) the run usually stops sooner, so the line
+    says ``at most ~600 s left at this pace (it stops at loss <= 0.1)``."""
     parts = [f"warm start: step {run.step}/{steps}"]
     if run.losses:
         at, loss = run.losses[-1]
@@ -674,7 +676,8 @@ def _progress_line(run: SFTRun, steps: int, elapsed_s: float, since_step1_s: flo
     parts.append(f"{elapsed_s:.0f} s")
     if run.step:
         pace = since_step1_s / (run.step - 1) if since_step1_s is not None and run.step > 1 else elapsed_s / run.step
-        parts.append(f"~{pace * (steps - run.step):.0f} s left at this pace")
+        left = f"~{pace * (steps - run.step):.0f} s left at this pace"
+        parts.append(left if target_loss is None else f"at most {left} (it stops at loss <= {target_loss:g})")
     return ", ".join(parts)
 
 
@@ -738,7 +741,7 @@ def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, ...]], cfg: SFTCo
                 at_boundary = bool(run.losses) and run.losses[-1][0] == run.step
                 if log is not None and not run.finished and (at_boundary or now - last_line >= PROGRESS_EVERY_S):
                     last_line = now
-                    log(_progress_line(run, cfg.steps, now - t0, now - step1_end))
+                    log(_progress_line(run, cfg.steps, now - t0, now - step1_end, cfg.target_loss))
     finally:
         policy.model.zero_grad(set_to_none=True)  # a cache hit leaves none either: RL must start the same
         policy.model.eval()
