@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dice_ray.verify.confine import log_status_once
 from dice_ray.verify.protocol import FrameReader, ProtocolError, write_frame
 from dice_ray.verify.sandbox import clean_env, private_dir
 from dice_ray.verify.zygote import Zygote, ZygoteError
@@ -430,6 +431,7 @@ class WorkerProcess:
         else:
             self.info = msg["info"]
             self.boot_s = time.monotonic() - self.started
+            log_status_once(self.info.get("confinement"))  # a layer the kernel lacks: one log line
 
     def _enter(self, announced: str, stage: str, held: str | None,
                background: Callable[[], bool] | None = None, startup: bool = False) -> tuple[str, str | None]:
