@@ -181,7 +181,10 @@ class Verifier:
             from dice_ray.verify.inline_build import default_cache_dir
 
             cache = Path(verify_cfg.inline_cache_dir).expanduser() if verify_cfg.inline_cache_dir else default_cache_dir()
-            cache.mkdir(parents=True, exist_ok=True)
+            try:
+                cache.mkdir(parents=True, exist_ok=True)  # a rule needs the folder; the builder would make it later
+            except OSError:
+                pass  # the builder fails on it too: no load_inline candidate reaches a worker
             self._settings["sandbox_read_paths"] = [*verify_cfg.sandbox_read_paths, str(cache)]
         self._limits = {
             "load": verify_cfg.compile_timeout_s,
