@@ -89,7 +89,6 @@ REFUSED_SYSCALLS: dict[str, str] = {
 }
 _CLONE_THREAD = 0x00010000
 
-_FILE_RIGHTS_NAMES = ("EXECUTE", "WRITE_FILE", "READ_FILE", "TRUNCATE", "IOCTL_DEV")
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
@@ -119,7 +118,7 @@ class FilePolicy:
         """Whether the policy lets ``path`` (relative to the current folder) be opened for writing
         (``write``) or reading: the check :meth:`Confinement.refusal` uses to say what Landlock refused."""
         p = _real(path)
-        return p in self.devices or _below(p, self.write) or (not write and _below(p, self.read))
+        return _below(p, self.devices) or _below(p, self.write) or (not write and _below(p, self.read))
 
 
 def _python_paths() -> list[str]:
@@ -232,9 +231,7 @@ class Confinement:
             return self.status["landlock"]
         self.policy = file_policy(self.workdir, gpu=self.gpu, extra_read=self.extra_read)
         fs, AccessFS = ll.fs_for_abi(abi), ll.AccessFS
-        file_rights = AccessFS(0)
-        for name in _FILE_RIGHTS_NAMES:
-            file_rights |= getattr(AccessFS, name)
+        file_rights = AccessFS.EXECUTE | AccessFS.WRITE_FILE | AccessFS.READ_FILE | AccessFS.TRUNCATE | AccessFS.IOCTL_DEV
         read = AccessFS.READ_FILE | AccessFS.READ_DIR | AccessFS.EXECUTE
         device = AccessFS.READ_FILE | AccessFS.WRITE_FILE | AccessFS.TRUNCATE | AccessFS.IOCTL_DEV
         rules = ([(p, read) for p in self.policy.read] + [(p, fs & ~AccessFS.EXECUTE) for p in self.policy.write]
@@ -246,8 +243,8 @@ class Confinement:
                         rights &= file_rights  # a file's rule takes only file rights (EINVAL otherwise)
                     try:
                         rs.allow_path(path, rights)
-                    except FileNotFoundError:
-                        continue  # gone since the policy was made
+                    except OSError:
+                        continue  # gone since the policy was made, or not a path Landlock takes: stays refused
                 rs.restrict()
         except OSError as e:
             self.status["landlock"] = f"not applied: {type(e).__name__}: {e}"
