@@ -87,6 +87,27 @@ def test_each_place_candidate_code_runs_on_the_cpu_is_confined(unguarded, where)
     assert ("dry run" in verdict.reason) == (where == "forward")
 
 
+@needs_landlock
+@needs_seccomp
+def test_a_worker_forked_by_the_fork_server_is_confined_too(unguarded):
+    """Replacements and spares are forked from the fork server (torch imported, no thread running): each confines
+    itself at its start as a cold worker does, its own folder writable, the fork server's not readable."""
+    crash = mutate("import torch\n", "import torch\nimport os\nos._exit(3)\n")
+    assert verify(unguarded, crash, "exit").verdict == "crash"
+    assert unguarded.wait_for_spares(120) < 120
+    assert verify(unguarded, crash, "exit again").verdict == "crash"  # the ready spare takes over
+    worker = next(iter(unguarded._idle.queue))
+    assert worker.forked and worker.info["confinement"]["landlock"].startswith(f"ABI {LANDLOCK_ABI}: ")
+    zygote_log = os.path.join(unguarded._zygote.workdir, "zygote.log")
+    for case in ("read_outside", "unix_socket"):
+        code, _, says = CASES[case]
+        verdict = verify(unguarded, mutate("import torch\n", f"import torch\n{code}\n"), f"forked {case}")
+        assert verdict.verdict == "crash" and verdict.reason.startswith(f"sandbox: {says}"), verdict.reason
+    verdict = verify(unguarded, mutate("import torch\n", f"import torch\nopen({zygote_log!r}).read()\n"), "zygote")
+    assert verdict.verdict == "crash" and "refused (Landlock" in verdict.reason, verdict.reason
+    assert verify(unguarded, HONEST, "honest").verdict == "ok"
+
+
 @pytest.mark.skipif(LANDLOCK_ABI < 6, reason="Landlock scopes signals from ABI 6 on")
 def test_no_signals_to_other_processes(unguarded):
     """The verifier and the other workers are out of reach (os.kill(pid, 0) only asks whether it may)."""

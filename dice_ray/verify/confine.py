@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from dice_ray.verify.sandbox import _PRIVATE
+
 __all__ = ["Confinement", "FilePolicy", "REFUSED_SYSCALLS", "file_policy", "load_libraries", "log_status_once"]
 
 log = logging.getLogger(__name__)
@@ -123,14 +125,15 @@ class FilePolicy:
 
 def _python_paths() -> list[str]:
     """Where the worker imports from: the interpreter's prefixes, its library folders, and every ``sys.path``
-    entry except the current folder and the folder holding this ``dice_ray`` checkout (only the package
-    itself is read: a project folder may hold anything, ``.env`` files too)."""
+    entry except the current folder, the private folders of workers and the fork server, and the folder
+    holding this ``dice_ray`` checkout (only the package itself is read: a project folder may hold anything,
+    ``.env`` files too)."""
     package = Path(__file__).resolve().parents[1]
     prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     paths = set(prefixes) | {v for k, v in sysconfig.get_paths().items() if k in ("stdlib", "platstdlib", "purelib", "platlib")}
     skip = {_real(os.getcwd()), _real(str(package.parent))}
-    for entry in sys.path:
-        if entry and _real(entry) not in skip:
+    for entry in sys.path:  # the fork server's folder is its sys.path[0] (python -m), hence a forked worker's
+        if entry and _real(entry) not in skip and not _PRIVATE.fullmatch(os.path.basename(entry)):
             paths.add(entry)
     if not _below(str(package), (_real(p) for p in prefixes)):
         paths.add(str(package))
