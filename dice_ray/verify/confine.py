@@ -60,10 +60,15 @@ SYSTEM_READ: tuple[str, ...] = (
     "/etc/ld.so.cache",  # dlopen's index of libraries
     "/etc/localtime",  # the time zone (time.localtime)
     "/sys",  # CPU topology (OpenMP, os.cpu_count), PCI and NUMA facts (the CUDA driver, NVML)
-    "/proc/self",  # the worker's own maps, status, fds (glibc, the CUDA driver); resolved to /proc/<pid>
     "/proc/cpuinfo", "/proc/meminfo", "/proc/stat", "/proc/sys",  # CPU and memory facts, kernel settings
     "/proc/driver/nvidia",  # the GPU driver's parameters (libcuda reads them)
+    "/run/nvidia-persistenced",  # NVML looks for the persistence daemon's socket
 )
+#: Read-write besides the private folder: the worker's own /proc entry (resolved to /proc/<pid> when the rule is
+#: made, so it covers the worker and its threads, /proc/<pid>/task/<tid>, not other processes).  glibc and the CUDA
+#: driver read its maps, status and fds, and cuInit() names its threads by writing /proc/self/task/<tid>/comm: without
+#: that it fails with error 304, CUDA_ERROR_OPERATING_SYSTEM (seen on an H200 machine; NVIDIA/OpenShell#710).
+OWN_PROC = "/proc/self"
 #: Read-write character devices of every worker (ioctl allowed).
 DEVICES: tuple[str, ...] = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 #: Read-write GPU devices of a GPU worker (ioctl allowed): /dev/nvidiactl, /dev/nvidia0..., /dev/nvidia-uvm,
@@ -108,7 +113,7 @@ class FilePolicy:
 
     Attributes:
         read: read-only below each: files read and run, folders listed.
-        write: everything below each but running programs: the worker's private folder.
+        write: everything below each but running programs: the worker's private folder, its own /proc entry.
         devices: character devices read, written and ioctl'd.
     """
 
@@ -143,7 +148,7 @@ def _python_paths() -> list[str]:
 def file_policy(workdir: str, *, gpu: bool, extra_read: Iterable[str] = ()) -> FilePolicy:
     """The worker's :class:`FilePolicy`: read-only :data:`SYSTEM_READ`, Python's folders, the folders of
     ``LD_LIBRARY_PATH``, ``CUDA_HOME``, ``CUDA_PATH`` and ``extra_read`` (``verify.sandbox_read_paths``, the
-    inline build cache); read-write ``workdir``; devices :data:`DEVICES` and, when ``gpu``, :data:`GPU_DEVICES`.
+    inline build cache); read-write ``workdir`` and :data:`OWN_PROC`; devices :data:`DEVICES` and, when ``gpu``, :data:`GPU_DEVICES`.
     Paths that do not exist are left out (a rule needs an inode)."""
     env = [*os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep), os.environ.get("CUDA_HOME", ""),
            os.environ.get("CUDA_PATH", "")]
@@ -153,7 +158,7 @@ def file_policy(workdir: str, *, gpu: bool, extra_read: Iterable[str] = ()) -> F
     def existing(paths: Iterable[str]) -> tuple[str, ...]:
         return tuple(dict.fromkeys(_real(p) for p in paths if p and os.path.exists(p)))
 
-    return FilePolicy(read=existing(read), write=existing([workdir]), devices=existing(devices))
+    return FilePolicy(read=existing(read), write=existing([workdir, OWN_PROC]), devices=existing(devices))
 
 
 # -- the audit hook's events: what a candidate tried -----------------------------------------------------
