@@ -275,7 +275,8 @@ class VerifyConfig(_Section):
         True, description="Confine the worker with Landlock from its start: files read only below Python's, the system "
         "libraries', the CUDA toolkit's and driver's folders (and sandbox_read_paths), written only in its private "
         "folder; TCP and signals to other processes refused (dice_ray.verify.confine). A kernel without Landlock "
-        "(before Linux 5.13, or not in its lsm= list) leaves it off, and the worker says so.")
+        "(before Linux 5.13, or not in its lsm= list) leaves it off, and the worker says so; a worker whose imports or "
+        "CUDA set-up fail under it turns it off for the verifier's later workers (logged once).")
     sandbox_read_paths: list[str] = Field(
         default_factory=list, description="More folders or files the worker may read under Landlock: a CUDA "
         "toolkit or driver outside /usr and $CUDA_HOME, a Python package outside sys.path. The inline build cache is "

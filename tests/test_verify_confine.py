@@ -144,6 +144,27 @@ def test_every_builtin_solution_is_still_ok_compile_only():
     assert len(verdicts) >= 100 and set(status) == {"landlock", "seccomp"}, status
 
 
+def test_a_start_that_fails_under_landlock_turns_it_off_for_later_workers(caplog):
+    """A machine whose CUDA driver needs a path the policy does not give (cuInit failing with error 304 until the
+    worker's /proc entry was writable, seen on an H200 machine) costs one worker's start, not the verifier: the
+    workers started after it run without Landlock (seccomp still on), the job waiting for one goes to them, and
+    the reason is logged once.  The failure is simulated: a malformed extra read path breaks the policy."""
+    with caplog.at_level(logging.WARNING, logger="dice_ray.verify.confine"), \
+            Verifier(VerifyConfig(static_rules=False, fork_server=False, **LIMITS), RewardConfig()) as v:
+        assert verify(v, HONEST, "before").verdict == "ok"
+        v._settings["sandbox_read_paths"] = 7  # not a list: Confinement.restrict_files raises in the next start
+        assert verify(v, mutate("import torch\n", "import torch\nimport os\nos._exit(3)\n"), "exit").verdict == "crash"
+        verdict = verify(v, HONEST, "after")  # its worker failed to start; the job went to the next one
+        assert verdict.verdict == "ok", verdict.reason
+        assert v._settings["landlock"] is False and "stage 'imports'" in v._settings["landlock_off"]
+        status = v.stats()["confinement"]
+        assert status["landlock"].startswith("not applied: a worker's start failed under it"), status
+        if HAS_SECCOMP:
+            assert status["seccomp"].startswith("libseccomp: ")
+    lines = [r.getMessage() for r in caplog.records if "landlock not applied" in r.getMessage()]
+    assert len(lines) == 1 and "the workers started after it run without it" in lines[0], lines
+
+
 # -- without the kernel's support: said once, the rest still works -------------------------------------
 class _NoLandlock:
     """landlockpy on a kernel without Landlock (its abi_version() is 0 there)."""

@@ -46,7 +46,8 @@ from typing import Any, Iterable
 
 from dice_ray.verify.sandbox import _PRIVATE
 
-__all__ = ["Confinement", "FilePolicy", "REFUSED_SYSCALLS", "file_policy", "load_libraries", "log_status_once"]
+__all__ = ["Confinement", "FilePolicy", "REFUSED_SYSCALLS", "file_policy", "give_up_landlock", "load_libraries",
+           "log_status_once"]
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +194,7 @@ class Confinement:
         landlock: apply Landlock (``verify.landlock``).
         seccomp: apply the seccomp filter (``verify.seccomp``).
         extra_read: more read-only paths (``verify.sandbox_read_paths``, the inline build cache).
+        landlock_off: why Landlock is off though configured on (:func:`give_up_landlock`), for :attr:`status`.
 
     Attributes:
         status: ``{"landlock": ..., "seccomp": ...}``, each a short sentence: what was applied, or why not.
@@ -202,10 +204,10 @@ class Confinement:
     """
 
     def __init__(self, workdir: str, *, gpu: bool, landlock: bool = True, seccomp: bool = True,
-                 extra_read: Iterable[str] = ()):
+                 extra_read: Iterable[str] = (), landlock_off: str | None = None):
         self.workdir = workdir
         self.gpu = gpu
-        self.extra_read = tuple(extra_read)
+        self.extra_read = extra_read  # read when the policy is made: not at all with Landlock off
         self.status: dict[str, str] = {}
         self.policy: FilePolicy | None = None
         self._landlock: Any = None
@@ -214,7 +216,9 @@ class Confinement:
         self._landlock_on = self._seccomp_on = self._signals_scoped = False
         libs = load_libraries()
         for layer, on, key in (("landlock", landlock, "landlockpy"), ("seccomp", seccomp, "pyseccomp")):
-            if not on:
+            if layer == "landlock" and landlock_off:
+                self.status[layer] = f"not applied: {landlock_off}"
+            elif not on:
                 self.status[layer] = f"off (verify.{layer}=false)"
             elif isinstance(libs[key], str):
                 self.status[layer] = f"not applied: {libs[key]}"
@@ -379,6 +383,31 @@ def load_libraries() -> dict[str, Any]:
     except (RuntimeError, OSError) as e:  # RuntimeError("Unable to find libseccomp")
         out["pyseccomp"] = f"libseccomp.so.2 not found ({e})"
     return out
+
+
+#: stages of a worker's start whose failure under Landlock turns it off (:func:`give_up_landlock`): the imports
+#: (before the first stage) and the CUDA set-up; a failing self-test is a toolchain or settings fault
+_SETUP_STAGES = ("", "setup")
+
+
+def give_up_landlock(settings: dict[str, Any], stage: str, error: str) -> bool:
+    """After a worker's start failed in ``stage`` with ``error``: when it ran under Landlock and failed in its
+    imports or CUDA set-up (:data:`_SETUP_STAGES`), the workers started later with ``settings`` (the verifier's
+    dict, shared by its workers and sent to the fork server with each) start without Landlock: a driver or a
+    machine that needs a path :func:`file_policy` does not give costs one worker's start, not the verifier,
+    and says why once in the log and in each later worker's ``confinement`` status.  seccomp still applies.
+
+    Returns:
+        Whether Landlock was turned off now.
+    """
+    if stage not in _SETUP_STAGES or not settings.get("landlock", True):
+        return False
+    line = error.strip().splitlines()[-1][:300] if error.strip() else "no error text"
+    settings["landlock_off"] = (f"a worker's start failed under it (stage {stage or 'imports'!r}: {line}), so the "
+                                "workers started after it run without it")
+    settings["landlock"] = False
+    log_status_once({"landlock": f"not applied: {settings['landlock_off']}"})  # the later workers' status: one line
+    return True
 
 
 _logged: set[str] = set()

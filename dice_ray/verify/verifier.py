@@ -529,10 +529,17 @@ class Verifier:
                 worker = self._swap(worker)
             ref_key, token = _reference_key(job["reference_src"]), object()
             try:
-                outcome = worker.run(job, self._limits, self._facts_exchange(ref_key, token))
-            except WorkerError as e:
-                worker = self._swap(worker)
-                return JobOutcome("died", "load", detail=f"sandbox worker failed: {e}")
+                while True:
+                    try:
+                        outcome = worker.run(job, self._limits, self._facts_exchange(ref_key, token))
+                        break
+                    except WorkerError as e:
+                        # a start that failed under Landlock turned it off for the workers started after it
+                        # (confine.give_up_landlock): the job goes to one of those, not into the candidate's verdict
+                        again = worker.landlock and not self._settings.get("landlock", True)
+                        worker = self._swap(worker)
+                        if not again:
+                            return JobOutcome("died", "load", detail=f"sandbox worker failed: {e}")
             finally:
                 self._facts.done(ref_key, token)
             if not worker.alive():

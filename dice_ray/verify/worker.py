@@ -50,7 +50,8 @@ def main(argv: list[str]) -> int:
         # Landlock first: it covers this thread and the threads and processes started after it, and torch and
         # CUDA start threads (a CUDA host callback runs candidate code on one); seccomp waits for the set-up
         box = Confinement(os.getcwd(), gpu=mode == "gpu", landlock=settings.get("landlock", True),
-                          seccomp=settings.get("seccomp", True), extra_read=settings.get("sandbox_read_paths", ()))
+                          seccomp=settings.get("seccomp", True), extra_read=settings.get("sandbox_read_paths", ()),
+                          landlock_off=settings.get("landlock_off"))
         box.restrict_files()
         import torch
 
