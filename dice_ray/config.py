@@ -267,7 +267,20 @@ class VerifyConfig(_Section):
         "candidate cannot starve the others. An explicit spare_workers whose rooms would leave a worker under 1 GiB "
         "is an error when the verifier starts; auto keeps fewer spares instead (none on a GPU that small).",
     )
-    seccomp: bool = Field(True, description="Forbid fork/exec in the worker with a seccomp filter (x86-64 Linux).")
+    seccomp: bool = Field(
+        True, description="Refuse new processes, exec and sockets of every family in the worker once its set-up is done: "
+        "a seccomp filter through libseccomp (dice_ray.verify.confine). Without libseccomp.so.2 it is not applied, and "
+        "the worker says so (Verifier.stats()['confinement'], one log line).")
+    landlock: bool = Field(
+        True, description="Confine the worker with Landlock from its start: files read only below Python's, the system "
+        "libraries', the CUDA toolkit's and driver's folders (and sandbox_read_paths), written only in its private "
+        "folder; TCP and signals to other processes refused (dice_ray.verify.confine). A kernel without Landlock "
+        "(before Linux 5.13, or not in its lsm= list) leaves it off, and the worker says so; a worker whose imports or "
+        "CUDA set-up fail under it turns it off for the verifier's later workers (logged once).")
+    sandbox_read_paths: list[str] = Field(
+        default_factory=list, description="More folders or files the worker may read under Landlock: a CUDA "
+        "toolkit or driver outside /usr and $CUDA_HOME, a Python package outside sys.path. The inline build cache is "
+        "added on a GPU.")
     preload_kernels: bool = Field(
         True, description="A GPU worker loads the kernels every job uses (a CUDA graph captured and dropped) in its "
         "start-up, which holds the GPU gate shared like the rest of its CUDA set-up, so its first jobs do not load them "
@@ -311,7 +324,8 @@ class VerifyConfig(_Section):
     compile_baseline: bool = Field(
         False,
         description="Also time torch.compile(reference) alongside (reported as speedup_compiled, not rewarded). "
-        "Inductor runs compilers as subprocesses, so this needs seccomp=false.",
+        "Inductor runs compilers as subprocesses and writes outside the worker's folder, so this needs seccomp=false "
+        "and landlock=false.",
     )
     # -- correctness (dice_ray.verify.harness, dice_ray.verify.correctness) --
     scaled_trial: float = Field(
@@ -368,9 +382,10 @@ class VerifyConfig(_Section):
 
     @model_validator(mode="after")
     def _check_baseline(self) -> "VerifyConfig":
-        if self.compile_baseline and self.seccomp:
-            raise ValueError("verify.compile_baseline=true needs verify.seccomp=false: torch.compile's inductor runs "
-                             "the compiler as a subprocess, which the worker's seccomp filter forbids")
+        if self.compile_baseline and (self.seccomp or self.landlock):
+            raise ValueError("verify.compile_baseline=true needs verify.seccomp=false and verify.landlock=false: "
+                             "torch.compile's inductor runs the compiler as a subprocess, which the worker's seccomp "
+                             "filter forbids, and Landlock confines what it may read and write")
         return self
 
 

@@ -42,12 +42,13 @@ def test_malformed_override():
         load_config(None, ["rl.steps"])
 
 
-def test_compile_baseline_needs_seccomp_off():
+def test_compile_baseline_needs_seccomp_and_landlock_off():
     from dice_ray.config import VerifyConfig
 
-    with pytest.raises(ValueError, match="seccomp=false"):
-        VerifyConfig(compile_baseline=True)
-    assert VerifyConfig(compile_baseline=True, seccomp=False).compile_baseline
+    for on in ({}, {"seccomp": False}, {"landlock": False}):
+        with pytest.raises(ValueError, match="seccomp=false and verify.landlock=false"):
+            VerifyConfig(compile_baseline=True, **on)
+    assert VerifyConfig(compile_baseline=True, seccomp=False, landlock=False).compile_baseline
 
 
 @pytest.mark.parametrize(

@@ -377,7 +377,7 @@ def test_inputs_cannot_be_predicted_from_a_known_seed(gpu):
 
 
 def test_torch_compile_baseline_is_reported():
-    cfg = VerifyConfig(mode="gpu", workers=1, spare_workers=2, seccomp=False, compile_baseline=True, run_timeout_s=60.0, timing_trials=10)
+    cfg = VerifyConfig(mode="gpu", workers=1, spare_workers=2, seccomp=False, landlock=False, compile_baseline=True, run_timeout_s=60.0, timing_trials=10)
     with Verifier(cfg, RewardConfig(), device=0) as v:
         verdict = check(v, HONEST, "ok")
     assert verdict.compiled_ref_ms > 0 and verdict.speedup_compiled > 0 and "torch.compile" in verdict.reason

@@ -6,7 +6,8 @@ Entry points: :class:`dice_ray.verify.verifier.Verifier` (``verify(task, src, id
 Modules: ``verdict`` (the typed result), ``rules`` (static rules, ast), ``correctness`` (output
 comparison), ``harness`` (what the worker does: stages, run-time rules, timing), ``worker`` (the
 sandboxed process), ``runner`` (its parent side: spawn, protocol, timeouts), ``sandbox``
-(rlimits, seccomp, environment), ``protocol`` (JSON frames), ``reward``, ``command``; the
+(rlimits, environment), ``confine`` (what the kernel enforces: Landlock, seccomp), ``protocol`` (JSON
+frames), ``reward``, ``command``; the
 load_inline (KernelBench / DICE) format: ``inline`` (static extraction, launch counts, worker-side
 loading), ``inline_build`` (the compile pool and its cache), ``inline_compile`` (launch counters,
 generated files, light headers, limited compiler processes), ``inline_rules`` (C++/CUDA rules).

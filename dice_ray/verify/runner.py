@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dice_ray.verify.confine import give_up_landlock, log_status_once
 from dice_ray.verify.protocol import FrameReader, ProtocolError, write_frame
 from dice_ray.verify.sandbox import clean_env, private_dir
 from dice_ray.verify.zygote import Zygote, ZygoteError
@@ -289,6 +290,7 @@ class WorkerProcess:
     def __init__(self, settings: dict[str, Any], zygote: Zygote | None = None, gate: GpuGate | None = None,
                  background: bool = False):
         self.settings = settings
+        self.landlock = bool(settings.get("landlock", True))  # it starts under Landlock (dice_ray.verify.confine)
         self.gate = gate
         self.background = background
         self.workdir = private_dir("worker")
@@ -398,8 +400,7 @@ class WorkerProcess:
                 try:
                     msg = self._reader.read(max(0.0, deadline - time.monotonic()))
                 except ProtocolError:
-                    self.kill()
-                    self._boot_error = f"verifier worker died while starting: {self._death()}"
+                    self._boot_failed(stage, f"verifier worker died while starting: {self._death()}")
                     return
                 if held is not None:
                     part = time.monotonic() - mark
@@ -422,14 +423,23 @@ class WorkerProcess:
             self._switch_gate(held, None, startup=True)
             slot.close()
         if msg is None:
-            self.kill()
-            self._boot_error = f"verifier worker not ready in time; log tail:\n{self.log_tail()}"
+            self._boot_failed(stage, f"verifier worker not ready in time; log tail:\n{self.log_tail()}")
         elif msg.get("type") != "ready":
-            self.kill()
-            self._boot_error = f"verifier worker failed to start:\n{msg.get('error', msg)}"
+            self._boot_failed(stage, f"verifier worker failed to start:\n{msg.get('error', msg)}")
         else:
             self.info = msg["info"]
             self.boot_s = time.monotonic() - self.started
+            log_status_once(self.info.get("confinement"))  # a layer the kernel lacks: one log line
+
+    def _boot_failed(self, stage: str, error: str) -> None:
+        """Kill the worker and keep ``error`` for :meth:`wait_ready`.  A start under Landlock that failed by
+        itself (not killed by :meth:`close`) before its self-test turns Landlock off for the later workers of
+        these settings (:func:`~dice_ray.verify.confine.give_up_landlock`)."""
+        ended_by_owner = self._killed
+        self._boot_error = error
+        self.kill()
+        if self.landlock and not ended_by_owner:
+            give_up_landlock(self.settings, stage, error)
 
     def _enter(self, announced: str, stage: str, held: str | None,
                background: Callable[[], bool] | None = None, startup: bool = False) -> tuple[str, str | None]:

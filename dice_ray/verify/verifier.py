@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 from dice_ray.config import RewardConfig, VerifyConfig
@@ -176,6 +177,15 @@ class Verifier:
             **verify_cfg.model_dump(exclude={"input_seed"}), "mode": mode, "device": device,
             "gpu_memory_fraction": cap,  # each worker's cap, a share of the GPU's memory (the workers share one GPU)
         }
+        if mode == "gpu":  # a GPU worker imports load_inline candidates' .so files from the build cache (Landlock)
+            from dice_ray.verify.inline_build import default_cache_dir
+
+            cache = Path(verify_cfg.inline_cache_dir).expanduser() if verify_cfg.inline_cache_dir else default_cache_dir()
+            try:
+                cache.mkdir(parents=True, exist_ok=True)  # a rule needs the folder; the builder would make it later
+            except OSError:
+                pass  # the builder fails on it too: no load_inline candidate reaches a worker
+            self._settings["sandbox_read_paths"] = [*verify_cfg.sandbox_read_paths, str(cache)]
         self._limits = {
             "load": verify_cfg.compile_timeout_s,
             "reference": verify_cfg.run_timeout_s,
@@ -376,7 +386,9 @@ class Verifier:
         stage, :mod:`~dice_ray.verify.facts_book`) and, on a GPU, ``gpu_gate_s``: wall seconds the GPU gate was held
         exclusive (timing), draining (shared holders finishing while a timing stage waits), shared
         (references, trials, checks) or idle since the Verifier started
-        (:meth:`~dice_ray.verify.runner.GpuGate.held_seconds`)."""
+        (:meth:`~dice_ray.verify.runner.GpuGate.held_seconds`), and ``confinement``: what the operating system
+        enforces in a ready worker, ``{"landlock": ..., "seccomp": ...}`` (:mod:`~dice_ray.verify.confine`; a
+        layer the kernel or the machine lacks says ``not applied: why``; empty before a worker is ready)."""
         with self._lock:
             current = list(self._idle.queue) + list(self._busy)
             spares = [w for w in self._spares if w.alive()]
@@ -395,6 +407,7 @@ class Verifier:
             "forked_boot_phases_s": list(self._boot_phases),
             "reference_facts": len(self._facts), "reference_facts_used": self._facts.used,
             "gpu_gate_s": self._gate.held_seconds() if self._gate is not None else {},
+            "confinement": next((w.info["confinement"] for w in current if w.info and "confinement" in w.info), {}),
         }
 
     def close(self) -> None:
@@ -516,10 +529,17 @@ class Verifier:
                 worker = self._swap(worker)
             ref_key, token = _reference_key(job["reference_src"]), object()
             try:
-                outcome = worker.run(job, self._limits, self._facts_exchange(ref_key, token))
-            except WorkerError as e:
-                worker = self._swap(worker)
-                return JobOutcome("died", "load", detail=f"sandbox worker failed: {e}")
+                while True:
+                    try:
+                        outcome = worker.run(job, self._limits, self._facts_exchange(ref_key, token))
+                        break
+                    except WorkerError as e:
+                        # a start that failed under Landlock turned it off for the workers started after it
+                        # (confine.give_up_landlock): the job goes to one of those, not into the candidate's verdict
+                        again = worker.landlock and not self._settings.get("landlock", True)
+                        worker = self._swap(worker)
+                        if not again:
+                            return JobOutcome("died", "load", detail=f"sandbox worker failed: {e}")
             finally:
                 self._facts.done(ref_key, token)
             if not worker.alive():

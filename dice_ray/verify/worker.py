@@ -1,8 +1,10 @@
 """The sandboxed worker process: ``python -m dice_ray.verify.worker FD_IN FD_OUT SETTINGS_JSON``.
 
 Started by :class:`dice_ray.verify.runner.WorkerProcess` with a stripped environment and a private
-temporary folder as cwd.  It imports torch, initialises CUDA (GPU mode), applies its own limits
-(:mod:`dice_ray.verify.sandbox`), says ``ready``, then serves jobs one at a time until told to
+temporary folder as cwd.  It confines its file access with Landlock before anything else (before torch and
+CUDA start threads: :mod:`dice_ray.verify.confine`), imports torch, initialises CUDA (GPU mode), verifies a
+known-good candidate, applies its limits (:mod:`dice_ray.verify.sandbox`) and the seccomp filter (on every
+thread, once nothing trusted is left to set up), says ``ready``, then serves jobs one at a time until told to
 exit (at each stage of a job it waits for the parent's go: see ``runner.GpuGate``), the pipe closes, or a job leaves the CUDA context broken (then it waits to be ended and the
 parent starts a new one).  stdout/stderr go to a log file in the temporary folder, never to the protocol
 pipe, so a candidate that prints cannot forge messages.
@@ -43,6 +45,14 @@ def main(argv: list[str]) -> int:
                 os._exit(0)
 
     try:
+        from dice_ray.verify.confine import Confinement
+
+        # Landlock first: it covers this thread and the threads and processes started after it, and torch and
+        # CUDA start threads (a CUDA host callback runs candidate code on one); seccomp waits for the set-up
+        box = Confinement(os.getcwd(), gpu=mode == "gpu", landlock=settings.get("landlock", True),
+                          seccomp=settings.get("seccomp", True), extra_read=settings.get("sandbox_read_paths", ()),
+                          landlock_off=settings.get("landlock_off"))
+        box.restrict_files()
         import torch
 
         from dice_ray import launch
@@ -88,13 +98,13 @@ def main(argv: list[str]) -> int:
             file_size_mib=settings["file_size_mib"],
             address_space_gib=settings["cpu_address_space_gib"] if mode == "compile_only" else None,
         )
-        if settings.get("seccomp", True):
-            limits.append(sandbox.install_seccomp())
+        box.restrict_syscalls()  # sockets, processes, exec: nothing trusted needs them any more
+        box.watch()  # what a candidate tries, for the verdict's reason
     except Exception:  # noqa: BLE001
         write_frame(fd_out, {"type": "failed", "error": traceback.format_exc()[-4000:]})
         return 2
-    info = {"pid": os.getpid(), "mode": mode, "device": device, "limits": limits, "torch": torch.__version__,
-            "self_test": selftest, "boot_phases_s": {k: round(v, 3) for k, v in phases.items()},
+    info = {"pid": os.getpid(), "mode": mode, "device": device, "limits": limits, "confinement": box.status,
+            "torch": torch.__version__, "self_test": selftest, "boot_phases_s": {k: round(v, 3) for k, v in phases.items()},
             "gc_frozen": gc.get_freeze_count(), "preload": preload}
     if mode == "gpu":
         info["gpu"] = torch.cuda.get_device_name(device)
@@ -116,8 +126,13 @@ def main(argv: list[str]) -> int:
         os.ftruncate(1, 0)  # the log (stdout and stderr) holds this job's output only
         os.lseek(1, 0, os.SEEK_SET)
 
+        box.forget()
         try:
             result = harness.run(msg, stage).to_dict()
+            if result["verdict"] in ("crash", "invalid_input"):
+                refused = box.refusal()  # "sandbox: reading '/etc/passwd' refused (Landlock: ...)"
+                if refused:
+                    result["reason"] = f"{refused}; {result['reason']}"
         except Exception:  # noqa: BLE001 - harness.run catches candidate errors; this is the worker's own
             result = {"verdict": "crash", "compiled": True, "fatal": True,
                       "reason": f"verifier worker error: {traceback.format_exc()[-1500:]}"}

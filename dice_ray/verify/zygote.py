@@ -140,8 +140,9 @@ def main(argv: list[str]) -> int:
     import torch  # noqa: F401 - the point of the zygote: imported once, before any fork
 
     from dice_ray import launch  # noqa: F401
-    from dice_ray.verify import harness, sandbox, worker  # noqa: F401
+    from dice_ray.verify import confine, harness, sandbox, worker  # noqa: F401
 
+    confine.load_libraries()  # landlockpy, pyseccomp (which runs ldconfig to find libseccomp): once, here
     harness.warm_imports()  # torch's lazy imports (dispatch modes): seconds a worker no longer spends
 
     try:  # NVRTC and the driver bindings (loading them does not initialise CUDA)
