@@ -8,11 +8,12 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from dice_ray.verify import inline
-from dice_ray.verify.inline import InlineSpec, UnsupportedFormat, exec_inline, extract_specs
+from dice_ray.verify.inline import InlineSpec, UnsupportedFormat, exec_inline, extract_specs, spec_from_call
 from dice_ray.verify.inline_compile import instrument_cuda
 from dice_ray.verify.inline_build import InlineBuilder
 from dice_ray.verify.rules import check_candidate
@@ -304,6 +305,35 @@ def test_parallel_builds_use_unique_dirs_and_dedupe(cache, monkeypatch):
     s = b.stats()
     assert s["cuda_compiles"] == 2 and s["waits"] + s["hits"] >= 1
     assert not any(os.path.exists(d) for d in dirs)  # build folders are removed
+
+
+def test_host_opt_flags_and_a_compiler_crash_on_the_precompiled_header(tmp_path, monkeypatch):
+    """main.cpp compiles at the precompiled header's -O level whatever extra_cflags say (g++ 12 crashed, an
+    internal compiler error, on -O2/-O3 with the header at -O1); should g++ crash on the header all the same, it
+    compiles again without it, and a crash is never cached as the candidate's compile error."""
+    b = builder(tmp_path, pch=True)
+    commands: list[list[str]] = []
+    crash = [True]
+
+    def run(cmd, cwd, file_bytes=None):
+        commands.append(cmd)
+        if "-include" in cmd and crash[0]:
+            return "compile_error", "dice_ray_bindings.cpp:9:1: internal compiler error: Segmentation fault", 0.1
+        (Path(cwd) / cmd[cmd.index("-o") + 1]).write_bytes(b"obj")
+        return "ok", "", 0.1
+
+    monkeypatch.setattr(b, "_pch", lambda: tmp_path / "dice_torch.h")
+    monkeypatch.setattr(b, "_run", run)
+    spec = InlineSpec(name="e", cpp_sources=("int f();",), functions=("f",), extra_cflags=("-O3", "-DX=1"))
+    r = b.build(spec)
+    assert r.ok, r.log
+    mains = [c for c in commands if "inline_build.cpp" in c]
+    assert len(mains) == 2 and "-include" in mains[0] and "-include" not in mains[1]  # crashed, then without it
+    assert all("-O3" not in c and "-DX=1" in c and b.host_opt in c for c in mains)
+    assert not list((b.dir / "obj").glob("*.err"))
+    crash[0], commands[:] = True, []
+    r2 = b.build(InlineSpec(name="e", cpp_sources=("int g();",), functions=("g",)))
+    assert r2.ok and len([c for c in commands if "inline_build.cpp" in c]) == 2
 
 
 def test_compile_bomb_gives_compile_error_within_the_timeout(cache):
