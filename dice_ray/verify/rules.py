@@ -68,6 +68,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from dice_ray.pysource import parse_python
+from dice_ray.verify.liveness import DeadCode, dead_code
 
 __all__ = [
     "ALLOWED_IMPORTS",
@@ -238,9 +239,10 @@ class StaticReport:
         return not self.violations
 
     def first(self) -> Violation | None:
-        """The violation that decides the verdict: a compile_error rule first, else the first cheat."""
-        errors = [v for v in self.violations if v.verdict == "compile_error"]
-        return (errors or self.violations or [None])[0]
+        """The violation that decides the verdict: the first cheat, else the first compile_error rule (a
+        cheat in a module that also lacks ``ModelNew`` or cannot be read is still a cheat)."""
+        cheats = [v for v in self.violations if v.verdict == "cheat"]
+        return (cheats or self.violations or [None])[0]
 
 
 def _dice_ray_use_ok(dotted: str) -> bool:
@@ -481,6 +483,7 @@ class _Checker(ast.NodeVisitor):
         self.direct_class: str | None = None  # set while visiting a class body (its defs are methods)
         self.scopes: list[set[str]] = [_bound_names(tree)]
         self.kernel_calls_in_runtime = 0
+        self.dead: DeadCode = dead_code(tree)  # never runs: not judged (dice_ray.verify.liveness)
 
     # -- helpers ---------------------------------------------------------------------------------
     def add(self, rule: str, message: str, node: ast.AST | None) -> None:
@@ -839,6 +842,10 @@ class _Checker(ast.NodeVisitor):
                  "constants and load_cuda(...) are allowed)", node)
 
     # -- visitors --------------------------------------------------------------------------------
+    def visit(self, node: ast.AST) -> None:
+        if not self.dead.skips(node):  # an `if __name__ == "__main__":` block, an import only dead code uses
+            super().visit(node)
+
     def visit_Import(self, node: ast.Import) -> None:
         for a in node.names:
             self.check_import(a.name, (), node)
@@ -874,7 +881,7 @@ class _Checker(ast.NodeVisitor):
     visit_Nonlocal = visit_Global
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        if node.name == "Model":
+        if node.name == "Model" and id(node) not in self.dead.classes:
             self.add("reference-model", "defines a class named Model (the reference's name)", node)
         for base in node.bases:
             d = self.dotted(base)
@@ -895,17 +902,16 @@ class _Checker(ast.NodeVisitor):
         self.direct_class = saved
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> None:
+        if id(node) in self.dead.bodies:  # never called: only what the def statement runs is judged
+            self.visit_dead_def(node)  # type: ignore[arg-type]
+            return
         for d in [*node.args.defaults, *[d for d in node.args.kw_defaults if d is not None]]:
             if any(isinstance(n, (ast.List, ast.Dict, ast.Set, ast.Call, ast.ListComp, ast.DictComp, ast.SetComp))
                    for n in ast.walk(d)):  # ([],) too
                 self.add("forward-state", "mutable default argument (a cache across calls)", d)
         direct_class, self.direct_class = self.direct_class, None
         if not isinstance(node, ast.Lambda):
-            for dec in node.decorator_list:
-                target = dec.func if isinstance(dec, ast.Call) else dec
-                name = target.id if isinstance(target, ast.Name) and target.id not in self.aliases else self.dotted(target)
-                if name not in _ALLOWED_DECORATORS:
-                    self.add("dynamic-code", f"decorator {ast.unparse(dec)} on {node.name}", dec)
+            self.check_decorators(node)
         is_init = not isinstance(node, ast.Lambda) and node.name == "__init__" and direct_class is not None
         runtime = 0 if is_init else 1
         self.runtime_depth += runtime
@@ -919,6 +925,24 @@ class _Checker(ast.NodeVisitor):
 
     visit_AsyncFunctionDef = visit_FunctionDef
     visit_Lambda = visit_FunctionDef
+
+    def check_decorators(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        for dec in node.decorator_list:
+            target = dec.func if isinstance(dec, ast.Call) else dec
+            name = target.id if isinstance(target, ast.Name) and target.id not in self.aliases else self.dotted(target)
+            if name not in _ALLOWED_DECORATORS:
+                self.add("dynamic-code", f"decorator {ast.unparse(dec)} on {node.name}", dec)
+
+    def visit_dead_def(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        """A function no live code can call (:func:`~dice_ray.verify.liveness.dead_code`: a copy of
+        ``get_inputs``, a test helper): its decorators, defaults and annotations run where the ``def`` is
+        (checked there), its body never."""
+        self.check_decorators(node)
+        for dec in node.decorator_list:
+            self.visit(dec)
+        self.visit(node.args)
+        if node.returns is not None:
+            self.visit(node.returns)
 
     def visit_Name(self, node: ast.Name) -> None:
         if node.id == "Model":
@@ -1176,7 +1200,9 @@ class _Checker(ast.NodeVisitor):
             return
         if d is not None:
             if (d == "torch" or d.startswith("torch.")) and d not in ALLOWED_TORCH_CALLS and not _GLOBAL_SETTERS.match(d):
-                self.add("forward-torch-op", f"calls {d} in run-time code (only {sorted(ALLOWED_TORCH_CALLS)})", node)
+                self.add("forward-torch-op", f"calls {d} in run-time code (only allocation and metadata calls may run "
+                         "there, torch.empty, torch.zeros_like, torch.cuda.current_device...: rules.ALLOWED_TORCH_CALLS)",
+                         node)
             return
         if self.is_kernel_ref(f):
             self.kernel_calls_in_runtime += 1  # a kernel launch (self.k(...), table[i](...), k(...))
@@ -1266,8 +1292,8 @@ def check_candidate(src: str, *, allow_vendor_libraries: bool = False) -> Static
 
     Returns:
         A :class:`StaticReport`; ``report.first()`` is the violation that decides the verdict
-        (``syntax``, ``no-modelnew`` and ``unsupported-format`` give ``compile_error``, the
-        others ``cheat``).
+        (a cheat rule before the ``compile_error`` ones: ``syntax``, ``no-modelnew``, ``unsupported-format``,
+        ``unknown-kernel``).
     Raises:
         TypeError: ``src`` is not a str.
     """
