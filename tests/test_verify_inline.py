@@ -450,6 +450,22 @@ def test_honest_inline_candidate_passes_the_rules():
     ("    cudaStream_t s; cudaStreamCreate(&s);", "", "cuda-stream"),
     # memory a kernel writes and the host reads outside torch (a flag that tells forward its kernels ran)
     ("    int h; cudaMemcpy(&h, y.data_ptr(), 4, cudaMemcpyDeviceToHost);", "", "host-memory"),
+    # one scalar read back: .cpu().item<T>() is .item<T>() (the run-time layer replays it in the kernel ablation)
+    ("    float s = y.cpu().item<float>(); double t = y.cpu().template item<double>(); (void)s; (void)t;", "", None),
+    ("    auto s = y.cpu().item(); (void)s;", "", None),
+    ("    auto h = y.cpu(); float s = h.item<float>(); (void)s;", "", "cpp-torch-op"),
+    ("    float s = y.cpu().data_ptr<float>()[0]; (void)s;", "", "cpp-torch-op"),
+    ("    float s = y.cpu().sum().item<float>(); (void)s;", "", "cpp-torch-op"),
+    ("    int h; cudaMemcpy(&h, y.data_ptr(), 4, (cudaMemcpyKind)2);", "", "host-memory"),
+    ("    int h; cudaMemcpyAsync(&h, y.data_ptr(), 4, KIND, 0);", "#define KIND cudaMemcpyDefault", "host-memory"),
+    ("    int* f; cudaMallocManaged(&f, 4);", "", "host-memory"),
+    ("    int* f; cudaHostAlloc(&f, 4, 0);", "", "host-memory"),
+    ("    auto f = torch::zeros({1}, torch::TensorOptions().pinned_memory(true));", "", "host-memory"),
+    ("    int h = 0; cudaMemcpyFromSymbol(&h, flag, 4);", "__device__ int flag;", "host-memory"),
+    ("", "__managed__ int flag;", "host-memory"),
+    ("    int h[2] = {1, 2}; int* d; cudaMalloc(&d, 8); cudaMemcpy(d, h, 8, cudaMemcpyHostToDevice);\n"
+     "    cudaMemcpy(d, d, 4, ::cudaMemcpyDeviceToDevice); cudaMemcpyToSymbol(c, h, 8); cudaFree(d);",
+     "__constant__ int c[2];", None),
     ("    std::thread t([] {}); t.join();", "#include <thread>", "forbidden-import"),
     ("    std::system(\"ls\");", "#include <cstdlib>", "file-access"),
     ("    auto p = popen(\"ls\", \"r\");", "", "file-access"),

@@ -316,3 +316,20 @@ def test_builtin_suite_solutions_pass():
     bad = {t.task_id: [str(v) for v in check_candidate(t.solution_src).violations] for t in tasks}
     assert not {k: v for k, v in bad.items() if v}
 
+
+def test_one_value_read_back_with_cpu_item_is_launch_code():
+    """x.cpu().item() reads one value as x.item() does (run time: a one-element copy, replayed in the kernel
+    ablation); .cpu() kept as a tensor, or of anything but a value read, is a torch op."""
+    assert check_candidate(in_forward("s = y.cpu().item()\ns = y[0, 0].cpu().item()")).ok
+    for code in ("h = y.cpu()", "s = y.cpu().sum()", "s = y.cpu().numpy()"):
+        assert check_candidate(in_forward(code)).first().rule == "forward-torch-op", code
+
+
+def test_private_weight_init_helpers_are_allowed_where_torch_is():
+    """nn.Linear.reset_parameters' own helper, used to initialise a candidate's weights like the reference's."""
+    init = mutate("        super().__init__()\n", "        super().__init__()\n        self.w = nn.Parameter(torch.empty(4, 4))\n"
+                  "        fan_in, _ = nn.init._calculate_fan_in_and_fan_out(self.w)\n")
+    assert check_candidate(init).ok, [str(v) for v in check_candidate(init).violations]
+    assert check_candidate(in_forward("f, _ = nn.init._calculate_fan_in_and_fan_out(y)")).first().rule == \
+        "forward-torch-op"
+    assert "torch-internals" in {v.rule for v in check_candidate(in_forward("f = nn.init._no_grad_zero_(y)")).violations}

@@ -144,7 +144,7 @@ ALLOWED_TORCH_CALLS: frozenset[str] = frozenset(
     f"torch.{n}"
     for n in (
         "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
-        "Size", "device", "finfo", "iinfo", "is_tensor", "numel", "no_grad", "inference_mode",
+        "Size", "device", "finfo", "iinfo", "is_tensor", "numel", "no_grad", "inference_mode", "tensor",
         "cuda.current_device", "cuda.is_available", "cuda.device_count",
     )
 )
@@ -413,6 +413,11 @@ _INTROSPECTION_ATTRS = frozenset({
     "gi_frame", "gi_code", "gi_yieldfrom", "cr_frame", "cr_code", "cr_await", "ag_frame", "ag_code", "ag_await",
     "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "f_trace", "tb_frame", "tb_next",
 })
+#: private torch functions that honest weight initialisation calls, as ``nn.Linear.reset_parameters`` does
+#: (``fan_in, _ = nn.init._calculate_fan_in_and_fan_out(self.weight)``): plain functions of ``torch.nn.init``,
+#: allowed where torch is (``__init__``); run-time code may call them no more than any torch op
+_INIT_HELPERS = frozenset({"torch.nn.init._calculate_fan_in_and_fan_out", "torch.nn.init._calculate_correct_fan",
+                           "torch.nn.init._no_grad_uniform_", "torch.nn.init._no_grad_normal_"})
 #: torch path components that read or write files (``__init__`` may otherwise call torch freely)
 _TORCH_FILE_IO = frozenset({"load", "save", "from_file", "serialization", "package", "onnx", "profiler"})
 #: torch functions that return a module (``torch.get_device_module('cuda').Stream()``): its attributes
@@ -553,6 +558,8 @@ class _Checker(ast.NodeVisitor):
             self.add("patching", _dice_ray_use_message(d), node)
         elif parts[0] == "torch" and any(p in _TORCH_FILE_IO for p in parts[1:]):
             self.add("file-access", f"uses {d} (file I/O)", node)
+        elif d in _INIT_HELPERS:
+            pass
         elif parts[0] == "torch" and any(p.startswith("_") and not p.startswith("__") for p in parts[1:]):
             self.add("torch-internals", f"uses {d} (a private torch attribute)", node)
         elif any(p.startswith("_") and not p.startswith("__") for p in parts[1:]):
@@ -823,6 +830,17 @@ class _Checker(ast.NodeVisitor):
                     and all(self.constantish(k.value) for k in node.keywords))
         return False
 
+    def loader_argument_list(self, value: ast.AST | None, names: list[str]) -> bool:
+        """A list of constants (``cpp_sources = ["...", "..."]``, ``functions = ["f", "g"]``) whose names are read
+        only as arguments of the module's ``load_inline`` / ``load_cuda`` calls: a build input, not a cache (no
+        other code can reach it to mutate it)."""
+        if not isinstance(value, ast.List) or not all(self.constantish(e) for e in value.elts):
+            return False
+        calls = [n for n in ast.walk(self.tree) if self.is_load_cuda(n)]
+        inside = {id(n) for c in calls for n in ast.walk(c)}
+        return all(id(n) in inside for n in ast.walk(self.tree)
+                   if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load))
+
     def check_top_statement(self, node: ast.stmt) -> None:
         if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Pass)):
             return
@@ -832,6 +850,7 @@ class _Checker(ast.NodeVisitor):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if all(isinstance(t, ast.Name) for t in targets) and (
                 self.is_load_cuda(node.value) or self.constantish(node.value)
+                or self.loader_argument_list(node.value, [t.id for t in targets])  # type: ignore[attr-defined]
             ):
                 return
             self.add("module-state", "top-level assignment of a non-constant (state shared across calls)", node)
@@ -1233,8 +1252,18 @@ class _Checker(ast.NodeVisitor):
             # call counter that switches the computation once the correctness trials are over
             self.add("forward-state", f"run-time code mutates {ast.unparse(f)}", node)
             return
-        if f.attr in _tensor_compute_methods():
+        if f.attr in _tensor_compute_methods() and not (f.attr == "cpu" and _read_by_item(node)):
             self.add("forward-torch-op", f"calls the tensor method .{f.attr}() in run-time code", node)
+
+
+def _read_by_item(call: ast.Call) -> bool:
+    """Whether ``call`` (``x.cpu()``) is at once read by ``.item()`` (``x.cpu().item()``): one value read onto the
+    host, as ``x.item()`` reads it (run time allows it for a one-element tensor and replays it in the kernel
+    ablation, :mod:`dice_ray.verify.host_reads`)."""
+    attr = getattr(call, "parent", None)
+    user = getattr(attr, "parent", None)
+    return (isinstance(attr, ast.Attribute) and attr.attr == "item" and attr.value is call
+            and isinstance(user, ast.Call) and user.func is attr)
 
 
 def _target_chain(node: ast.AST) -> list[ast.AST]:
