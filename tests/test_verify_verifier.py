@@ -134,6 +134,15 @@ def test_code_the_verifier_never_runs_is_not_judged(verifier):
     assert check(verifier, live, "cheat").rule == "forward-torch-op"
 
 
+@pytest.mark.parametrize("line", ["x = x.cuda()", "x = x.to('cuda')", "x = x.to(torch.device('cuda', 0))",
+                                  "assert x.is_cuda", "y = torch.empty(x.shape, device='cuda')",
+                                  "torch.cuda.current_device()"])
+def test_forward_naming_the_gpu_is_not_a_crash_in_the_dry_run(verifier, line):
+    """x.cuda() and the like are no-ops on a GPU: meta stands for it, and what a CPU-only torch cannot
+    answer (torch.cuda.current_device()) makes the dry run inconclusive, not a crash."""
+    v = check(verifier, mutate("        x = x.contiguous()\n", f"        x = x.contiguous()\n        {line}\n"), "ok")
+    assert "dry run" in v.reason
+
 
 def test_library_include_built_at_run_time_is_caught_by_load_cuda_hook(verifier):
     src = mutate("kernels = load_cuda(cuda_source)", 'kernels = load_cuda("#include <cub" + "las_v2.h>\\n" + cuda_source)')

@@ -65,6 +65,7 @@ from dice_ray.verify import gpu_spin, inline, mismatch_kernel, reference_facts, 
 from dice_ray.verify.correctness import (Comparison, compare_outputs, count_mismatches_batch, fill_could_match,
                                          flatten_outputs)
 from dice_ray.verify.host_reads import HostReadLog, HostReadReplay, TextHookedMode, host_read_kind
+from dice_ray.verify.meta_device import MetaStandsForDevice, cuda_unavailable
 from dice_ray.verify.reference_facts import ReferenceFacts
 from dice_ray.verify.rules import check_cuda_source, import_allowed
 
@@ -770,7 +771,9 @@ class Harness:
     def _dry_run(self, model: Any, inputs: list[Any] | None, expected: Any, skipped: str) -> JobResult | str:
         """forward on the reference's meta ``inputs`` with launches checked, not run, and its outputs'
         shapes and dtypes checked against ``expected`` (:meth:`_reference_on_meta`); returns a note or a
-        verdict (``skipped``: the note when the reference could not give inputs or ``expected``)."""
+        verdict (``skipped``: the note when the reference could not give inputs or ``expected``).  Meta stands
+        for the GPU (:class:`~dice_ray.verify.meta_device.MetaStandsForDevice`: ``x.cuda()`` is a no-op), and
+        what the machine's lack of CUDA stops is inconclusive, not a crash."""
         if inputs is None:
             return skipped
         try:
@@ -779,13 +782,16 @@ class Harness:
             return f"dry run skipped (ModelNew does not move to meta tensors: {type(e).__name__})"
         launch.configure(dry_run=True)
         try:
-            out = self._call_candidate(model, inputs, record=True)
+            with MetaStandsForDevice():  # x.cuda(), device="cuda": meta is the device here
+                out = self._call_candidate(model, inputs, record=True)
         except RuleBroken:
             raise
         except Exception as e:  # noqa: BLE001
             msg = str(e)
             if isinstance(e, NotImplementedError) or any(w in msg for w in ("meta", "data pointer", "storage")):
                 return f"dry run inconclusive ({type(e).__name__} on meta tensors)"
+            if cuda_unavailable(e):  # torch.cuda.current_device() and the like on a machine without CUDA
+                return f"dry run inconclusive (forward asks for CUDA, which this machine lacks: {type(e).__name__})"
             return JobResult("crash", compiled=True, reason=f"dry run of forward (meta tensors, launches checked): "
                              f"{_error_text(e)}")
         finally:
