@@ -71,3 +71,21 @@ def test_dead_imports_are_stripped_for_the_worker_with_line_numbers_kept():
     live = src + "\nX = np.pi\n"
     assert "import numpy as np" in strip_dead_imports(live, import_allowed)
     assert strip_dead_imports("def (:\n", import_allowed) == "def (:\n"
+
+
+def test_names_of_an_import_only_dead_code_uses_are_dropped_alone():
+    """``from m import used, unused``: the unused name is neither judged nor imported."""
+    src = open_corpus("kb_example_add.py").replace(
+        "from torch.utils.cpp_extension import load_inline",
+        "from torch.utils.cpp_extension import load_inline, load, CUDA_HOME\nimport math, os")
+    assert check_candidate(src).ok, [str(v) for v in check_candidate(src).violations]
+    out = strip_dead_imports(src, lambda m, n: import_allowed(m, n, inline=True))
+    assert "from torch.utils.cpp_extension import load_inline\npass\n" in out  # math is allowed, os is not: all dead
+    used = src.replace("        return self.elementwise_add", "        load('x', [])\n        return self.elementwise_add")
+    assert not check_candidate(used).ok
+
+
+def open_corpus(name: str) -> str:
+    from pathlib import Path
+
+    return (Path(__file__).resolve().parent / "corpus" / "honest" / name).read_text()

@@ -48,12 +48,15 @@ class DeadCode:
         blocks: module-level ``if __name__ == "__main__":`` statements that never run.
         classes: classes (``ClassDef`` nodes) no live code mentions (their statements run, their methods never).
         imports: ``Import`` / ``ImportFrom`` statements whose names only dead code mentions.
+        aliases: the names (``ast.alias`` nodes) of live-code imports that only dead code mentions
+            (``load`` in ``from torch.utils.cpp_extension import load_inline, load``); those of dead imports too.
     """
 
     bodies: set[int] = field(default_factory=set)
     blocks: set[int] = field(default_factory=set)
     classes: set[int] = field(default_factory=set)
     imports: set[int] = field(default_factory=set)
+    aliases: set[int] = field(default_factory=set)
 
     def skips(self, node: ast.AST) -> bool:
         """Whether ``node`` is a dead main block or a dead import (skipped whole)."""
@@ -164,16 +167,19 @@ def dead_code(tree: ast.Module) -> DeadCode:
                  for stmt in outer.body for n in ast.walk(stmt)}
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in never_run:
-            bound = [(a.asname or a.name).split(".")[0] for a in node.names]
-            if "*" not in bound and not any(b in used for b in bound):
+            unused = [a for a in node.names if a.name != "*" and (a.asname or a.name).split(".")[0] not in used]
+            dead.aliases.update(id(a) for a in unused)
+            if len(unused) == len(node.names):
                 dead.imports.add(id(node))
     return dead
 
 
 def strip_dead_imports(src: str, allowed: Callable[[str, tuple[str, ...]], bool]) -> str:
-    """``src`` with every dead import (:func:`dead_code`) that ``allowed(module, names)`` refuses replaced by
-    ``pass`` (line numbers kept), so the worker's import guard never meets an import nothing uses.  Imports
-    inside dead bodies are left alone: they never run.  ``src`` unchanged when it does not parse.
+    """``src`` without the dead imports (:func:`dead_code`) that ``allowed(module, names)`` refuses, so the
+    worker's import guard never meets an import nothing uses: a dead statement becomes ``pass``, one that also
+    binds live names keeps only those (``from m import used, unused`` -> ``from m import used``); line numbers
+    are kept.  Imports inside dead bodies are left alone: they never run.  ``src`` unchanged when it does not
+    parse.
 
     Args:
         src: a candidate module.
@@ -184,20 +190,25 @@ def strip_dead_imports(src: str, allowed: Callable[[str, tuple[str, ...]], bool]
     except (SyntaxError, ValueError):
         return src
     dead = dead_code(tree)
-    lines = src.splitlines(keepends=True)
-    edits = []
-    for node in ast.walk(tree):
-        if id(node) not in dead.imports:
-            continue
+
+    def refused(node: ast.Import | ast.ImportFrom, aliases: list[ast.alias]) -> bool:
         if isinstance(node, ast.Import):
-            refused = any(not allowed(a.name, ()) for a in node.names)
-        else:
-            refused = bool(node.level) or not allowed(node.module or "", tuple(a.name for a in node.names))
-        if refused:
-            edits.append(node)
-    for node in sorted(edits, key=lambda n: (n.lineno, n.col_offset), reverse=True):
+            return any(not allowed(a.name, ()) for a in aliases)
+        return bool(node.level) or not allowed(node.module or "", tuple(a.name for a in aliases))
+
+    lines = src.splitlines(keepends=True)
+    edits: list[tuple[ast.stmt, str]] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)) or not any(id(a) in dead.aliases for a in node.names):
+            continue
+        live = [a for a in node.names if id(a) not in dead.aliases]
+        if refused(node, node.names) and not (live and refused(node, live)):
+            kept = type(node)(names=live, **({"module": node.module, "level": node.level}
+                                             if isinstance(node, ast.ImportFrom) else {}))
+            edits.append((node, ast.unparse(kept) if live else "pass"))
+    for node, text in sorted(edits, key=lambda e: (e[0].lineno, e[0].col_offset), reverse=True):
         first, last = node.lineno - 1, (node.end_lineno or node.lineno) - 1
         start, end = node.col_offset, node.end_col_offset or 0
         head, tail = lines[first][:start], lines[last][end:]
-        lines[first:last + 1] = [head + "pass" + tail] + ["\n"] * (last - first)
+        lines[first:last + 1] = [head + text + tail] + ["\n"] * (last - first)
     return "".join(lines)

@@ -13,7 +13,9 @@ Decisions (documented so prompts can state them):
   ``math``, ``typing``, ``__future__``, ``dice_ray.launch`` for :data:`ALLOWED_LAUNCH_NAMES`).
   ``torch.nn.functional`` may be imported (``__init__`` may use anything in torch to build
   parameters that match the reference) but its compute functions are refused in run-time code.
-* "Run-time code" is every function and lambda except ``__init__`` methods: there only
+* Code that never runs is not judged (:mod:`dice_ray.verify.liveness`): a function nothing live calls (a
+  copy of ``get_inputs``), an ``if __name__ == "__main__":`` block, the imports only they use.
+* "Run-time code" is every other function and lambda except ``__init__`` methods: there only
   :data:`ALLOWED_TORCH_CALLS` (allocation, meta queries) and :data:`ALLOWED_TENSOR_METHODS`
   (views, sizes, pointers, in-place fills) may be called on torch; ``@`` is refused; submodules
   (``self.conv(x)``) and ``.forward`` may not be called.
@@ -867,13 +869,14 @@ class _Checker(ast.NodeVisitor):
 
     def visit_Import(self, node: ast.Import) -> None:
         for a in node.names:
-            self.check_import(a.name, (), node)
+            if id(a) not in self.dead.aliases:  # a name only dead code uses: never imported (liveness)
+                self.check_import(a.name, (), node)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         if node.level:
             self.add("forbidden-import", "relative import", node)
             return
-        names = tuple(a.name for a in node.names)
+        names = tuple(a.name for a in node.names if id(a) not in self.dead.aliases)
         if "*" in names:
             self.add("forbidden-import", f"star import from {node.module}", node)
             return

@@ -493,7 +493,8 @@ class Verifier:
                 reason = str(first) + (f"\nalso: {'; '.join(others)}" if others else "")
                 return {"verdict": first.verdict, "reason": reason, "rule": first.rule, "stage_seconds": stages}
             # dead imports (used by nothing that runs: a copy of get_inputs) do not run: the worker's guard refuses them
-            candidate_src = strip_dead_imports(candidate_src, import_allowed)
+            fmt = report.format == "inline"
+            candidate_src = strip_dead_imports(candidate_src, lambda m, n: import_allowed(m, n, inline=fmt))
         t0 = time.monotonic()
         inline = self._prepare_inline(candidate_src)  # None: fast format; verdict fields, or the prebuilt modules
         if inline is not None:
