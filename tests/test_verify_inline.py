@@ -152,6 +152,8 @@ def test_flag_lists_are_read_as_torchs_build_reads_them():
     assert s.extra_cuda_cflags == ("-O3", "--use_fast_math", "-Xptxas", "-O3", "-Xptxas=-v,-O3", "-Xcompiler=-O3,-Wall")
     assert spec(extra_cflags=[""]).key() == spec().key()  # one build for the same flags
     assert spec(extra_ldflags=["-lcudart", "-lc10"]).extra_ldflags == ()
+    archs = ["-arch=sm_80", "-gencode arch=compute_90,code=sm_90", "--gpu-architecture sm_89", "-O3"]
+    assert spec(extra_cuda_cflags=archs).extra_cuda_cflags == ("-O3",)  # compiled for the verifier's device
     assert spec(extra_cuda_cflags=["-DBLOCK=256", "-U__CUDA_NO_HALF_OPERATORS__"]).extra_cuda_cflags[0] == "-DBLOCK=256"
     for kw, says in [(dict(extra_ldflags=["-lfoo"]), "extra_ldflags may name only libraries every extension links"),
                      (dict(extra_ldflags=["-L/tmp"]), "-lcudart"),

@@ -82,6 +82,8 @@ _SAFE_FLAG = re.compile(
     r"-Xptxas|--ptxas-options|-Xcompiler|--compiler-options|-v|--restrict|-ftz=(true|false)|-prec-div=(true|false)|"
     r"-prec-sqrt=(true|false)|-fmad=(true|false)|--?warn-on-spills|-dlcm=c[ag]|--allow-expensive-optimizations(=true)?)$"
 )
+#: a target architecture flag of nvcc, its value attached (group 2) or the next token
+_ARCH_FLAG = re.compile(r"^(-arch|--gpu-architecture|-code|--gpu-code|-gencode|--generate-code)(=\S+)?$")
 #: ``-Xptxas=-v,-O3`` / ``-Xcompiler=-O3``: an option handed on to the assembler or host compiler, each of its
 #: comma-separated flags safe
 _PASSED_FLAG = re.compile(r"^(-Xptxas|--ptxas-options|-Xcompiler|--compiler-options)=(.+)$")
@@ -353,8 +355,22 @@ def _functions(value: Any) -> tuple[str, ...]:
 def _flag_tokens(values: tuple[str, ...]) -> list[str]:
     """The flags a list gives the compiler: torch's ``load_inline`` writes a list's items into its ninja
     command line joined by spaces, so an empty item (``extra_cflags=[""]``, KernelBench's own example)
-    adds nothing and ``"-O3 --use_fast_math"`` adds two flags."""
-    return [t for v in values for t in v.split()]
+    adds nothing and ``"-O3 --use_fast_math"`` adds two flags.  Target architecture flags (``-arch=sm_80``,
+    ``-gencode arch=compute_80,code=sm_80``, ``--gpu-architecture sm_90``) are dropped: the verifier
+    compiles for the device it runs on."""
+    tokens = [t for v in values for t in v.split()]
+    out: list[str] = []
+    skip = False
+    for t in tokens:
+        if skip:
+            skip = False
+            continue
+        arch = _ARCH_FLAG.match(t)
+        if arch:
+            skip = not arch.group(2)  # "-arch sm_80": the value is the next token
+            continue
+        out.append(t)
+    return out
 
 
 def _safe_flag(flag: str) -> bool:
