@@ -458,6 +458,9 @@ def test_honest_inline_candidate_passes_the_rules():
     ("    auto h = y.cpu(); float s = h.item<float>(); (void)s;", "", "cpp-torch-op"),
     ("    float s = y.cpu().data_ptr<float>()[0]; (void)s;", "", "cpp-torch-op"),
     ("    float s = y.cpu().sum().item<float>(); (void)s;", "", "cpp-torch-op"),
+    # methods of what metadata calls return (a Device, options) are not Tensor methods
+    ("    cudaSetDevice(x.device().index()); auto o = x.options().dtype(torch::kInt); (void)o;", "", None),
+    ("    auto d = x.device().index(); y = x.index({0});", "", "cpp-torch-op"),
     ("    int h; cudaMemcpy(&h, y.data_ptr(), 4, (cudaMemcpyKind)2);", "", "host-memory"),
     ("    int h; cudaMemcpyAsync(&h, y.data_ptr(), 4, KIND, 0);", "#define KIND cudaMemcpyDefault", "host-memory"),
     ("    int* f; cudaMallocManaged(&f, 4);", "", "host-memory"),

@@ -226,6 +226,21 @@ def _qualified_parts(node: Any) -> list[str]:
     return [p.strip() for p in text.strip().lstrip(":").split("::") if p.strip()]
 
 
+#: Tensor methods whose result is no Tensor (a Device, options, sizes...): a method called on it is that
+#: object's (``x.device().index()`` is the device's ordinal, not ``Tensor::index``)
+_METADATA_METHODS = frozenset({"device", "options", "sizes", "strides", "dtype", "scalar_type", "layout",
+                               "sym_sizes", "sym_strides", "suggest_memory_format"})
+
+
+def _of_metadata(receiver: Any) -> bool:
+    """Whether ``receiver`` is a call of one of :data:`_METADATA_METHODS` (``x.device()``, ``x.options()``)."""
+    if receiver is None or receiver.type != "call_expression":
+        return False
+    fn = receiver.child_by_field_name("function")
+    field = fn.child_by_field_name("field") if fn is not None and fn.type == "field_expression" else None
+    return field is not None and node_text(field) in _METADATA_METHODS
+
+
 #: torch's C++ namespaces: a candidate may not open them (``namespace at { ... }``)
 _TORCH_NAMESPACES = frozenset({"at", "torch", "c10", "caffe2", "aten"})
 
@@ -479,7 +494,8 @@ class _SourceChecker:
             if field is not None and field.type == "template_method":
                 field = field.child_by_field_name("name") or field
             method = node_text(field) if field is not None else ""
-            if method in _torch_names()[1] and not (method == "cpu" and self.read_by_item(node)):
+            if (method in _torch_names()[1] and not (method == "cpu" and self.read_by_item(node))
+                    and not _of_metadata(fn.child_by_field_name("argument"))):
                 self.add("cpp-torch-op", f"host code calls the tensor method .{method}() (only allocation, view and "
                          "metadata methods are allowed)", node)
 
