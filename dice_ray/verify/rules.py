@@ -863,9 +863,9 @@ class _Checker(ast.NodeVisitor):
                  "constants and load_cuda(...) are allowed)", node)
 
     # -- visitors --------------------------------------------------------------------------------
-    def visit(self, node: ast.AST) -> None:
-        if not self.dead.skips(node):  # an `if __name__ == "__main__":` block, an import only dead code uses
-            super().visit(node)
+    def visit_If(self, node: ast.If) -> None:
+        if not self.dead.skips(node):  # an `if __name__ == "__main__":` block never runs (liveness)
+            self.generic_visit(node)
 
     def visit_Import(self, node: ast.Import) -> None:
         for a in node.names:
@@ -873,10 +873,12 @@ class _Checker(ast.NodeVisitor):
                 self.check_import(a.name, (), node)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        names = tuple(a.name for a in node.names if id(a) not in self.dead.aliases)
+        if not names:
+            return  # only dead code uses it: never imported (liveness)
         if node.level:
             self.add("forbidden-import", "relative import", node)
             return
-        names = tuple(a.name for a in node.names if id(a) not in self.dead.aliases)
         if "*" in names:
             self.add("forbidden-import", f"star import from {node.module}", node)
             return
