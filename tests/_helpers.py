@@ -62,9 +62,11 @@ HANG_S = 600
 
 
 def load_benchmark(name: str) -> ModuleType:
-    """``benchmarks/<name>.py`` as a module (the benchmarks are scripts, not a package)."""
+    """``benchmarks/<name>.py`` as a module (the benchmarks are scripts, not a package), registered in
+    ``sys.modules`` under ``name`` unless that name is taken (its dataclasses look their module up there)."""
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, mod)
     spec.loader.exec_module(mod)
     return mod
 

@@ -271,7 +271,7 @@ def test_curate_writes_why_each_left_out_solution_was_left_out(tmp_path, no_ray)
     from dice_ray.tasks.loaders import load_tasks
 
     relu = next(t for t in load_tasks("builtin").tasks if t.task_id == "builtin/L1/relu")
-    cheat = relu.solution_src.replace("class ModelNew", "import threading\nclass ModelNew", 1)
+    cheat = relu.solution_src.replace("class ModelNew", "import threading\nLIVE = threading.active_count()\nclass ModelNew", 1)
     spec = tmp_path / "two.jsonl"
     spec.write_text("".join(json.dumps({"reference": relu.reference_src, "solution": sol, "id": i, "name": "relu"}) + "\n"
                             for i, sol in (("honest", relu.solution_src), ("threads", cheat))))

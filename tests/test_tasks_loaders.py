@@ -142,7 +142,7 @@ def test_malformed_records_are_rejected_with_reasons(tmp_path, monkeypatch):
         {"idx": 5, "level": "high", "pytorch_code": REF_SMALL, "cuda_code": ""},
         "not a record",
         {"idx": 0, "level": 1, "pytorch_code": REF_SMALL, "cuda_code": ""},  # duplicate id
-        {"idx": 8, "level": 1, "pytorch_code": "N = 2**20\n" + REF, "cuda_code": ""},  # 1G elements
+        {"idx": 8, "level": 1, "pytorch_code": "M = 2**10\nN = M * M\n" + REF, "cuda_code": ""},  # 1G elements
         {"idx": 9, "level": 2, "pytorch_code": REF_TRAP, "cuda_code": INLINE_SOL},
         {"idx": 10, "level": 2, "pytorch_code": REF_SMALL, "cuda_code": "def f(:\n"},
     ]
@@ -412,6 +412,19 @@ def test_jsonl_lines(tmp_path, monkeypatch):
         load_tasks(f"jsonl:{tmp_path / 'missing'}")
 
 
+def test_a_spec_may_set_the_level_of_its_tasks(dice_data):
+    """``dice:FILE@level=N``: a file without levels (or with guessed ones) gets the level it is known to have."""
+    path = dice_data / "kernel_infilling_evaluation.json"
+    guessed = load_tasks(f"dice:{path}")
+    assert set(guessed.accepted_by_level()) == {1, 2}  # estimated from Model.forward
+    set_ = load_tasks(f"dice:{path}@level=1+builtin:2")
+    assert set_.accepted_by_level() == {1: len(guessed.tasks) + 2}
+    assert [t.task_id for t in set_.tasks[:len(guessed.tasks)]] == [t.task_id for t in guessed.tasks]
+    for bad in ("7", "one", ""):
+        with pytest.raises(ValueError, match="@level= takes a level 0..4"):
+            load_tasks(f"dice:{path}@level={bad}")
+
+
 def test_spec_error_names_every_spec():
     with pytest.raises(ValueError) as err:
         load_tasks("alpaca:")
@@ -455,7 +468,11 @@ def test_scale_down_inputs_rules():
     assert out == crlf.replace("1_048_576", "1024")
     assert scale_down_inputs(HUGE_SCALABLE, 2**30) == HUGE_SCALABLE  # fits already: unchanged
     assert scale_down_inputs(HUGE_SCALABLE, 1023) is None  # still 1024 elements with batch_size = 1
-    assert scale_down_inputs("N = 2**20\n" + REF, 2**10) is None  # not a literal: not rewritten
+    assert scale_down_inputs("M = 2**10\nN = M * M\n" + REF, 2**10) is None  # N reads a name: not a size constant
+    # arithmetic on literals is a size constant (KernelBench's M = 256 * 8), written back as one literal
+    assert scale_down_inputs("N = 2**20\n" + REF, 2**10) == "N = 1\n" + REF
+    assert shape_constant("N = 256 * 8 + (1 << 3)\n" + REF) == ("N", 2056)
+    assert shape_constant("N = 2.0 * 8\n" + REF) is None and shape_constant("N = -4 * 8\n" + REF) is None
     with pytest.raises(ValueError, match="max_elements"):
         scale_down_inputs(HUGE_SCALABLE, 0)
     with pytest.raises(TaskError, match="no-model-class"):

@@ -98,3 +98,39 @@ def test_large_copies_and_host_tensors_own_reads_are_not_kept(cpu_as_device, mon
     with recorder:
         torch.tensor([3]).item(), str(torch.tensor([3]))
     assert recorder.host_reads == []
+
+
+def test_one_elements_copy_to_the_host_is_a_read_like_item(cpu_as_device):
+    """x.cpu().item() (Python, or .cpu().item<float>() in host C++) is aten _to_copy to the CPU: of one element it
+    is the read item() makes, recorded and replayed; of more it stays a torch op forward may not run."""
+    def to_host(t):
+        return torch.ops.aten._to_copy(t, device=torch.device("cpu"))
+
+    flag = torch.tensor([1], dtype=torch.int32)
+    recorder = OpRecorder()
+    with recorder:
+        assert to_host(flag).tolist() == [1]
+    assert [r[0] for r in recorder.host_reads][:1] == ["to_host"] and recorder.forbidden == []
+    three = torch.arange(3.0)
+    with OpRecorder() as wide:
+        to_host(three)
+    assert wide.forbidden == ["_to_copy"]
+    flag.zero_()
+    with HostReadReplay(recorder.host_reads) as replay:
+        seen = to_host(flag)
+    assert seen.tolist() == [1] and replay.replayed >= 1
+    with HostReadReplay(recorder.host_reads, live=[flag]):
+        assert to_host(flag).tolist() == [0]  # the call's own input: read live
+
+
+def test_host_values_uploaded_to_the_device_are_no_torch_op():
+    """torch.tensor(sizes, device=...) (torch::tensor in host C++) is a _to_copy from the host: an upload, as an
+    allocation and a copy_ are; a device-to-device _to_copy (a cast) stays a torch op."""
+    from dice_ray.verify.harness import _upload
+
+    host = torch.arange(3)
+    assert _upload("_to_copy", (host,), {"device": torch.device("cuda", 0)})
+    assert _upload("_to_copy", (host,), {"device": "cuda", "dtype": torch.int64})
+    assert not _upload("_to_copy", (host,), {"dtype": torch.float16})  # a cast on the host's tensor, no device
+    assert not _upload("_to_copy", (torch.empty(3, device="meta"),), {"device": "cuda"})
+    assert not _upload("add", (host,), {"device": "cuda"})

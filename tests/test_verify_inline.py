@@ -8,11 +8,12 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from dice_ray.verify import inline
-from dice_ray.verify.inline import InlineSpec, UnsupportedFormat, exec_inline, extract_specs
+from dice_ray.verify.inline import InlineSpec, UnsupportedFormat, exec_inline, extract_specs, spec_from_call
 from dice_ray.verify.inline_compile import instrument_cuda
 from dice_ray.verify.inline_build import InlineBuilder
 from dice_ray.verify.rules import check_candidate
@@ -133,8 +134,44 @@ ext = {call}
     with pytest.raises(UnsupportedFormat) as e:
         extract_specs(src)
     assert e.value.argument == argument and e.value.rule == "unsupported-format" and argument in str(e.value)
-    v = check_candidate(src + "class ModelNew:\n    pass\n").first()
-    assert v.rule == "unsupported-format" and v.verdict == "compile_error"
+    report = check_candidate(src + "class ModelNew:\n    pass\n")
+    assert "unsupported-format" in {v.rule for v in report.violations}
+    assert report.first().rule == "forbidden-import"  # os.environ read at top level: a cheat decides before a format error
+
+
+def test_flag_lists_are_read_as_torchs_build_reads_them():
+    """load_inline joins a flag list into its ninja command line: an empty item (KernelBench's own example has
+    extra_cflags=[""], extra_ldflags=[""]) is no flag, an item with spaces several; libraries every extension
+    links anyway are dropped from extra_ldflags; each argument's error says what that argument accepts."""
+    def spec(**kw):
+        return spec_from_call(("e", "int f();", "__global__ void k() {}"), {"functions": ["f"], **kw})
+
+    s = spec(extra_cflags=["", " "], extra_ldflags=[""], extra_cuda_cflags=["-O3 --use_fast_math", "-Xptxas -O3",
+                                                                          "-Xptxas=-v,-O3", "-Xcompiler=-O3,-Wall"])
+    assert s.extra_cflags == () and s.extra_ldflags == ()
+    assert s.extra_cuda_cflags == ("-O3", "--use_fast_math", "-Xptxas", "-O3", "-Xptxas=-v,-O3", "-Xcompiler=-O3,-Wall")
+    assert spec(extra_cflags=[""]).key() == spec().key()  # one build for the same flags
+    assert spec(extra_ldflags=["-lcudart", "-lc10"]).extra_ldflags == ()
+    archs = ["-arch=sm_80", "-gencode arch=compute_90,code=sm_90", "--gpu-architecture sm_89", "-O3"]
+    assert spec(extra_cuda_cflags=archs).extra_cuda_cflags == ("-O3",)  # compiled for the verifier's device
+    assert spec(extra_cuda_cflags=["-DBLOCK=256", "-U__CUDA_NO_HALF_OPERATORS__"]).extra_cuda_cflags[0] == "-DBLOCK=256"
+    for kw, says in [(dict(extra_ldflags=["-lfoo"]), "extra_ldflags may name only libraries every extension links"),
+                     (dict(extra_ldflags=["-L/tmp"]), "-lcudart"),
+                     (dict(extra_include_paths=["/usr/include"]), "may not add include folders"),
+                     (dict(extra_cflags=["-DNS=at"]), "-D macros with a number"),  # a macro renaming a torch API
+                     (dict(extra_cuda_cflags=["-Xcompiler=-fopenmp"]), "-Xcompiler"),
+                     (dict(extra_cuda_cflags=["-Xcompiler -fplugin=x.so"]), "'-fplugin=x.so'")]:
+        with pytest.raises(UnsupportedFormat) as e:
+            spec(**kw)
+        argument = next(iter(kw))
+        assert e.value.argument == argument and argument in str(e.value) and says in str(e.value), str(e.value)
+        assert "optimisation" not in str(e.value) or argument != "extra_ldflags"
+    with pytest.raises(UnsupportedFormat) as e:  # a vendor library named anywhere is the cheat rule, not a format error
+        spec(extra_cuda_cflags=["-O3 -lcublas"])
+    assert e.value.rule == "cuda-library"
+    vendor = spec_from_call(("e", "int f();", ""), {"extra_cuda_cflags": ["-lcublas"], "extra_ldflags": ["-lcublas"]},
+                            allow_vendor_libraries=True)
+    assert vendor.extra_ldflags == ("-lcublas",) and vendor.extra_cuda_cflags == ()
 
 
 def test_load_inline_outside_top_level_and_vendor_libraries():
@@ -306,6 +343,35 @@ def test_parallel_builds_use_unique_dirs_and_dedupe(cache, monkeypatch):
     assert not any(os.path.exists(d) for d in dirs)  # build folders are removed
 
 
+def test_host_opt_flags_and_a_compiler_crash_on_the_precompiled_header(tmp_path, monkeypatch):
+    """main.cpp compiles at the precompiled header's -O level whatever extra_cflags say (g++ 12 crashed, an
+    internal compiler error, on -O2/-O3 with the header at -O1); should g++ crash on the header all the same, it
+    compiles again without it, and a crash is never cached as the candidate's compile error."""
+    b = builder(tmp_path, pch=True)
+    commands: list[list[str]] = []
+    crash = [True]
+
+    def run(cmd, cwd, file_bytes=None):
+        commands.append(cmd)
+        if "-include" in cmd and crash[0]:
+            return "compile_error", "dice_ray_bindings.cpp:9:1: internal compiler error: Segmentation fault", 0.1
+        (Path(cwd) / cmd[cmd.index("-o") + 1]).write_bytes(b"obj")
+        return "ok", "", 0.1
+
+    monkeypatch.setattr(b, "_pch", lambda: tmp_path / "dice_torch.h")
+    monkeypatch.setattr(b, "_run", run)
+    spec = InlineSpec(name="e", cpp_sources=("int f();",), functions=("f",), extra_cflags=("-O3", "-DX=1"))
+    r = b.build(spec)
+    assert r.ok, r.log
+    mains = [c for c in commands if "inline_build.cpp" in c]
+    assert len(mains) == 2 and "-include" in mains[0] and "-include" not in mains[1]  # crashed, then without it
+    assert all("-O3" not in c and "-DX=1" in c and b.host_opt in c for c in mains)
+    assert not list((b.dir / "obj").glob("*.err"))
+    crash[0], commands[:] = True, []
+    r2 = b.build(InlineSpec(name="e", cpp_sources=("int g();",), functions=("g",)))
+    assert r2.ok and len([c for c in commands if "inline_build.cpp" in c]) == 2
+
+
 def test_compile_bomb_gives_compile_error_within_the_timeout(cache):
     bomb = FAST_CUDA + r'''
 template <int N, int K> struct B { static constexpr long v = B<N - 1, 2 * K>::v + B<N - 1, 2 * K + 1>::v; };
@@ -386,6 +452,15 @@ def test_honest_inline_candidate_passes_the_rules():
     ("    cudaStream_t s; cudaStreamCreate(&s);", "", "cuda-stream"),
     # memory a kernel writes and the host reads outside torch (a flag that tells forward its kernels ran)
     ("    int h; cudaMemcpy(&h, y.data_ptr(), 4, cudaMemcpyDeviceToHost);", "", "host-memory"),
+    # one scalar read back: .cpu().item<T>() is .item<T>() (the run-time layer replays it in the kernel ablation)
+    ("    float s = y.cpu().item<float>(); double t = y.cpu().template item<double>(); (void)s; (void)t;", "", None),
+    ("    auto s = y.cpu().item(); (void)s;", "", None),
+    ("    auto h = y.cpu(); float s = h.item<float>(); (void)s;", "", "cpp-torch-op"),
+    ("    float s = y.cpu().data_ptr<float>()[0]; (void)s;", "", "cpp-torch-op"),
+    ("    float s = y.cpu().sum().item<float>(); (void)s;", "", "cpp-torch-op"),
+    # methods of what metadata calls return (a Device, options) are not Tensor methods
+    ("    cudaSetDevice(x.device().index()); auto o = x.options().dtype(torch::kInt); (void)o;", "", None),
+    ("    auto d = x.device().index(); y = x.index({0});", "", "cpp-torch-op"),
     ("    int h; cudaMemcpy(&h, y.data_ptr(), 4, (cudaMemcpyKind)2);", "", "host-memory"),
     ("    int h; cudaMemcpyAsync(&h, y.data_ptr(), 4, KIND, 0);", "#define KIND cudaMemcpyDefault", "host-memory"),
     ("    int* f; cudaMallocManaged(&f, 4);", "", "host-memory"),

@@ -20,6 +20,12 @@ def at_top(code: str) -> str:
     return mutate("import torch\n", f"import torch\n{code}\n")
 
 
+def imported(code: str, use: str) -> str:
+    """HONEST with the import ``code`` at top level and ``use`` of it in forward (an import nothing uses never
+    runs: dice_ray.verify.liveness)."""
+    return mutate("import torch\n", f"import torch\n{code}\n", in_forward(use))
+
+
 CORPUS = [
     # (name, candidate source, rule that must be reported)
     ("try-except fallback", mutate(
@@ -32,24 +38,25 @@ CORPUS = [
     ("tensor method in forward", in_forward("y = y.sum()"), "forward-torch-op"),
     ("cast in forward", in_forward("y = y.half()"), "forward-torch-op"),
     ("@ operator", in_forward("y = y @ y"), "forward-torch-op"),
-    ("torch op in helper", mutate("class ModelNew", "def helper(t):\n    return torch.softmax(t, 0)\n\n\nclass ModelNew"),
-     "forward-torch-op"),
+    ("torch op in helper", mutate("class ModelNew", "def helper(t):\n    return torch.softmax(t, 0)\n\n\nclass ModelNew",
+                                  in_forward("y = helper(y)")), "forward-torch-op"),
     ("inherit reference Model", mutate("class ModelNew(nn.Module):", "class ModelNew(Model):"), "reference-model"),
     ("call reference Model", in_forward("y = Model()(x)"), "reference-model"),
     ("inherit nn.Linear", mutate("class ModelNew(nn.Module):", "class ModelNew(nn.Linear):"), "base-class"),
     ("submodule call", in_forward("y = self.act(y)"), "forward-module-call"),
     (".forward call", in_forward("y = super().forward(y)"), "forward-module-call"),
-    ("threading", at_top("import threading"), "forbidden-import"),
-    ("multiprocessing", at_top("import multiprocessing as mp"), "forbidden-import"),
-    ("subprocess", at_top("from subprocess import run"), "forbidden-import"),
-    ("os", at_top("import os"), "forbidden-import"),
-    ("sys", at_top("import sys"), "forbidden-import"),
-    ("ctypes", at_top("import ctypes"), "forbidden-import"),
-    ("socket", at_top("import socket"), "forbidden-import"),
-    ("time", at_top("import time"), "forbidden-import"),
-    ("dice_ray internals", at_top("from dice_ray import launch"), "forbidden-import"),
-    ("launch counter import", at_top("from dice_ray.launch import launch_count"), "forbidden-import"),
-    ("import inside forward", in_forward("import numpy"), "forbidden-import"),
+    ("threading", imported("import threading", "threading.Thread(target=print).start()"), "forbidden-import"),
+    ("multiprocessing", imported("import multiprocessing as mp", "mp.Process(target=print).start()"), "forbidden-import"),
+    ("subprocess", imported("from subprocess import run", "run(['true'])"), "forbidden-import"),
+    ("os", imported("import os", "os.getpid()"), "forbidden-import"),
+    ("sys", imported("import sys", "sys.exit(0)"), "forbidden-import"),
+    ("ctypes", imported("import ctypes", "ctypes.memset(0, 0, 1)"), "forbidden-import"),
+    ("socket", imported("import socket", "socket.socket()"), "forbidden-import"),
+    ("time", imported("import time", "time.sleep(0)"), "forbidden-import"),
+    ("dice_ray internals", imported("from dice_ray import launch", "launch.configure(dry_run=True)"), "forbidden-import"),
+    ("launch counter import", imported("from dice_ray.launch import launch_count", "launch_count()"),
+     "forbidden-import"),
+    ("import inside forward", in_forward("import numpy\nnumpy.zeros(1)"), "forbidden-import"),
     ("cuda stream", in_forward("s = torch.cuda.Stream()"), "cuda-stream"),
     ("stream context", in_forward("with torch.cuda.stream(torch.cuda.Stream()):\n    pass"), "cuda-stream"),
     ("cuda event", in_forward("e = torch.cuda.Event()"), "cuda-stream"),
@@ -293,9 +300,12 @@ def test_init_may_use_torch_and_kernel_holder_attribute():
     assert report.kernel_refs == {"self.k": {"relu_kernel"}}
 
 
-def test_compile_error_rules_decide_before_cheats():
-    src = mutate("class ModelNew(", "class Solution(", at_top("import os"))
-    assert check_candidate(src).first().rule == "no-modelnew"
+def test_cheat_rules_decide_before_compile_error_rules():
+    """A cheat in a module that also lacks ModelNew is a cheat (both are reported)."""
+    src = mutate("class ModelNew(", "class Solution(", imported("import os", "os.getpid()"))
+    report = check_candidate(src)
+    assert report.first().rule == "forbidden-import" and "no-modelnew" in {v.rule for v in report.violations}
+    assert check_candidate(mutate("class ModelNew(", "class Solution(")).first().rule == "no-modelnew"
 
 
 def test_builtin_suite_solutions_pass():
@@ -305,3 +315,21 @@ def test_builtin_suite_solutions_pass():
     assert tasks
     bad = {t.task_id: [str(v) for v in check_candidate(t.solution_src).violations] for t in tasks}
     assert not {k: v for k, v in bad.items() if v}
+
+
+def test_one_value_read_back_with_cpu_item_is_launch_code():
+    """x.cpu().item() reads one value as x.item() does (run time: a one-element copy, replayed in the kernel
+    ablation); .cpu() kept as a tensor, or of anything but a value read, is a torch op."""
+    assert check_candidate(in_forward("s = y.cpu().item()\ns = y[0, 0].cpu().item()")).ok
+    for code in ("h = y.cpu()", "s = y.cpu().sum()", "s = y.cpu().numpy()"):
+        assert check_candidate(in_forward(code)).first().rule == "forward-torch-op", code
+
+
+def test_private_weight_init_helpers_are_allowed_where_torch_is():
+    """nn.Linear.reset_parameters' own helper, used to initialise a candidate's weights like the reference's."""
+    init = mutate("        super().__init__()\n", "        super().__init__()\n        self.w = nn.Parameter(torch.empty(4, 4))\n"
+                  "        fan_in, _ = nn.init._calculate_fan_in_and_fan_out(self.w)\n")
+    assert check_candidate(init).ok, [str(v) for v in check_candidate(init).violations]
+    assert check_candidate(in_forward("f, _ = nn.init._calculate_fan_in_and_fan_out(y)")).first().rule == \
+        "forward-torch-op"
+    assert "torch-internals" in {v.rule for v in check_candidate(in_forward("f = nn.init._no_grad_zero_(y)")).violations}

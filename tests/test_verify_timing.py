@@ -516,7 +516,7 @@ def test_concurrent_workers_give_the_serial_verdicts():
     batch = [
         (task, HONEST, "ok"),
         (task, mutate("y[i] = x[i]", "y[i] = = x[i]"), "compile_error"),
-        (task, mutate("import torch\n", "import torch\nimport os\n"), "cheat"),
+        (task, mutate("import torch\n", "import torch\nimport os\nos.getpid()\n"), "cheat"),
         (task, mutate("        super().__init__()\n", "        super().__init__()\n        raise ValueError('x')\n"), "crash"),
     ] * 2
     cfg = VerifyConfig(mode="compile_only", workers=2, compile_timeout_s=10.0, run_timeout_s=5.0)

@@ -96,8 +96,52 @@ def test_a_verifier_that_fails_its_self_test_names_it_in_each_verdict():
 def test_static_cheats_are_refused_before_compiling(verifier):
     v = check(verifier, mutate("        return y\n", "        return torch.matmul(y, y)\n"), "cheat")
     assert v.rule == "forward-torch-op" and not v.compiled
-    v = check(verifier, mutate("import torch\n", "import torch\nimport os\n"), "cheat")
-    assert v.rule == "forbidden-import"
+    v = check(verifier, mutate("import torch\n", "import torch\nimport os\n",
+                               mutate("        return y\n", "        os.getpid()\n        return y\n")), "cheat")
+    assert v.rule == "forbidden-import" and "static" in v.stage_seconds
+    v = check(verifier, mutate("class ModelNew", "class ModelOld", mutate("        return y\n", "        return y.sum()\n")),
+              "cheat")  # a cheat decides before the format error (no ModelNew)
+    assert v.rule == "forward-torch-op" and "no-modelnew" in v.reason and "ALLOWED" not in v.reason
+    v = check(verifier, mutate("class ModelNew", "class ModelOld"), "compile_error")
+    assert v.rule == "no-modelnew" and v.reason.startswith("[no-modelnew]")
+
+
+DEAD_CODE = """
+
+def get_inputs():  # a copy of the task's, never called by the verifier
+    return [torch.randn(1024, 1024, device="cuda")]
+
+
+def check_against_reference():
+    import numpy as np
+    torch.manual_seed(0)
+    return np.allclose(ModelNew()(*get_inputs()).cpu().numpy(), 0)
+
+
+if __name__ == "__main__":
+    import sys
+    print(check_against_reference(), file=sys.stderr)
+"""
+
+
+def test_code_the_verifier_never_runs_is_not_judged(verifier):
+    """A copy of get_inputs, a test helper, a main block and imports only they use (numpy at top level: the
+    worker runs the module without it) are honest; a helper forward calls is run-time code."""
+    src = mutate("import torch\n", "import torch\nimport numpy as np\n") + DEAD_CODE
+    v = check(verifier, src, "ok")
+    assert "dry run ok" in v.reason
+    live = mutate("        return y\n", "        return y + get_inputs()[0]\n") + DEAD_CODE
+    assert check(verifier, live, "cheat").rule == "forward-torch-op"
+
+
+@pytest.mark.parametrize("line", ["x = x.cuda()", "x = x.to('cuda')", "x = x.to(torch.device('cuda', 0))",
+                                  "assert x.is_cuda", "y = torch.empty(x.shape, device='cuda')",
+                                  "torch.cuda.current_device()"])
+def test_forward_naming_the_gpu_is_not_a_crash_in_the_dry_run(verifier, line):
+    """x.cuda() and the like are no-ops on a GPU: meta stands for it, and what a CPU-only torch cannot
+    answer (torch.cuda.current_device()) makes the dry run inconclusive, not a crash."""
+    v = check(verifier, mutate("        x = x.contiguous()\n", f"        x = x.contiguous()\n        {line}\n"), "ok")
+    assert "dry run" in v.reason
 
 
 def test_library_include_built_at_run_time_is_caught_by_load_cuda_hook(verifier):

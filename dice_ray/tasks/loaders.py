@@ -45,6 +45,9 @@ Specs accepted by :func:`load_tasks`:
   without a valid solution is **rejected** (rule ``bad-solution``), not loaded reference-only: the
   output is what such a record is for (the SFT target), and quietly dropping it would hide a broken
   converter.  Ids ``alpaca-<file stem>/<index>``, levels estimated.
+* ``KIND:PATH@level=N`` (any kind with a PATH): every task of that file or folder gets level N, whatever its
+  records say or the estimate guesses (``dice:kernelbench_level1.json@level=1``: DICE's reference-only file
+  has no levels, and :func:`~dice_ray.tasks.task.estimate_level` makes a few single operators level 2).
 * several specs joined by ``+`` (``dice:infill.json+dice:e2e.json``, ``builtin+jsonl:mine.jsonl``): their tasks
   together, in the order given; a task id met again is rejected (rule ``duplicate-id``).
 * ``"jsonl:PATH"``: one JSON object a line (a file, or a folder of ``.jsonl`` files):
@@ -194,13 +197,13 @@ def load_tasks(spec: str, max_input_elements: int | None = DEFAULT_MAX_INPUT_ELE
 
     Args:
         spec: ``"builtin"``, ``"builtin:N"``, ``"dice:PATH"``, ``"kernelbench:DIR"``, ``"kernelbench-json:PATH"``,
-            ``"alpaca:PATH"`` or ``"jsonl:PATH"``.
+            ``"alpaca:PATH"`` or ``"jsonl:PATH"``; a PATH may end in ``@level=N`` (every task of it gets level N).
         max_input_elements: scale down references whose ``get_inputs`` allocates more elements
             than this (static lower bound) when they have a size constant, refuse the others (rule
             ``inputs-too-large``); None: no cap.
 
     Raises:
-        ValueError: ``spec`` is none of the above.
+        ValueError: ``spec`` is none of the above, or its ``@level=`` is not a level 0..4.
         FileNotFoundError: PATH / DIR does not exist, is not a regular file or folder, or is a
             folder without a data file of the spec's kind (``.json``, ``.jsonl``).
     Bad records never raise: they are listed in :attr:`LoadReport.rejected`.
@@ -223,11 +226,33 @@ def load_tasks(spec: str, max_input_elements: int | None = DEFAULT_MAX_INPUT_ELE
         return report
     loader = _LOADERS.get(kind)
     if sep and rest and loader is not None:
-        return loader(Path(rest).expanduser(), spec, max_input_elements)
+        path, level = _level_suffix(spec, rest)
+        report = loader(Path(path).expanduser(), spec, max_input_elements)
+        if level is not None:
+            report.tasks = [replace(t, level=level) for t in report.tasks]
+        return report
     raise ValueError(
         f"tasks spec {spec!r}: expected 'builtin', 'builtin:N', 'dice:PATH', 'kernelbench:DIR', 'kernelbench-json:PATH', "
-        "'alpaca:PATH' or 'jsonl:PATH'"
+        "'alpaca:PATH' or 'jsonl:PATH' (a PATH may end in @level=N)"
     )
+
+
+_LEVEL_SUFFIX = re.compile(r"^(?P<path>.+)@level=(?P<level>[^@/]*)$")
+
+
+def _level_suffix(spec: str, rest: str) -> tuple[str, int | None]:
+    """``(PATH, N)`` of a spec's ``PATH@level=N`` (``(PATH, None)`` without the suffix).
+
+    Raises:
+        ValueError: N is not a level 0..4 (the message names the spec).
+    """
+    m = _LEVEL_SUFFIX.match(rest)
+    if m is None:
+        return rest, None
+    try:
+        return m.group("path"), _level(m.group("level"))
+    except TaskError:
+        raise ValueError(f"tasks spec {spec!r}: @level= takes a level 0..4, got {m.group('level')!r}") from None
 
 
 #: where a combined spec splits: a ``+`` followed by another spec's kind

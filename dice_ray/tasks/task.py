@@ -193,7 +193,12 @@ _BINOPS = {
     ast.Mult: lambda a, b: a * b,
     ast.FloorDiv: lambda a, b: a // b,
     ast.Div: lambda a, b: a / b,
+    ast.LShift: lambda a, b: a << b if isinstance(a, int) and isinstance(b, int) and 0 <= b <= 64 else _unknown(),
 }
+
+
+def _unknown() -> object:
+    raise _Unknown
 
 
 class _Unknown(Exception):
@@ -280,13 +285,29 @@ def static_input_elements(reference_src: str) -> int:
     return total
 
 
+def _int_constant(node: ast.AST) -> int | None:
+    """The value of an int literal or of arithmetic on int literals only (``2048``, ``256 * 8``, ``2 ** 16``,
+    ``1 << 20``), or None."""
+    if isinstance(node, ast.Constant):
+        return node.value if type(node.value) is int else None
+    if isinstance(node, (ast.BinOp, ast.UnaryOp)) and all(
+            isinstance(n, (ast.BinOp, ast.UnaryOp, ast.operator, ast.unaryop))
+            or (isinstance(n, ast.Constant) and type(n.value) is int) for n in ast.walk(node)):
+        try:
+            value = _static_value(node, {})
+        except _Unknown:
+            return None
+        return value if type(value) is int else None
+    return None
+
+
 def _shape_constant_node(tree: ast.Module) -> ast.Assign | None:
-    """The first module-level ``NAME = <int literal >= 1>`` that ``get_inputs`` reads and nothing else
-    at module level does; None when there is none."""
+    """The first module-level ``NAME = <int >= 1>`` (a literal or arithmetic on literals: ``M = 256 * 8``) that
+    ``get_inputs`` reads and nothing else at module level does; None when there is none."""
     consts: list[ast.Assign] = []
     for node in tree.body:
         if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                and isinstance(node.value, ast.Constant) and type(node.value.value) is int and node.value.value >= 1):
+                and (_int_constant(node.value) or 0) >= 1):
             consts.append(node)
     inside: set[str] = set()
     outside: set[str] = set()
@@ -307,8 +328,8 @@ def _shape_constant_node(tree: ast.Module) -> ast.Assign | None:
 def shape_constant(reference_src: str) -> tuple[str, int] | None:
     """The size constant of a reference that can change without changing the model.
 
-    That is the first module-level ``NAME = <int literal >= 1>`` that ``get_inputs`` reads and
-    nothing else in the module does (so ``Model`` and ``get_init_inputs``, hence the weights, are
+    That is the first module-level ``NAME = <int >= 1>`` (a literal, or arithmetic on literals such as
+    KernelBench's ``M = 256 * 8``) that ``get_inputs`` reads and nothing else in the module does (so ``Model`` and ``get_init_inputs``, hence the weights, are
     unchanged).  The verifier's shape trial doubles it (:mod:`dice_ray.verify.harness`); loaders halve
     it to fit a memory budget (:func:`scale_down_inputs`, KernelBench#146).  Parses only.
 
@@ -320,7 +341,7 @@ def shape_constant(reference_src: str) -> tuple[str, int] | None:
         node = _shape_constant_node(parse_python(reference_src))
     except (SyntaxError, ValueError):
         return None
-    return None if node is None else (node.targets[0].id, node.value.value)  # type: ignore[union-attr]
+    return None if node is None else (node.targets[0].id, _int_constant(node.value))  # type: ignore[union-attr, return-value]
 
 
 def scale_down_inputs(reference_src: str, max_elements: int) -> str | None:
@@ -350,9 +371,9 @@ def scale_down_inputs(reference_src: str, max_elements: int) -> str | None:
         return reference_src
     if node is None:
         return None
-    lit = node.value
+    lit = node.value  # a literal, or arithmetic on literals (256 * 8): written back as one literal
     start, end = SourcePositions(reference_src).span(lit)
-    value, src = lit.value, reference_src
+    value, src = _int_constant(lit), reference_src
     while static_input_elements(src) > max_elements:
         if value <= 1:
             return None

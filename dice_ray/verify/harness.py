@@ -64,7 +64,8 @@ from dice_ray.tasks.task import shape_constant
 from dice_ray.verify import gpu_spin, inline, mismatch_kernel, reference_facts, timing
 from dice_ray.verify.correctness import (Comparison, compare_outputs, count_mismatches_batch, fill_could_match,
                                          flatten_outputs)
-from dice_ray.verify.host_reads import HostReadLog, HostReadReplay, TextHookedMode
+from dice_ray.verify.host_reads import HostReadLog, HostReadReplay, TextHookedMode, host_read_kind
+from dice_ray.verify.meta_device import MetaStandsForDevice, cuda_unavailable
 from dice_ray.verify.reference_facts import ReferenceFacts
 from dice_ray.verify.rules import check_cuda_source, import_allowed
 
@@ -182,8 +183,18 @@ class JobResult:
         return asdict(self)
 
 
+def _upload(name: str, args: tuple, kwargs: dict[str, Any]) -> bool:
+    """Whether an aten call copies host values to the device (``_to_copy`` of a CPU tensor to a device:
+    ``torch.tensor(sizes, device=...)``, in Python or host C++), as an allocation and a ``copy_`` may."""
+    target = kwargs.get("device")
+    return (name == "_to_copy" and bool(args) and isinstance(args[0], torch.Tensor) and args[0].device.type == "cpu"
+            and target is not None and torch.device(target).type not in ("cpu", "meta"))
+
+
 class OpRecorder(TextHookedMode):
-    """Records the aten ops run under it that are not in :data:`ALLOWED_ATEN_OPS` (``forbidden``), the values
+    """Records the aten ops run under it that are not in :data:`ALLOWED_ATEN_OPS` nor a host read nor an upload
+    (``forbidden``; :func:`~dice_ray.verify.host_reads.host_read_kind`: a one-element ``.cpu()`` is a read,
+    ``torch.tensor(values, device=...)`` an upload), the values
     the code read onto the host (``host_reads``: a :class:`~dice_ray.verify.host_reads.HostReadLog`'s ``reads``,
     tensor texts among them), for the kernel ablation's replay; and the ops that allocated pinned host memory
     (``pinned``: rule ``host-memory``, which a kernel given its address writes)."""
@@ -199,12 +210,13 @@ class OpRecorder(TextHookedMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         name = func.overloadpacket.__name__
         kwargs = kwargs or {}
-        if name not in ALLOWED_ATEN_OPS and name not in self.forbidden:
-            self.forbidden.append(name)
+        if (name not in ALLOWED_ATEN_OPS and name not in self.forbidden and host_read_kind(name, args, kwargs) is None
+                and not _upload(name, args, kwargs)):
+            self.forbidden.append(name)  # a host read (one element's .cpu()) is replayed, not refused
         if kwargs.get("pin_memory") and name not in self.pinned:
             self.pinned.append(name)
         out = func(*args, **kwargs)
-        self._log.note(name, args, out)
+        self._log.note(name, args, out, kwargs)
         return out
 
 
@@ -759,7 +771,9 @@ class Harness:
     def _dry_run(self, model: Any, inputs: list[Any] | None, expected: Any, skipped: str) -> JobResult | str:
         """forward on the reference's meta ``inputs`` with launches checked, not run, and its outputs'
         shapes and dtypes checked against ``expected`` (:meth:`_reference_on_meta`); returns a note or a
-        verdict (``skipped``: the note when the reference could not give inputs or ``expected``)."""
+        verdict (``skipped``: the note when the reference could not give inputs or ``expected``).  Meta stands
+        for the GPU (:class:`~dice_ray.verify.meta_device.MetaStandsForDevice`: ``x.cuda()`` is a no-op), and
+        what the machine's lack of CUDA stops is inconclusive, not a crash."""
         if inputs is None:
             return skipped
         try:
@@ -768,13 +782,16 @@ class Harness:
             return f"dry run skipped (ModelNew does not move to meta tensors: {type(e).__name__})"
         launch.configure(dry_run=True)
         try:
-            out = self._call_candidate(model, inputs, record=True)
+            with MetaStandsForDevice():  # x.cuda(), device="cuda": meta is the device here
+                out = self._call_candidate(model, inputs, record=True)
         except RuleBroken:
             raise
         except Exception as e:  # noqa: BLE001
             msg = str(e)
             if isinstance(e, NotImplementedError) or any(w in msg for w in ("meta", "data pointer", "storage")):
                 return f"dry run inconclusive ({type(e).__name__} on meta tensors)"
+            if cuda_unavailable(e):  # torch.cuda.current_device() and the like on a machine without CUDA
+                return f"dry run inconclusive (forward asks for CUDA, which this machine lacks: {type(e).__name__})"
             return JobResult("crash", compiled=True, reason=f"dry run of forward (meta tensors, launches checked): "
                              f"{_error_text(e)}")
         finally:

@@ -11,10 +11,11 @@ caught; a forward that builds its outputs from what its kernels wrote gets the p
 
 What counts as a host read (the first :data:`MAX_READS` of a call): aten ``_local_scalar_dense`` (``item()``,
 ``bool()``, ``int()``, ``float()``), a device-to-host ``copy_`` into a host tensor of at most
-:data:`MAX_COPY_BYTES`, and the text of a tensor (``repr``, ``str``, ``format``: torch formats with dispatch
-modes off, so it is caught at ``torch._tensor_str._str``).  ``.tolist()``, ``.cpu()`` and ``.to("cpu")`` of a
-device tensor are aten ``_to_copy`` (measured on an H200), which forward may not run at all
-(``forward-torch-op``).
+:data:`MAX_COPY_BYTES`, a ``_to_copy`` of a one-element device tensor to the CPU (``x.cpu().item()``, in
+Python or host C++: the one value ``item()`` reads), and the text of a tensor (``repr``, ``str``, ``format``:
+torch formats with dispatch modes off, so it is caught at ``torch._tensor_str._str``).  ``.tolist()``,
+``.cpu()`` and ``.to("cpu")`` of a larger device tensor are aten ``_to_copy`` too (measured on an H200), which
+forward may not run (``forward-torch-op``).
 """
 
 from __future__ import annotations
@@ -40,16 +41,21 @@ def on_device(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.device.type not in HOST_DEVICE_TYPES
 
 
-def host_read_kind(name: str, args: tuple) -> tuple[str, torch.Tensor] | None:
+def host_read_kind(name: str, args: tuple, kwargs: dict[str, Any] | None = None) -> tuple[str, torch.Tensor] | None:
     """The kind of host read an aten op call is, and the tensor it reads; None when it is not one.
 
-    Kinds: ``"scalar"`` (``_local_scalar_dense`` of a device tensor), ``"copy"`` (``copy_(host, device)``).
+    Kinds: ``"scalar"`` (``_local_scalar_dense`` of a device tensor), ``"copy"`` (``copy_(host, device)``),
+    ``"to_host"`` (``_to_copy(device, device="cpu")`` of one element: ``x.cpu().item()``).
     A host tensor's own reads are not host reads: what it holds came through a copy, replayed or live.
     """
     if name == "_local_scalar_dense" and on_device(args[0]):
         return "scalar", args[0]
     if name == "copy_" and len(args) >= 2 and args[0].device.type == "cpu" and on_device(args[1]):
         return "copy", args[1]
+    target = (kwargs or {}).get("device")
+    if (name == "_to_copy" and on_device(args[0]) and args[0].numel() == 1 and target is not None
+            and torch.device(target).type == "cpu" and not (kwargs or {}).get("pin_memory")):
+        return "to_host", args[0]
     return None
 
 
@@ -59,19 +65,21 @@ def _small(t: torch.Tensor) -> bool:
 
 class HostReadLog:
     """The host reads of one call, in order: ``("scalar", dtype, value)``, ``("copy", host tensor)``,
-    ``("text", str)``; at most :data:`MAX_READS` (copies of at most :data:`MAX_COPY_BYTES`)."""
+    ``("to_host", the device tensor)``, ``("text", str)``; at most :data:`MAX_READS` (copies of at most :data:`MAX_COPY_BYTES`)."""
 
     def __init__(self) -> None:
         self.reads: list[tuple] = []
 
-    def note(self, name: str, args: tuple, out: Any) -> None:
-        """Keep the read an aten call ``name(*args) -> out`` made, if it is one (:func:`host_read_kind`)."""
-        found = host_read_kind(name, args)
+    def note(self, name: str, args: tuple, out: Any, kwargs: dict[str, Any] | None = None) -> None:
+        """Keep the read an aten call ``name(*args, **kwargs) -> out`` made, if it is one (:func:`host_read_kind`)."""
+        found = host_read_kind(name, args, kwargs)
         if found is None or len(self.reads) >= MAX_READS:
             return
         kind = found[0]
         if kind == "scalar":
             self.reads.append(("scalar", args[0].dtype, out))
+        elif kind == "to_host":
+            self.reads.append(("to_host", args[0].clone()))
         elif _small(args[0]):
             self.reads.append(("copy", args[0].clone()))
 
@@ -127,7 +135,7 @@ def _storages(tensors: list[Any]) -> set[int]:
 class HostReadReplay(TextHookedMode):
     """Answers the host reads of the code run under it with a :class:`HostReadLog`'s ``reads``, in order
     within each kind: the n-th scalar read of the recorded dtype gets the n-th recorded scalar, the n-th
-    copy of the recorded shape and dtype the n-th recorded tensor, the n-th tensor text
+    copy (or one-element ``.cpu()``) of the recorded shape and dtype the n-th recorded tensor, the n-th tensor text
     the n-th recorded text.  A read of one of ``live`` (the call's inputs: same storage), past the record,
     or of another dtype or shape, reads the tensor (it still uses up its place in the record).  Every op
     runs as it would without the mode.  ``replayed`` counts the reads answered from the record.
@@ -137,7 +145,7 @@ class HostReadReplay(TextHookedMode):
 
     def __init__(self, reads: list[tuple], live: list[Any] = ()) -> None:
         super().__init__()
-        self._kept = {kind: [r[1:] for r in reads if r[0] == kind] for kind in ("scalar", "copy", "text")}
+        self._kept = {kind: [r[1:] for r in reads if r[0] == kind] for kind in ("scalar", "copy", "to_host", "text")}
         self._live = _storages(list(live))
         self.replayed = 0
         self._on_text = self._replay_text
@@ -162,7 +170,7 @@ class HostReadReplay(TextHookedMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
-        found = host_read_kind(func.overloadpacket.__name__, args)
+        found = host_read_kind(func.overloadpacket.__name__, args, kwargs)
         if found is not None:
             kind, source = found
             record = self._next(kind, source)
@@ -173,4 +181,8 @@ class HostReadReplay(TextHookedMode):
                     and record[0].dtype == args[0].dtype:
                 self.replayed += 1
                 return func(args[0], record[0])
+            if kind == "to_host" and record is not None and record[0].shape == source.shape \
+                    and record[0].dtype == source.dtype:
+                self.replayed += 1
+                return func(record[0], *args[1:], **kwargs)
         return func(*args, **kwargs)

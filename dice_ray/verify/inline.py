@@ -73,16 +73,26 @@ _IGNORED_KWARGS = frozenset({"verbose", "build_directory", "keep_intermediates",
                              "with_pytorch_error_handling", "is_python_module"})
 _POSITIONAL = ("name", "cpp_sources", "cuda_sources")
 _FLAG_KWARGS = ("extra_cflags", "extra_cuda_cflags", "extra_ldflags", "extra_include_paths")
-#: Extra compiler flags a candidate may pass (anything naming a path, a library or the toolchain is refused).
+#: Extra compiler flags a candidate may pass in ``extra_cflags`` / ``extra_cuda_cflags`` (anything naming a
+#: path, a library or the toolchain is refused; a ``-D`` value is a number, so no macro renames a torch API)
 _SAFE_FLAG = re.compile(
     r"^(-O[0-3s]?|--?use_fast_math|-ffast-math|-std=c\+\+(14|17|20)|--expt-relaxed-constexpr|"
-    r"--expt-extended-lambda|--extended-lambda|-lineinfo|-DNDEBUG|-D[A-Za-z_]\w*(=[\w.+-]*)?|-U[A-Za-z_]\w*|"
-    r"-maxrregcount=\d+|--maxrregcount=\d+|-w|-Wall|-Wno-[\w-]+|-funroll-loops|-fno-strict-aliasing|"
-    r"-Xptxas=-v|--ptxas-options=-v|-Xptxas|-v|--restrict|-ftz=(true|false)|-prec-div=(true|false)|"
-    r"-prec-sqrt=(true|false)|-fmad=(true|false))$"
+    r"--expt-extended-lambda|--extended-lambda|-lineinfo|-DNDEBUG|-D[A-Za-z_]\w*(=[+-]?[\d.]+[A-Za-z]*)?|-U[A-Za-z_]\w*|"
+    r"-maxrregcount=\d+|--maxrregcount=\d+|-w|-Wall|-Wextra|-Wno-[\w-]+|-funroll-loops|-fno-strict-aliasing|"
+    r"-Xptxas|--ptxas-options|-Xcompiler|--compiler-options|-v|--restrict|-ftz=(true|false)|-prec-div=(true|false)|"
+    r"-prec-sqrt=(true|false)|-fmad=(true|false)|--?warn-on-spills|-dlcm=c[ag]|--allow-expensive-optimizations(=true)?)$"
 )
-#: ``extra_ldflags`` naming a vendor library: a ``cuda-library`` cheat, not a format problem.
-_LIBRARY_FLAG = re.compile(r"^-l(cublas\w*|cudnn\w*|cusparse\w*|cufft\w*|cusolver\w*|nccl\w*|nvshmem\w*)$")
+#: a target architecture flag of nvcc, its value attached (group 2) or the next token
+_ARCH_FLAG = re.compile(r"^(-arch|--gpu-architecture|-code|--gpu-code|-gencode|--generate-code)(=\S+)?$")
+#: ``-Xptxas=-v,-O3`` / ``-Xcompiler=-O3``: an option handed on to the assembler or host compiler, each of its
+#: comma-separated flags safe
+_PASSED_FLAG = re.compile(r"^(-Xptxas|--ptxas-options|-Xcompiler|--compiler-options)=(.+)$")
+#: ``-l<name>`` of a vendor library, in any flag list: a ``cuda-library`` cheat, not a format problem.
+_LIBRARY_FLAG = re.compile(r"^-l(cublas\w*|cudnn\w*|cusparse\w*|cufft\w*|cusolver\w*|curand\w*|nccl\w*|nvshmem\w*)$")
+#: ``extra_ldflags`` naming a library every extension is linked with anyway (torch's and the CUDA runtime):
+#: accepted and dropped, as they change nothing
+_LINKED_ANYWAY = frozenset({"-lcudart", "-lc10", "-lc10_cuda", "-ltorch", "-ltorch_cpu", "-ltorch_cuda",
+                            "-ltorch_python"})
 #: Vendor math libraries ``VerifyConfig.allow_vendor_libraries`` lets a load_inline candidate link
 #: (``-l<name>`` in ``extra_ldflags``); a closed list: any other ``-l`` flag stays refused.
 VENDOR_LIBRARIES: tuple[str, ...] = ("cublas", "cublasLt", "cudnn", "cusparse", "cufft", "cusolver", "curand")
@@ -342,20 +352,74 @@ def _functions(value: Any) -> tuple[str, ...]:
     return names
 
 
-def _flags(values: tuple[str, ...], what: str, allow_vendor_libraries: bool = False) -> tuple[str, ...]:
-    for v in values:
-        if what == "extra_ldflags" and allow_vendor_libraries and v.startswith("-l") and v[2:] in VENDOR_LIBRARIES:
+def _flag_tokens(values: tuple[str, ...]) -> list[str]:
+    """The flags a list gives the compiler: torch's ``load_inline`` writes a list's items into its ninja
+    command line joined by spaces, so an empty item (``extra_cflags=[""]``, KernelBench's own example)
+    adds nothing and ``"-O3 --use_fast_math"`` adds two flags.  Target architecture flags (``-arch=sm_80``,
+    ``-gencode arch=compute_80,code=sm_80``, ``--gpu-architecture sm_90``) are dropped: the verifier
+    compiles for the device it runs on."""
+    tokens = [t for v in values for t in v.split()]
+    out: list[str] = []
+    skip = False
+    for t in tokens:
+        if skip:
+            skip = False
             continue
-        if what == "extra_ldflags" and _LIBRARY_FLAG.match(v):
-            accepted = "-l" + ", -l".join(VENDOR_LIBRARIES)
+        arch = _ARCH_FLAG.match(t)
+        if arch:
+            skip = not arch.group(2)  # "-arch sm_80": the value is the next token
+            continue
+        out.append(t)
+    return out
+
+
+def _safe_flag(flag: str) -> bool:
+    """Whether a compiler flag is in the safe subset (:data:`_SAFE_FLAG`, or :data:`_PASSED_FLAG` of safe ones)."""
+    passed = _PASSED_FLAG.match(flag)
+    if passed:
+        return all(_SAFE_FLAG.match(f) and not _PASSED_FLAG.match(f) for f in passed.group(2).split(","))
+    return bool(_SAFE_FLAG.match(flag))
+
+
+def _flags(values: tuple[str, ...], what: str, allow_vendor_libraries: bool = False) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Check one flag argument of ``load_inline`` (``what``: ``extra_cflags``, ``extra_cuda_cflags``,
+    ``extra_ldflags`` or ``extra_include_paths``) and normalise it (:func:`_flag_tokens`).
+
+    Returns:
+        ``(flags, vendor)``: the compiler flags to pass (none for ``extra_ldflags``: its libraries of
+        :data:`_LINKED_ANYWAY` are dropped), and the ``-l<vendor library>`` flags, accepted with
+        ``allow_vendor_libraries`` (in any list: linking is the build's business).
+    Raises:
+        UnsupportedFormat: a flag outside what ``what`` accepts (the message names the argument, the flag
+            and what that argument accepts); rule ``cuda-library`` for a vendor library's ``-l`` flag when
+            vendor libraries are not allowed, and always for NCCL / NVSHMEM.
+    """
+    flags: list[str] = []
+    vendor: list[str] = []
+    accepted = "-l" + ", -l".join(VENDOR_LIBRARIES)
+    for v in _flag_tokens(values):
+        if allow_vendor_libraries and v.startswith("-l") and v[2:] in VENDOR_LIBRARIES:
+            vendor.append(v)
+        elif _LIBRARY_FLAG.match(v):
             hint = (f"not among the vendor math libraries accepted ({accepted})" if allow_vendor_libraries
                     else f"verify.allow_vendor_libraries=true accepts {accepted}")
-            raise UnsupportedFormat(f"extra_ldflags: {v!r} links a vendor math library ({hint})", what,
-                                    rule="cuda-library")
-        if what in ("extra_ldflags", "extra_include_paths") or not _SAFE_FLAG.match(v):
-            raise UnsupportedFormat(f"{what}: {v!r} is not supported (allowed: optimisation, fast-math, -std, "
-                                    "-D/-U macros, --expt-* flags)", what)
-    return values
+            raise UnsupportedFormat(f"{what}: {v!r} links a vendor library ({hint})", what, rule="cuda-library")
+        elif what == "extra_include_paths":
+            raise UnsupportedFormat(f"{what}: {v!r} is not supported: a candidate may not add include folders "
+                                    "(torch's and the CUDA toolkit's headers are found already)", what)
+        elif what == "extra_ldflags":
+            if v not in _LINKED_ANYWAY:
+                raise UnsupportedFormat(
+                    f"{what}: {v!r} is not supported: extra_ldflags may name only libraries every extension links "
+                    f"anyway ({', '.join(sorted(_LINKED_ANYWAY))}) and, with verify.allow_vendor_libraries=true, "
+                    f"the vendor math libraries ({accepted})", what)
+        elif _safe_flag(v):
+            flags.append(v)
+        else:
+            raise UnsupportedFormat(f"{what}: {v!r} is not supported (allowed: -O0..-O3, fast-math, -std=c++14/17/20, "
+                                    "-D macros with a number or no value, -U macros, --expt-* flags, -lineinfo, "
+                                    "warnings, -maxrregcount, -Xptxas / -Xcompiler with those)", what)
+    return tuple(flags), tuple(vendor)
 
 
 def spec_from_call(args: tuple, kwargs: dict[str, Any], var: str | None = None, line: int | None = None, *,
@@ -363,9 +427,10 @@ def spec_from_call(args: tuple, kwargs: dict[str, Any], var: str | None = None, 
     """Normalise the arguments of one ``load_inline(...)`` call into an :class:`InlineSpec`.
 
     Used on the statically read values and, in the worker, on the values the candidate really
-    passes (the two must give the same :meth:`InlineSpec.key`).  With ``allow_vendor_libraries``
-    (``VerifyConfig.allow_vendor_libraries``) ``extra_ldflags`` may hold ``-l<name>`` for the names
-    of :data:`VENDOR_LIBRARIES`, kept in :attr:`InlineSpec.extra_ldflags`.
+    passes (the two must give the same :meth:`InlineSpec.key`).  Flag lists are read as torch's build
+    reads them (:func:`_flag_tokens`: ``[""]`` is no flag, ``"-O3 -lineinfo"`` two).  With
+    ``allow_vendor_libraries`` (``VerifyConfig.allow_vendor_libraries``) the flag lists may hold
+    ``-l<name>`` for the names of :data:`VENDOR_LIBRARIES`, kept in :attr:`InlineSpec.extra_ldflags`.
 
     Raises:
         UnsupportedFormat: a missing name, an unknown keyword, flags outside the safe subset
@@ -391,15 +456,16 @@ def spec_from_call(args: tuple, kwargs: dict[str, Any], var: str | None = None, 
     if "cpp_sources" not in values:
         raise UnsupportedFormat("cpp_sources is missing", "cpp_sources")
     flags = {k: _flags(_strings(values.get(k), k), k, allow_vendor_libraries) for k in _FLAG_KWARGS}
+    vendor = tuple(dict.fromkeys(f for _, libs in flags.values() for f in libs))  # in order, once each
     return InlineSpec(
         name=name,
         cpp_sources=_strings(values["cpp_sources"], "cpp_sources", allow_none=False),
         cuda_sources=_strings(values.get("cuda_sources"), "cuda_sources"),
         functions=_functions(values.get("functions")),
-        extra_cflags=flags["extra_cflags"],
-        extra_cuda_cflags=flags["extra_cuda_cflags"],
+        extra_cflags=flags["extra_cflags"][0],
+        extra_cuda_cflags=flags["extra_cuda_cflags"][0],
         no_implicit_headers=bool(values.get("no_implicit_headers", False)),
-        extra_ldflags=flags["extra_ldflags"],
+        extra_ldflags=vendor,
         var=var,
         line=line,
     )

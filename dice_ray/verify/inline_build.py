@@ -11,7 +11,9 @@ its own build instead of calling torch's ``load_inline`` (ninja + one nvcc of th
   (:mod:`dice_ray.verify.inline_compile`: 51 s -> ~11 s a file on the 2-core CPU machines).
 * ``main.cpp`` (``cpp_sources`` + pybind11 bindings of ``functions`` + the counter readers) is
   compiled by ``g++ -c`` against a *precompiled header* of ``torch/extension.h`` built once per
-  toolchain (~40-50 s, ~0.75 GB on disk; 16 s -> ~6-11 s a ``main.cpp`` there).  ``main.o`` and
+  toolchain (~40-50 s, ~0.75 GB on disk; 16 s -> ~6-11 s a ``main.cpp`` there), at the header's ``-O``
+  level whatever ``extra_cflags`` say (:func:`~dice_ray.verify.inline_compile.main_flags`); should g++
+  crash on the header all the same, the file is compiled again without it.  ``main.o`` and
   ``cuda.o`` have their own content keys: an RL group whose samples share ``cpp_sources`` (DICE's
   infilling prompts: only the CUDA ``source`` differs) compiles ``main.cpp`` once.
 * On a GPU machine the two objects are linked (``g++ -shared``, torch's and CUDA's library
@@ -23,7 +25,7 @@ its own build instead of calling torch's ``load_inline`` (ninja + one nvcc of th
   and CUDA's library folders) and found again at load time through an rpath.
 
 Cache: ``<cache_dir>/<toolchain key>/`` with ``obj/`` (``<key>.o`` or ``<key>.err``: compile errors
-are cached too), ``lib/``, ``pch/``, ``include/`` and ``tmp/`` (one unique build folder per
+are cached too, a compiler crash, :data:`~dice_ray.verify.inline_compile.INTERNAL_ERROR`, is not), ``lib/``, ``pch/``, ``include/`` and ``tmp/`` (one unique build folder per
 compile, its outputs moved into place with an atomic ``os.replace``, so concurrent builders, in
 threads or processes, never see half-written files).  The toolchain key hashes the nvcc and g++
 versions, torch's version and include folder, the Python ABI and the build options.  Identical
@@ -58,6 +60,7 @@ from typing import Any, Callable
 
 from dice_ray.verify.inline import InlineSpec
 from dice_ray.verify.inline_compile import (
+    INTERNAL_ERROR,
     LITE_MISS,
     Toolchain,
     cuda_command,
@@ -313,7 +316,8 @@ class InlineBuilder:
     # -- keys and cache ----------------------------------------------------------------------------
     def _keys(self, spec: InlineSpec, inst: Any) -> tuple[str, str | None, str]:
         has_cuda = bool(spec.cuda_sources)
-        main_key = sha("main", self.tc.key, spec.cpp_sources, spec.functions, spec.extra_cflags, has_cuda)
+        main_key = sha("main", self.tc.key, spec.cpp_sources, spec.functions, spec.extra_cflags, has_cuda,
+                       spec.no_implicit_headers)
         cuda_key = sha("cuda", self.tc.key, self.arch, inst.source, spec.extra_cuda_cflags,
                         spec.no_implicit_headers) if inst is not None else None
         libs = self._vendor_libs(spec)
@@ -485,7 +489,8 @@ class InlineBuilder:
             o = self._disk_obj(key)
             if o is None:
                 o = compile_fn()
-                if o.kind == "compile_error":  # deterministic: cache it (timeouts and limits are not)
+                if o.kind == "compile_error" and not INTERNAL_ERROR.search(o.log):
+                    # the candidate's error is deterministic: cache it (timeouts, limits and compiler crashes are not)
                     self._write_atomic(self.dir / "obj" / f"{key}.err",
                                        json.dumps({"kind": o.kind, "log": o.log}).encode())
             fut.set_result(o)
@@ -524,6 +529,7 @@ class InlineBuilder:
                         tmp = self._tmpdir("pch")
                         try:
                             cmd = main_command(self.tc, self.host_opt, (), source=str(header),
+                                               include_dir=self.dir / "include",
                                                out=str(tmp / "dice_torch.h.gch"))
                             kind, log, secs = self._run(cmd, tmp, file_bytes=4 * 2**30)  # the .gch is ~0.75 GB
                             with self._lock:
@@ -544,7 +550,12 @@ class InlineBuilder:
         tmp = self._tmpdir("main")
         try:
             (tmp / "inline_build.cpp").write_text(main_file(spec, modname, has_cuda))
-            kind, log, secs = self._run(main_command(self.tc, self.host_opt, spec.extra_cflags, pch), tmp)
+            inc = self.dir / "include"
+            kind, log, secs = self._run(main_command(self.tc, self.host_opt, spec.extra_cflags, pch, include_dir=inc), tmp)
+            if kind == "compile_error" and pch is not None and INTERNAL_ERROR.search(log):
+                # g++ crashed on the precompiled header, not on the candidate: once more without it
+                kind, log, more = self._run(main_command(self.tc, self.host_opt, spec.extra_cflags, include_dir=inc), tmp)
+                secs += more
             with self._lock:
                 self._stats["main_compiles"] += 1
                 self._stats["main_s"] += secs

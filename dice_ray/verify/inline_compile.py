@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "COUNTER_PREFIX",
     "COUNTER_SUFFIX",
+    "INTERNAL_ERROR",
     "Instrumented",
     "LITE_MISS",
     "Toolchain",
@@ -67,6 +68,7 @@ __all__ = [
     "link_command",
     "main_command",
     "main_file",
+    "main_flags",
     "module_name",
     "rename_init_command",
     "run_limited",
@@ -74,7 +76,7 @@ __all__ = [
 ]
 
 #: bump when the generated files or flags change in a way the toolchain key does not see
-COMPILE_VERSION = 5
+COMPILE_VERSION = 6
 MAX_LOG = 20_000
 
 
@@ -403,19 +405,40 @@ def cuda_file(spec: InlineSpec, instrumented: str, lite: bool) -> str:
     return f'{COUNTER_PREFIX}{implicit}#line 1 "cuda.cu"\n{source}\n#line 1 "dice_ray_counters.cu"\n{COUNTER_SUFFIX}'
 
 
+#: an optimisation flag of the host compiler (``-O``, ``-O0`` .. ``-O3``, ``-Os``)
+_HOST_OPT_FLAG = re.compile(r"^-O[0-3s]?$")
+#: a compiler that crashed rather than refused the source (g++ 12 on a precompiled header used at another ``-O``
+#: level: a segmentation fault in its IPA pass, measured): not the candidate's fault, never cached
+INTERNAL_ERROR = re.compile(r"internal compiler error|died due to signal|terminated program|Segmentation fault")
+
+
+def main_flags(extra: tuple[str, ...]) -> tuple[str, ...]:
+    """``extra_cflags`` as ``main.cpp``'s compile takes them: without ``-O`` flags.  ``main.cpp`` holds the
+    bindings and the host glue of ``cpp_sources`` (the kernels are ``cuda.cu``'s, always ``-O3`` on the device):
+    it is compiled at the builder's ``host_opt``, the precompiled header's level, as g++ 12 crashes (an internal
+    compiler error) on a precompiled header used at another ``-O`` level."""
+    return tuple(f for f in extra if not _HOST_OPT_FLAG.match(f))
+
+
 def main_command(tc: Toolchain, host_opt: str, extra: tuple[str, ...], pch: Path | None = None,
-                 source: str = "inline_build.cpp", out: str = "main.o") -> list[str]:
+                 source: str = "inline_build.cpp", out: str = "main.o", include_dir: Path | None = None) -> list[str]:
     """g++ for ``main.cpp`` (or, with ``source`` the header and ``out`` the ``.gch``, for the
-    precompiled header: the flags must be the same)."""
+    precompiled header: the flags must be the same); ``extra`` is ``extra_cflags``, less its ``-O`` flags
+    (:func:`main_flags`).  The CUDA toolkit's include folder is on the path, as in torch's build of an extension
+    with CUDA sources, and ``include_dir`` (:func:`write_headers`' folder): ``cpp_sources`` may include
+    ``<cuda_runtime.h>`` or ``<c10/cuda/CUDAStream.h>``."""
     cmd = [tc.cxx, f"-std={tc.std}", "-fPIC", host_opt, "-DTORCH_API_INCLUDE_EXTENSION_H",
            f"-D_GLIBCXX_USE_CXX11_ABI={tc.abi}"]
-    for inc in (*tc.torch_includes, tc.python_include):
+    if include_dir is not None:  # the headers a CPU-only torch lacks (write_headers)
+        cmd += ["-I", str(include_dir)]
+    cuda_include = os.path.join(tc.cuda_home, "include")  # torch's load_inline gives it to main.cpp too
+    for inc in (*tc.torch_includes, tc.python_include, *([cuda_include] if os.path.isdir(cuda_include) else [])):
         cmd += ["-isystem", inc]
     if pch is not None:
         cmd += ["-include", str(pch), "-Winvalid-pch"]
     if source.endswith(".h"):
         return [*cmd, "-x", "c++-header", source, "-o", out]
-    return [*cmd, *extra, "-c", source, "-o", out]
+    return [*cmd, *main_flags(extra), "-c", source, "-o", out]
 
 
 def cuda_command(tc: Toolchain, arch: str, host_opt: str, include_dir: Path, name: str,

@@ -63,11 +63,12 @@ __all__ = [
 ]
 
 #: Last components of ``torch::`` / ``at::`` names host code may call (allocation, options,
-#: metadata, checks, current stream and device, caching allocator).
+#: metadata, checks, current stream and device, caching allocator; ``torch::tensor(sizes, opts)`` uploads host
+#: values, as an allocation and a copy do).
 ALLOWED_CPP_TORCH_CALLS: frozenset[str] = frozenset(
     {
         "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
-        "from_blob", "scalar_tensor", "TensorOptions", "dtype", "device", "layout", "requires_grad", "memory_format",
+        "from_blob", "scalar_tensor", "tensor", "TensorOptions", "dtype", "device", "layout", "requires_grad", "memory_format",
         "Device", "Scalar", "ScalarType", "IntArrayRef", "ArrayRef", "TensorList", "Tensor", "MemoryFormat",
         "typeMetaToScalarType", "scalarTypeToTypeMeta", "elementSize", "toString", "isFloatingType",
         "isIntegralType", "isComplexType", "isReducedFloatingType", "make_optional", "optional", "nullopt",
@@ -223,6 +224,21 @@ def _qualified_parts(node: Any) -> list[str]:
     text = re.sub(r"<[^<>]*>", "", node.text.decode(errors="replace"))
     text = re.sub(r"<[^<>]*>", "", text)
     return [p.strip() for p in text.strip().lstrip(":").split("::") if p.strip()]
+
+
+#: Tensor methods whose result is no Tensor (a Device, options, sizes...): a method called on it is that
+#: object's (``x.device().index()`` is the device's ordinal, not ``Tensor::index``)
+_METADATA_METHODS = frozenset({"device", "options", "sizes", "strides", "dtype", "scalar_type", "layout",
+                               "sym_sizes", "sym_strides", "suggest_memory_format"})
+
+
+def _of_metadata(receiver: Any) -> bool:
+    """Whether ``receiver`` is a call of one of :data:`_METADATA_METHODS` (``x.device()``, ``x.options()``)."""
+    if receiver is None or receiver.type != "call_expression":
+        return False
+    fn = receiver.child_by_field_name("function")
+    field = fn.child_by_field_name("field") if fn is not None and fn.type == "field_expression" else None
+    return field is not None and node_text(field) in _METADATA_METHODS
 
 
 #: torch's C++ namespaces: a candidate may not open them (``namespace at { ... }``)
@@ -478,9 +494,28 @@ class _SourceChecker:
             if field is not None and field.type == "template_method":
                 field = field.child_by_field_name("name") or field
             method = node_text(field) if field is not None else ""
-            if method in _torch_names()[1]:
+            if (method in _torch_names()[1] and not (method == "cpu" and self.read_by_item(node))
+                    and not _of_metadata(fn.child_by_field_name("argument"))):
                 self.add("cpp-torch-op", f"host code calls the tensor method .{method}() (only allocation, view and "
                          "metadata methods are allowed)", node)
+
+    @staticmethod
+    def read_by_item(call: Any) -> bool:
+        """Whether the call ``call`` (``x.cpu()``) is at once read by ``.item()`` / ``.item<T>()``
+        (``x.cpu().item<float>()``): the host reads one scalar, as ``x.item<float>()`` does (torch
+        copies the one element to the host either way; run time allows that copy, and the kernel
+        ablation replays the value, as for ``.item()``)."""
+        outer = call.parent
+        if outer is None or outer.type != "field_expression" or outer.child_by_field_name("argument") != call:
+            return False
+        field = outer.child_by_field_name("field")
+        if field is not None and field.type == "dependent_name":  # x.cpu().template item<float>()
+            field = next((c for c in field.named_children if c.type == "template_method"), field)
+        if field is not None and field.type == "template_method":
+            field = field.child_by_field_name("name") or field
+        user = outer.parent
+        return (field is not None and node_text(field) == "item" and user is not None
+                and user.type == "call_expression" and user.child_by_field_name("function") == outer)
 
     def memcpy_kind(self, node: Any, name: str) -> None:
         """``host-memory`` unless a cudaMemcpy's kind is spelled as one that copies nothing to the host (a cast

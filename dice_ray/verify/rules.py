@@ -13,7 +13,9 @@ Decisions (documented so prompts can state them):
   ``math``, ``typing``, ``__future__``, ``dice_ray.launch`` for :data:`ALLOWED_LAUNCH_NAMES`).
   ``torch.nn.functional`` may be imported (``__init__`` may use anything in torch to build
   parameters that match the reference) but its compute functions are refused in run-time code.
-* "Run-time code" is every function and lambda except ``__init__`` methods: there only
+* Code that never runs is not judged (:mod:`dice_ray.verify.liveness`): a function nothing live calls (a
+  copy of ``get_inputs``), an ``if __name__ == "__main__":`` block, the imports only they use.
+* "Run-time code" is every other function and lambda except ``__init__`` methods: there only
   :data:`ALLOWED_TORCH_CALLS` (allocation, meta queries) and :data:`ALLOWED_TENSOR_METHODS`
   (views, sizes, pointers, in-place fills) may be called on torch; ``@`` is refused; submodules
   (``self.conv(x)``) and ``.forward`` may not be called.
@@ -68,6 +70,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from dice_ray.pysource import parse_python
+from dice_ray.verify.liveness import DeadCode, dead_code
 
 __all__ = [
     "ALLOWED_IMPORTS",
@@ -143,7 +146,7 @@ ALLOWED_TORCH_CALLS: frozenset[str] = frozenset(
     f"torch.{n}"
     for n in (
         "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
-        "Size", "device", "finfo", "iinfo", "is_tensor", "numel", "no_grad", "inference_mode",
+        "Size", "device", "finfo", "iinfo", "is_tensor", "numel", "no_grad", "inference_mode", "tensor",
         "cuda.current_device", "cuda.is_available", "cuda.device_count",
     )
 )
@@ -238,9 +241,10 @@ class StaticReport:
         return not self.violations
 
     def first(self) -> Violation | None:
-        """The violation that decides the verdict: a compile_error rule first, else the first cheat."""
-        errors = [v for v in self.violations if v.verdict == "compile_error"]
-        return (errors or self.violations or [None])[0]
+        """The violation that decides the verdict: the first cheat, else the first compile_error rule (a
+        cheat in a module that also lacks ``ModelNew`` or cannot be read is still a cheat)."""
+        cheats = [v for v in self.violations if v.verdict == "cheat"]
+        return (cheats or self.violations or [None])[0]
 
 
 def _dice_ray_use_ok(dotted: str) -> bool:
@@ -411,6 +415,11 @@ _INTROSPECTION_ATTRS = frozenset({
     "gi_frame", "gi_code", "gi_yieldfrom", "cr_frame", "cr_code", "cr_await", "ag_frame", "ag_code", "ag_await",
     "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "f_trace", "tb_frame", "tb_next",
 })
+#: private torch functions that honest weight initialisation calls, as ``nn.Linear.reset_parameters`` does
+#: (``fan_in, _ = nn.init._calculate_fan_in_and_fan_out(self.weight)``): plain functions of ``torch.nn.init``,
+#: allowed where torch is (``__init__``); run-time code may call them no more than any torch op
+_INIT_HELPERS = frozenset({"torch.nn.init._calculate_fan_in_and_fan_out", "torch.nn.init._calculate_correct_fan",
+                           "torch.nn.init._no_grad_uniform_", "torch.nn.init._no_grad_normal_"})
 #: torch path components that read or write files (``__init__`` may otherwise call torch freely)
 _TORCH_FILE_IO = frozenset({"load", "save", "from_file", "serialization", "package", "onnx", "profiler"})
 #: torch functions that return a module (``torch.get_device_module('cuda').Stream()``): its attributes
@@ -481,6 +490,7 @@ class _Checker(ast.NodeVisitor):
         self.direct_class: str | None = None  # set while visiting a class body (its defs are methods)
         self.scopes: list[set[str]] = [_bound_names(tree)]
         self.kernel_calls_in_runtime = 0
+        self.dead: DeadCode = dead_code(tree)  # never runs: not judged (dice_ray.verify.liveness)
 
     # -- helpers ---------------------------------------------------------------------------------
     def add(self, rule: str, message: str, node: ast.AST | None) -> None:
@@ -550,6 +560,8 @@ class _Checker(ast.NodeVisitor):
             self.add("patching", _dice_ray_use_message(d), node)
         elif parts[0] == "torch" and any(p in _TORCH_FILE_IO for p in parts[1:]):
             self.add("file-access", f"uses {d} (file I/O)", node)
+        elif d in _INIT_HELPERS:
+            pass
         elif parts[0] == "torch" and any(p.startswith("_") and not p.startswith("__") for p in parts[1:]):
             self.add("torch-internals", f"uses {d} (a private torch attribute)", node)
         elif any(p.startswith("_") and not p.startswith("__") for p in parts[1:]):
@@ -820,6 +832,17 @@ class _Checker(ast.NodeVisitor):
                     and all(self.constantish(k.value) for k in node.keywords))
         return False
 
+    def loader_argument_list(self, value: ast.AST | None, names: list[str]) -> bool:
+        """A list of constants (``cpp_sources = ["...", "..."]``, ``functions = ["f", "g"]``) whose names are read
+        only as arguments of the module's ``load_inline`` / ``load_cuda`` calls: a build input, not a cache (no
+        other code can reach it to mutate it)."""
+        if not isinstance(value, ast.List) or not all(self.constantish(e) for e in value.elts):
+            return False
+        calls = [n for n in ast.walk(self.tree) if self.is_load_cuda(n)]
+        inside = {id(n) for c in calls for n in ast.walk(c)}
+        return all(id(n) in inside for n in ast.walk(self.tree)
+                   if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load))
+
     def check_top_statement(self, node: ast.stmt) -> None:
         if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Pass)):
             return
@@ -829,6 +852,7 @@ class _Checker(ast.NodeVisitor):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if all(isinstance(t, ast.Name) for t in targets) and (
                 self.is_load_cuda(node.value) or self.constantish(node.value)
+                or self.loader_argument_list(node.value, [t.id for t in targets])  # type: ignore[attr-defined]
             ):
                 return
             self.add("module-state", "top-level assignment of a non-constant (state shared across calls)", node)
@@ -839,15 +863,22 @@ class _Checker(ast.NodeVisitor):
                  "constants and load_cuda(...) are allowed)", node)
 
     # -- visitors --------------------------------------------------------------------------------
+    def visit_If(self, node: ast.If) -> None:
+        if not self.dead.skips(node):  # an `if __name__ == "__main__":` block never runs (liveness)
+            self.generic_visit(node)
+
     def visit_Import(self, node: ast.Import) -> None:
         for a in node.names:
-            self.check_import(a.name, (), node)
+            if id(a) not in self.dead.aliases:  # a name only dead code uses: never imported (liveness)
+                self.check_import(a.name, (), node)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        names = tuple(a.name for a in node.names if id(a) not in self.dead.aliases)
+        if not names:
+            return  # only dead code uses it: never imported (liveness)
         if node.level:
             self.add("forbidden-import", "relative import", node)
             return
-        names = tuple(a.name for a in node.names)
         if "*" in names:
             self.add("forbidden-import", f"star import from {node.module}", node)
             return
@@ -874,7 +905,7 @@ class _Checker(ast.NodeVisitor):
     visit_Nonlocal = visit_Global
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        if node.name == "Model":
+        if node.name == "Model" and id(node) not in self.dead.classes:
             self.add("reference-model", "defines a class named Model (the reference's name)", node)
         for base in node.bases:
             d = self.dotted(base)
@@ -895,17 +926,16 @@ class _Checker(ast.NodeVisitor):
         self.direct_class = saved
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> None:
+        if id(node) in self.dead.bodies:  # never called: only what the def statement runs is judged
+            self.visit_dead_def(node)  # type: ignore[arg-type]
+            return
         for d in [*node.args.defaults, *[d for d in node.args.kw_defaults if d is not None]]:
             if any(isinstance(n, (ast.List, ast.Dict, ast.Set, ast.Call, ast.ListComp, ast.DictComp, ast.SetComp))
                    for n in ast.walk(d)):  # ([],) too
                 self.add("forward-state", "mutable default argument (a cache across calls)", d)
         direct_class, self.direct_class = self.direct_class, None
         if not isinstance(node, ast.Lambda):
-            for dec in node.decorator_list:
-                target = dec.func if isinstance(dec, ast.Call) else dec
-                name = target.id if isinstance(target, ast.Name) and target.id not in self.aliases else self.dotted(target)
-                if name not in _ALLOWED_DECORATORS:
-                    self.add("dynamic-code", f"decorator {ast.unparse(dec)} on {node.name}", dec)
+            self.check_decorators(node)
         is_init = not isinstance(node, ast.Lambda) and node.name == "__init__" and direct_class is not None
         runtime = 0 if is_init else 1
         self.runtime_depth += runtime
@@ -919,6 +949,24 @@ class _Checker(ast.NodeVisitor):
 
     visit_AsyncFunctionDef = visit_FunctionDef
     visit_Lambda = visit_FunctionDef
+
+    def check_decorators(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        for dec in node.decorator_list:
+            target = dec.func if isinstance(dec, ast.Call) else dec
+            name = target.id if isinstance(target, ast.Name) and target.id not in self.aliases else self.dotted(target)
+            if name not in _ALLOWED_DECORATORS:
+                self.add("dynamic-code", f"decorator {ast.unparse(dec)} on {node.name}", dec)
+
+    def visit_dead_def(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        """A function no live code can call (:func:`~dice_ray.verify.liveness.dead_code`: a copy of
+        ``get_inputs``, a test helper): its decorators, defaults and annotations run where the ``def`` is
+        (checked there), its body never."""
+        self.check_decorators(node)
+        for dec in node.decorator_list:
+            self.visit(dec)
+        self.visit(node.args)
+        if node.returns is not None:
+            self.visit(node.returns)
 
     def visit_Name(self, node: ast.Name) -> None:
         if node.id == "Model":
@@ -1176,7 +1224,9 @@ class _Checker(ast.NodeVisitor):
             return
         if d is not None:
             if (d == "torch" or d.startswith("torch.")) and d not in ALLOWED_TORCH_CALLS and not _GLOBAL_SETTERS.match(d):
-                self.add("forward-torch-op", f"calls {d} in run-time code (only {sorted(ALLOWED_TORCH_CALLS)})", node)
+                self.add("forward-torch-op", f"calls {d} in run-time code (only allocation and metadata calls may run "
+                         "there, torch.empty, torch.zeros_like, torch.cuda.current_device...: rules.ALLOWED_TORCH_CALLS)",
+                         node)
             return
         if self.is_kernel_ref(f):
             self.kernel_calls_in_runtime += 1  # a kernel launch (self.k(...), table[i](...), k(...))
@@ -1207,8 +1257,18 @@ class _Checker(ast.NodeVisitor):
             # call counter that switches the computation once the correctness trials are over
             self.add("forward-state", f"run-time code mutates {ast.unparse(f)}", node)
             return
-        if f.attr in _tensor_compute_methods():
+        if f.attr in _tensor_compute_methods() and not (f.attr == "cpu" and _read_by_item(node)):
             self.add("forward-torch-op", f"calls the tensor method .{f.attr}() in run-time code", node)
+
+
+def _read_by_item(call: ast.Call) -> bool:
+    """Whether ``call`` (``x.cpu()``) is at once read by ``.item()`` (``x.cpu().item()``): one value read onto the
+    host, as ``x.item()`` reads it (run time allows it for a one-element tensor and replays it in the kernel
+    ablation, :mod:`dice_ray.verify.host_reads`)."""
+    attr = getattr(call, "parent", None)
+    user = getattr(attr, "parent", None)
+    return (isinstance(attr, ast.Attribute) and attr.attr == "item" and attr.value is call
+            and isinstance(user, ast.Call) and user.func is attr)
 
 
 def _target_chain(node: ast.AST) -> list[ast.AST]:
@@ -1266,8 +1326,8 @@ def check_candidate(src: str, *, allow_vendor_libraries: bool = False) -> Static
 
     Returns:
         A :class:`StaticReport`; ``report.first()`` is the violation that decides the verdict
-        (``syntax``, ``no-modelnew`` and ``unsupported-format`` give ``compile_error``, the
-        others ``cheat``).
+        (a cheat rule before the ``compile_error`` ones: ``syntax``, ``no-modelnew``, ``unsupported-format``,
+        ``unknown-kernel``).
     Raises:
         TypeError: ``src`` is not a str.
     """

@@ -25,7 +25,9 @@ class Verdict(BaseModel):
         speedup: ``ref_ms / candidate_ms`` (PyTorch eager reference), None when not measured.
         reward: see :func:`dice_ray.verify.reward.compute_reward`.
         reason: human-readable detail (NVRTC log, mismatch statistics, traceback tail, timings).
-        rule: the anti-cheat rule id for ``cheat`` (see ``dice_ray.verify.rules.RULES``), or the
+        rule: the anti-cheat rule id for ``cheat`` (see ``dice_ray.verify.rules.RULES``), the format rule of
+            a ``compile_error`` a rule decided (``syntax``, ``no-modelnew``, ``unsupported-format``,
+            ``unknown-kernel``; None for a compiler's error, whose log is in ``reason``), or the
             reference's failure for ``invalid_input``: ``reference-exec`` (module or
             ``get_init_inputs``), ``reference-inputs`` (``get_inputs``), ``reference-build``,
             ``reference-run``, ``reference-output`` (not tensors), ``reference-nonfinite``,
@@ -39,8 +41,10 @@ class Verdict(BaseModel):
             ``verify.compile_baseline`` is on (reported, not rewarded).
         mode: ``gpu`` or ``compile_only``.
         seconds: wall time of this verification (s), worker start included when it happened.
-        stage_seconds: wall seconds of each worker stage (``load``, ``reference``, ``run``,
-            ``timing``, ``check``) and of waiting for the GPU gate (``gate_wait``); empty when no worker ran.
+        stage_seconds: wall seconds of the static rules (``static``), of a load_inline candidate's build
+            (``compile``: nvcc and g++, milliseconds when cached), of each worker stage (``load``, ``reference``,
+            ``run``, ``timing``, ``check``) and of waiting for the GPU gate (``gate_wait``); empty when the
+            verdict came before the static rules (a malformed task or candidate).
             For an ``ok`` verdict also the timing stage's parts (host seconds): ``timing.probe``
             (call-time probe), ``timing.fill`` (making timed inputs), ``timing.windows`` (the timed
             windows: holds, calls and synchronizes), ``timing.check`` (timed outputs compared),

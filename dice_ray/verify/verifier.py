@@ -40,7 +40,8 @@ from typing import Any
 from dice_ray.config import RewardConfig, VerifyConfig
 from dice_ray.verify.facts_book import FactsBook
 from dice_ray.verify.reward import compute_reward
-from dice_ray.verify.rules import check_candidate
+from dice_ray.verify.liveness import strip_dead_imports
+from dice_ray.verify.rules import check_candidate, import_allowed
 from dice_ray.verify.runner import GpuGate, JobOutcome, WorkerError, WorkerProcess
 from dice_ray.verify.sandbox import sweep_private_dirs
 from dice_ray.verify.verdict import Verdict
@@ -495,16 +496,24 @@ class Verifier:
         if not isinstance(candidate_src, str):
             return {"verdict": "compile_error", "reason": f"candidate is a {type(candidate_src).__name__}, not source text"}
         vendor = self.verify_cfg.allow_vendor_libraries
+        t0 = time.monotonic()
         report = check_candidate(candidate_src, allow_vendor_libraries=vendor) if self.verify_cfg.static_rules else None
+        stages = {"static": round(time.monotonic() - t0, 4)}
         if report is not None:
             first = report.first()
             if first is not None:
-                others = [str(v) for v in report.violations if v is not first][:5]
+                others = list(dict.fromkeys(str(v) for v in report.violations if v is not first))[:5]
                 reason = str(first) + (f"\nalso: {'; '.join(others)}" if others else "")
-                return {"verdict": first.verdict, "reason": reason, "rule": first.rule if first.verdict == "cheat" else None}
+                return {"verdict": first.verdict, "reason": reason, "rule": first.rule, "stage_seconds": stages}
+            # dead imports (used by nothing that runs: a copy of get_inputs) do not run: the worker's guard refuses them
+            fmt = report.format == "inline"
+            candidate_src = strip_dead_imports(candidate_src, lambda m, n: import_allowed(m, n, inline=fmt))
+        t0 = time.monotonic()
         inline = self._prepare_inline(candidate_src)  # None: fast format; verdict fields, or the prebuilt modules
-        if inline is not None and "verdict" in inline:
-            return inline
+        if inline is not None:
+            stages["compile"] = round(time.monotonic() - t0, 4)  # the load_inline build (cached: milliseconds)
+            if "verdict" in inline:
+                return {**inline, "stage_seconds": stages}
         job = {
             "task_id": task.task_id,
             "input_seed": self.input_seed,
@@ -515,7 +524,8 @@ class Verifier:
         }
         if inline is not None:
             job["inline"] = inline
-        return self._from_outcome(self._run_job(job))
+        fields = self._from_outcome(self._run_job(job))
+        return {**fields, "stage_seconds": {**stages, **fields["stage_seconds"]}}
 
     def _run_job(self, job: dict[str, Any]) -> JobOutcome:
         """Run ``job`` on an idle worker (waiting for one), swapping a dead or worn-out worker first and
@@ -706,7 +716,7 @@ class Verifier:
             kind = r.get("verdict", "crash")
             if kind == "compile_error" and r.get("rule"):
                 r["reason"] = f"[{r['rule']}] {r.get('reason', '')}"
-            if kind not in ("cheat", "invalid_input"):
+            if kind not in ("cheat", "invalid_input", "compile_error"):
                 r["rule"] = None
             return r
         stage = outcome.stage
