@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from pathlib import Path
 
@@ -212,10 +213,15 @@ def test_illegal_memory_access_crashes_then_honest_ok(gpu):
 def test_kernel_preload_runs_nothing_and_frees_its_memory():
     from dice_ray.verify.kernel_preload import preload_kernels
 
+    gc.collect()  # earlier tests' garbage, freed by a collection inside the call, would read as memory freed by it
     torch.cuda.synchronize()
     x = torch.full((8,), 3.0, device="cuda")
     before = torch.cuda.memory_allocated()
-    got = preload_kernels(torch.cuda.current_device())
+    gc.disable()
+    try:
+        got = preload_kernels(torch.cuda.current_device())
+    finally:
+        gc.enable()
     assert "error" not in got and got["ops"] == 8 and got["ms"] > 0 and got["libraries"] == "cublas, cudnn", got
     assert torch.cuda.memory_allocated() == before and torch.cuda.memory_reserved() >= before
     assert torch.equal(x, torch.full((8,), 3.0, device="cuda"))  # nothing replayed; the context works
