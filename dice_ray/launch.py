@@ -59,7 +59,7 @@ DEFAULT_ARCH = "sm_90"
 #: Options every compile gets (the candidate cannot choose its own).  ``-DNDEBUG``: a release build, so
 #: a device ``assert()`` compiles to nothing (NVRTC's built-in ``assert`` honours it, as ``<cassert>``
 #: does).  A failed device assert is a trap, and a trap takes its process 1.1-2.0 s to report on an
-#: H200 (an illegal address: ~0.15 s), all of it holding the verifier's GPU gate (docs/verifier-measurements.md).
+#: H200 (an illegal address: ~0.15 s), all of it holding the verifier's GPU gate (docs/benchmarks.md).
 BASE_OPTIONS: tuple[str, ...] = ("--std=c++17", "-DNDEBUG")
 _CACHE_SIZE = 512
 _DEFAULT_SMEM_LIMIT = 48 * 1024
