@@ -102,6 +102,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.tasks:
         args.overrides.append(f"tasks.spec={args.tasks}")
     try:
+        if _plan_first(args):  # --dry-run: the plan printed, nothing started
+            return 0
         train(args.config, args.overrides, args.resume)
     except KeyboardInterrupt:
         return 130  # the trainer printed the steps done and the --resume command
@@ -115,6 +117,30 @@ def cmd_train(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError, ConnectionError) as exc:  # ConnectionError: e.g. auth.ClusterRefused
         return _fail(str(exc))
     return 0
+
+
+def _plan_first(args: argparse.Namespace) -> bool:
+    """``train``'s check before anything starts (:func:`dice_ray.cluster.plan.check`): the placement and per-GPU
+    memory of each role against the GPUs (``--cluster-gpus`` / ``--gpus-per-node`` / ``--gpu-memory-gib``, else the
+    cluster at the address, else this machine's). Returns True for ``--dry-run`` (the plan printed).
+
+    Raises:
+        PlanDoesNotFit (a ValueError): the plan cannot fit (exit 2), and what the config's loading raises.
+    """
+    from pathlib import Path
+
+    from dice_ray.cluster.plan import check
+    from dice_ray.config import load_config
+
+    if args.resume:
+        from dice_ray.cluster.trainer import resume_config
+
+        cfg = resume_config(Path(args.resume).expanduser().resolve(), args.overrides)
+    else:
+        cfg = load_config(args.config, args.overrides)
+    check(cfg, dry_run=args.dry_run, cluster_gpus=args.cluster_gpus, gpus_per_node=args.gpus_per_node,
+          gpu_memory_gib=args.gpu_memory_gib, prompt=args.prompt_tokens)
+    return args.dry_run
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
@@ -510,6 +536,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else the cluster `ray start` runs on this "
                    "machine, else a new local one)")
     t.add_argument("--tasks", help=TASKS_HELP + " (default: builtin)")
+    t.add_argument("--dry-run", action="store_true", help="print the placement of each role (GPUs, nodes) and its "
+                   "per-GPU memory estimate, check that it fits, and start nothing (exit 0: fits or capacity unknown; "
+                   "2: does not fit). Without it the same check runs first and refuses a plan that cannot fit")
+    t.add_argument("--cluster-gpus", type=int, metavar="N", help="check against a cluster of N GPUs (default: the "
+                   "cluster at --address / RAY_ADDRESS, else this machine's GPUs)")
+    t.add_argument("--gpus-per-node", type=int, metavar="N", help="with --cluster-gpus: GPUs a node (default: one node)")
+    t.add_argument("--gpu-memory-gib", type=float, metavar="GIB", help="memory of one GPU (default: this machine's "
+                   "GPU, else the cluster's GPU type)")
+    t.add_argument("--prompt-tokens", type=int, metavar="N", help="prompt length the memory estimate assumes "
+                   "(default: 512 for tasks.prompt_template=compact, 2048 for dice)")
     t.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. rl.steps=10")
     t.set_defaults(fn=cmd_train)
 

@@ -1,4 +1,4 @@
-"""`ray job submit ... -- python jobs/train.py [--config FILE] [key=value ...] [--resume RUN_DIR]`.
+"""`ray job submit ... -- python jobs/train.py [--config FILE] [key=value ...] [--resume RUN_DIR] [--dry-run]`.
 
 A thin entry point: inside a Ray job, RAY_ADDRESS is set, so the trainer joins the job's cluster.
 """

@@ -83,7 +83,7 @@ def test_cluster_8b_preset_fits_the_launcher_gpus(launcher):
     cfg = load_config(REPO / "configs" / "cluster-8b.yaml")
     gpu_type = launcher["available_node_types"]["gpu_worker"]
     c = cfg.cluster
-    asked = c.num_verifiers * c.verifier_gpus + c.num_rollout_workers * c.rollout_gpus + c.learner_gpus
+    asked = c.num_verifiers * c.verifier_gpus + c.num_rollout_workers * c.rollout_gpus + c.learner_ranks * c.learner_gpus
     assert asked == gpu_type["min_workers"] * gpu_type["resources"]["GPU"]
 
 
@@ -109,7 +109,7 @@ def test_gpu_presets_write_out_their_split():
     assert one.num_verifiers * one.verifier_gpus + one.rollout_gpus + one.learner_gpus == 1.0
     eight = load_config(REPO / "configs" / "8gpu.yaml").cluster
     assert eight.num_verifiers * eight.verifier_gpus + eight.num_rollout_workers * eight.rollout_gpus \
-        + eight.learner_gpus == 8.0
+        + eight.learner_ranks * eight.learner_gpus == 8.0
 
 
 def test_cluster_8b_preset_has_the_dice_8b_shape():
@@ -122,7 +122,7 @@ def test_cluster_8b_preset_has_the_dice_8b_shape():
 
 @pytest.mark.parametrize(
     "edit, named",
-    [("cluster:\n  num_verifers: 2\n", "num_verifers"), ("rl:\n  learning_rate: -1.0\n", "learning_rate")],
+    [("cluster:\n  num_verifers: 2\n", "num_verifers"), ("rl:\n  ppo_epochs: 0\n", "ppo_epochs")],
 )
 def test_a_bad_preset_key_or_value_fails_naming_it(tmp_path, edit, named):
     text = (REPO / "configs" / "8gpu.yaml").read_text()

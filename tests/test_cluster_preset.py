@@ -52,8 +52,8 @@ def test_cluster_8b_preset_loads_an_sdar_checkpoint_folder(tmp_path, model_type,
     # everything but model.path is the preset's: GPU split, ZeRO stage, no warm start, RL and decoding
     assert cfg.model_dump(exclude={"model": {"path"}}) == preset.model_dump(exclude={"model": {"path"}})
     c = cfg.cluster
-    assert (c.num_verifiers, c.num_rollout_workers, c.learner_gpus, c.zero_stage) == (8, 7, 1.0, 3)
-    assert c.num_verifiers * c.verifier_gpus + c.num_rollout_workers * c.rollout_gpus + c.learner_gpus == 16
+    assert (c.num_verifiers, c.num_rollout_workers, c.learner_ranks, c.learner_gpus, c.zero_stage) == (4, 4, 8, 1.0, 3)
+    assert c.num_verifiers * c.verifier_gpus + c.num_rollout_workers * c.rollout_gpus + c.learner_ranks * c.learner_gpus == 16
     assert not cfg.sft.enabled and cfg.model.family == "sdar" and cfg.model.dtype == "bfloat16"
 
     policy = DiffusionPolicy.from_config(cfg.model)
