@@ -20,23 +20,44 @@ allows). Tokens/s is given for processed and for trained (response) tokens.
 
 Gradient checkpointing (``--grad-ckpt``): ``layers`` re-computes whole decoder layers of the noisy
 passes in backward, and only the MLPs of the prompt / clean passes (they write the KV cache, so re-running
-them would append to it twice); ``mlp`` checkpoints every MLP; ``none``. Attention is the model's
-``dice_block`` SDPA with an explicit block mask (FlashAttention does not take a mask, so PyTorch's
-memory-efficient kernel serves it unless ``--sdpa-backend`` says otherwise).
+them would append to it twice; the compiled layers run their MLP inside a compiled region, so there the
+prompt / clean passes are not checkpointed); ``mlp`` checkpoints every MLP; ``none``. The ``sdpa`` variants'
+attention is the model's ``dice_block`` SDPA with an explicit block mask (FlashAttention does not take a mask,
+so PyTorch's memory-efficient kernel serves it unless ``--sdpa-backend`` says otherwise).
 
-Fused kernels (``--fused none,liger``, the default on CUDA; ``none`` on CPU): each variant is measured in a child
-process of this script (``--fused X --out tmp.json``: Liger patches module globals, and DeepSpeed / NCCL state is
-per process), one after the other, and the parent prints one table (s/update, processed tokens/s, MFU, matmul MFU,
-peak GiB) and the ratio liger / none; a variant that fails (out of memory, Liger missing) prints its error line and
-the others still report. ``liger`` = :func:`dice_ray.policy.fused.apply_fused_kernels` (Liger-Kernel's SwiGLU
-and RoPE, the learner's ``cluster.fused_kernels``), applied once the model is on the device, before the
-checkpointing wrappers and ``deepspeed.initialize``. One variant runs in this process.
+Variants (``--variants``, a comma list of ``sdpa``, ``flex``, ``sdpa+compile``, ``flex+compile``; default
+``sdpa``, today's path) and fused kernels (``--fused``, a comma list of ``none``, ``liger``; default ``none,liger``
+on CUDA, ``none`` on CPU): when more than one (fused, variant) pair is asked for, each is measured in a child
+process of this script (``--fused X [--variants V] --out tmp.json``: Liger patches module globals, torch.compile
+and DeepSpeed / NCCL state are per process), one after the other, and the parent prints one table (median
+s/update, processed tokens/s, MFU, matmul MFU, peak GiB), then each run's speed-up over the first row, the loss of
+its first update (taken before any optimizer step: the same number in every variant, up to bf16 rounding) and
+the fallbacks it reported, and the ratio liger / none when both ran; a run that fails (out of memory, Liger
+missing, a compile error) prints its error line and the others still report. One pair runs in this process.
+
+``sdpa`` is today's path (the model's ``dice_block`` SDPA over the dense block mask); ``flex`` is FlexAttention
+over a ``BlockMask`` of the same mask (:func:`dice_ray.policy.model.set_attention`, the learner's
+``cluster.learner_attention=flex``: fully masked tiles skipped); ``+compile`` adds the compiled decoder layers and
+log-prob head (:func:`dice_ray.policy.compiled.compile_layers`, ``cluster.learner_compile=true``; compiled during
+the warm-up update, which is not timed). ``liger`` = :func:`dice_ray.policy.fused.apply_fused_kernels`
+(Liger-Kernel's SwiGLU and RoPE, the learner's ``cluster.fused_kernels``, its default ``auto`` on a GPU), applied
+once the model is on the device, before the attention choice, the compiled layers (which run their own fused code
+for both), the checkpointing wrappers and ``deepspeed.initialize``. On CPU the ``flex`` variants run PyTorch's
+unfused FlexAttention reference (its CPU backward guard lifted: a smoke test of the plumbing, the numbers mean
+nothing there).
+
+The GPU run of issue 42 (one H100 / H200, SDAR-1.7B shape, bf16, the other options at their defaults; a few
+minutes, most of them the compile of the last variant; ``--peak-tflops`` 989 is the H100 SXM / H200 dense bf16 peak;
+Liger needs the ``gpu`` extra, ``--fused none`` without it):
+
+    python benchmarks/learner_throughput.py --device cuda --fused liger --variants sdpa,flex,flex+compile --out learner.json
 
     python benchmarks/learner_throughput.py [--device cuda] [--groups 2] [--group-size 16] [--micro-batch 8]
         [--prompt-len 512] [--response-len 512] [--steps-per-block 4] [--grad-ckpt layers] [--zero-stage 2]
-        [--sdpa-backend auto] [--fused none,liger] [--warmup 1] [--repeats 3] [--out learner.json]
-        [--profile top_ops.txt]
+        [--sdpa-backend auto] [--fused none,liger] [--variants sdpa] [--warmup 1] [--repeats 3]
+        [--out learner.json] [--profile top_ops.txt]
     python benchmarks/learner_throughput.py --device cpu --tiny     # seconds; what the CPU test runs
+    python benchmarks/learner_throughput.py --device cpu --tiny --variants sdpa,flex,flex+compile   # CPU smoke, ~3 min
 """
 
 from __future__ import annotations
@@ -59,7 +80,9 @@ from torch.utils.checkpoint import checkpoint
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rollout_throughput import make_policy
 
+from dice_ray.policy.compiled import compile_fallback_reason, compile_layers
 from dice_ray.policy.fused import apply_fused_kernels
+from dice_ray.policy.model import flex_fallback_reason, set_attention
 from dice_ray.policy.logprobs import response_logprobs
 from dice_ray.rl.loss import clipped_policy_loss
 
@@ -68,6 +91,7 @@ TARGET_MFU = 0.45
 GRAD_CKPT = ("none", "mlp", "layers")
 SDPA_BACKENDS = ("auto", "efficient", "cudnn", "math", "flash")
 FUSED = ("none", "liger")
+VARIANTS = ("sdpa", "flex", "sdpa+compile", "flex+compile")
 
 
 class LayerCheckpointing:
@@ -279,6 +303,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sdpa-backend", default="auto", choices=SDPA_BACKENDS)
     ap.add_argument("--fused", metavar="none,liger", help="comma list of fused-kernel variants to compare, each in its own process "
                     f"(of {FUSED}; default none,liger on CUDA, none on CPU)")
+    ap.add_argument("--variants", metavar="sdpa,flex,flex+compile", default="sdpa",
+                    help=f"comma list of learner paths to compare, each in its own process (of {VARIANTS}: attention "
+                    "sdpa = today's or flex = FlexAttention, +compile = torch.compile'd decoder layers and log-prob head; "
+                    "default sdpa)")
     ap.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS, help="dense bf16 peak for MFU")
     ap.add_argument("--warmup", type=int, default=1, help="untimed updates first")
     ap.add_argument("--repeats", type=int, default=3, help="timed updates (median)")
@@ -307,77 +335,125 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      "'none' is valid")
     if len(set(args.fused)) != len(args.fused):
         ap.error(f"--fused {','.join(args.fused)}: a variant is named twice")
+    args.variants = args.variants.split(",")
+    for v in args.variants:
+        if v not in VARIANTS:
+            ap.error(f"--variants {v!r}: each variant must be one of {VARIANTS}")
+    if len(set(args.variants)) != len(args.variants):
+        ap.error(f"--variants {','.join(args.variants)}: a variant is named twice")
     return args
 
 
-def _child_argv(argv: list[str], variant: str, out: str) -> list[str]:
-    """``argv`` without its ``--fused`` / ``--out`` options, plus ``--fused variant --out out`` (and a per-variant
-    ``--profile`` file)."""
+def run_label(fused: str, variant: str, args: argparse.Namespace) -> str:
+    """A table row's name: the fused setting, the variant, or ``variant/fused`` when both vary."""
+    if len(args.variants) == 1:
+        return fused
+    return variant if len(args.fused) == 1 else f"{variant}/{fused}"
+
+
+def _child_argv(argv: list[str], variant: str, out: str, learner_variant: str | None = None) -> list[str]:
+    """``argv`` without its ``--fused`` / ``--variants`` / ``--out`` options, plus ``--fused variant [--variants
+    learner_variant] --out out`` (and a per-run ``--profile`` file)."""
     kept, skip = [], False
+    tag = variant if learner_variant is None else f"{learner_variant.replace('+', '-')}.{variant}"
     for i, a in enumerate(argv):
         if skip:
             skip = False
             continue
         name = a.split("=", 1)[0]
-        if name in ("--fused", "--out", "--profile"):
+        if name in ("--fused", "--variants", "--out", "--profile"):
             skip = "=" not in a
             if name == "--profile":
                 path = a.split("=", 1)[1] if "=" in a else argv[i + 1]
-                kept += ["--profile", f"{Path(path).with_suffix('')}.{variant}{Path(path).suffix}"]
+                kept += ["--profile", f"{Path(path).with_suffix('')}.{tag}{Path(path).suffix}"]
             continue
         kept.append(a)
-    return kept + ["--fused", variant, "--out", out]
+    return kept + ["--fused", variant] + ([] if learner_variant is None else ["--variants", learner_variant]) + ["--out", out]
 
 
 def compare_variants(args: argparse.Namespace, argv: list[str]) -> dict:
-    """Run each ``--fused`` variant in a child process of this script; print one table and the ratio liger / none.
+    """Run each (``--fused``, ``--variants``) pair in a child process of this script; print one table, each run's
+    speed-up, first loss and fallbacks, and the ratio liger / none when both ran.
 
     Returns:
-        ``{"variants": {variant: the child's figures, or {"error": its last stderr line}}, "liger_over_none":
-        processed-tokens/s ratio or None}`` (also written to ``--out``).
+        ``{"variants": {label: the child's figures, or {"error": its last stderr line}}, "speedup_vs_first":
+        {label: processed-tokens/s ratio to the first run that worked}, "liger_over_none": processed-tokens/s ratio
+        liger / none (of the first ``--variants`` entry) or None}`` (also written to ``--out``). A label is the fused
+        setting (one variant), the variant (one fused setting) or ``variant/fused``.
     """
     runs: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for v in args.fused:
-            out = os.path.join(tmp, f"{v}.json")
-            print(f"=== --fused {v} (child process) ===", flush=True)
-            proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *_child_argv(argv, v, out)],
-                                  stderr=subprocess.PIPE, text=True, check=False)
-            if proc.returncode == 0 and os.path.exists(out):
-                with open(out) as f:
-                    runs[v] = json.load(f)
-            else:
-                lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-                runs[v] = {"error": f"exit {proc.returncode}: {lines[-1] if lines else 'no error output'}",
-                           "stderr_tail": "\n".join(lines[-40:])}
-                print(f"--fused {v} FAILED, {runs[v]['error']}", flush=True)
-    print(f"\n{'variant':<8} {'s/update':>9} {'proc tok/s':>11} {'MFU':>7} {'matmul MFU':>11} {'peak GiB':>9}")
-    for v, r in runs.items():
+        for fused in args.fused:
+            for variant in args.variants:
+                label = run_label(fused, variant, args)
+                out = os.path.join(tmp, f"{variant.replace('+', '-')}.{fused}.json")
+                child = _child_argv(argv, fused, out, None if args.variants == ["sdpa"] else variant)
+                print(f"=== {label}: --fused {fused} --variants {variant} (child process) ===", flush=True)
+                proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *child],
+                                      stderr=subprocess.PIPE, text=True, check=False)
+                if proc.returncode == 0 and os.path.exists(out):
+                    with open(out) as f:
+                        runs[label] = json.load(f)
+                else:
+                    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+                    runs[label] = {"error": f"exit {proc.returncode}: {lines[-1] if lines else 'no error output'}",
+                                   "stderr_tail": "\n".join(lines[-40:])}
+                    print(f"{label} FAILED, {runs[label]['error']}", flush=True)
+    width = max(8, *(len(k) for k in runs))
+    print(f"\n{'variant':<{width}} {'s/update':>9} {'proc tok/s':>11} {'MFU':>7} {'matmul MFU':>11} {'peak GiB':>9}")
+    for k, r in runs.items():
         if "error" in r:
-            print(f"{v:<8} failed: {r['error']}")
+            print(f"{k:<{width}} failed: {r['error']}")
             continue
         peak = f"{r['peak_gib']:.1f}" if r.get("peak_gib") is not None else "-"
-        print(f"{v:<8} {r['seconds']:>9.3f} {r['processed_tokens_per_s']:>11.0f} {r['mfu']:>7.1%} "
+        print(f"{k:<{width}} {r['seconds']:>9.3f} {r['processed_tokens_per_s']:>11.0f} {r['mfu']:>7.1%} "
               f"{r['matmul_mfu']:>11.1%} {peak:>9}")
+    ok = {k: r for k, r in runs.items() if "error" not in r}
+    first = next(iter(ok.values()), None)
+    speedup = {k: r["processed_tokens_per_s"] / first["processed_tokens_per_s"] for k, r in ok.items()} if first else {}
+    if len(ok) > 1:
+        for k, r in ok.items():
+            loss = f", loss of the first update {r['first_loss']:.6f}" if r.get("first_loss") is not None else ""
+            fallback = f", FELL BACK: {r['fallback']}" if r.get("fallback") else ""
+            print(f"{k:<{width}} {speedup[k]:.2f}x the first row{loss}{fallback}")
+    if first is not None and "cpu" not in (first.get("device"), None):
+        best = max(ok, key=lambda k: ok[k]["mfu"])
+        print(f"best MFU: {best} {ok[best]['mfu']:.1%} (target >= {TARGET_MFU:.0%}: "
+              f"{'met' if ok[best]['mfu'] >= TARGET_MFU else 'NOT met'})")
     ratio = None
-    if "error" not in runs.get("none", {"error": 1}) and "error" not in runs.get("liger", {"error": 1}):
-        ratio = runs["liger"]["processed_tokens_per_s"] / runs["none"]["processed_tokens_per_s"]
-        print(f"liger / none: {ratio:.2f}x processed tokens/s (MFU {runs['none']['mfu']:.1%} -> "
-              f"{runs['liger']['mfu']:.1%}, target >= {TARGET_MFU:.0%})")
-    result = {"variants": runs, "liger_over_none": ratio}
+    v0 = args.variants[0]
+    none = runs.get(run_label("none", v0, args), {"error": 1})
+    liger = runs.get(run_label("liger", v0, args), {"error": 1})
+    if len(args.fused) > 1 and "error" not in none and "error" not in liger:
+        ratio = liger["processed_tokens_per_s"] / none["processed_tokens_per_s"]
+        print(f"liger / none: {ratio:.2f}x processed tokens/s (MFU {none['mfu']:.1%} -> {liger['mfu']:.1%}, "
+              f"target >= {TARGET_MFU:.0%})")
+    result = {"variants": runs, "speedup_vs_first": speedup, "liger_over_none": ratio}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     return result
 
 
+def _lift_cpu_flex_backward_guard() -> bool:
+    """Let PyTorch's unfused FlexAttention reference run backward on CPU (a smoke test of the ``flex`` plumbing on a
+    machine without a GPU; PyTorch refuses it by default). Private API: False when this torch has no such guard."""
+    import torch.nn.attention.flex_attention as fa
+
+    if not hasattr(fa, "_validate_device"):
+        return False
+    fa._validate_device = lambda *a, **k: None
+    return True
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark; returns (and with ``--out`` writes) the figures (:func:`compare_variants`'s for several
-    ``--fused`` variants)."""
+    ``--fused`` / ``--variants`` entries)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    if len(args.fused) > 1:
+    if len(args.fused) > 1 or len(args.variants) > 1:
         return compare_variants(args, argv)
+    variant = args.variants[0]
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA GPU visible (use --device cpu)")
@@ -389,6 +465,10 @@ def main(argv: list[str] | None = None) -> dict:
     policy = make_policy(args.model, device, args.seed)
     model, cfg = policy.model, policy.model.config
     fused = apply_fused_kernels(model, args.fused[0])  # on the device, before the checkpoint wrappers and DeepSpeed
+    attention = set_attention(model, variant.split("+")[0])
+    if attention == "flex" and device.type == "cpu":
+        _lift_cpu_flex_backward_guard()
+    compiled = compile_layers(model) if variant.endswith("+compile") else 0  # before the checkpoint wrappers
     args.block_size = policy.block_size
     if args.response_len % args.block_size:
         raise SystemExit(f"--response-len {args.response_len}: must be a multiple of the block size {args.block_size}")
@@ -408,7 +488,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"device {gpu}; {args.model}: {params / 1e6:.1f} M params ({(params - embed) / 1e6:.1f} M non-embedding), "
           f"{next(model.parameters()).dtype}; DeepSpeed ZeRO-{args.zero_stage}, "
           f"{torch.distributed.get_backend()} x1; grad-ckpt {args.grad_ckpt}; sdpa {args.sdpa_backend}; "
-          f"fused {args.fused[0]}{' (' + ', '.join(fused) + ')' if fused else ''}; "
+          f"fused {args.fused[0]}{' (' + ', '.join(fused) + ')' if fused else ''}; variant {variant} (attention "
+          f"{attention}, {'compiled' if compiled else 'eager'} layers); "
           f"set up in {time.perf_counter() - t0:.1f} s", flush=True)
     print(f"update: {args.groups} groups x G={args.group_size} (micro-batch {args.micro_batch} rows), prompt "
           f"{args.prompt_len}, response {args.response_len}, TraceRL {args.steps_per_block} noisy passes + 1 clean; "
@@ -427,6 +508,8 @@ def main(argv: list[str] | None = None) -> dict:
                 peaks.append(torch.cuda.max_memory_allocated(device) / 2**30)
             dt = time.perf_counter() - t
             timed = i >= args.warmup
+            if i == 0:
+                first_loss = st["loss"]  # before any optimizer step: the same update in every variant
             print(f"  update {i + 1}{'' if timed else ' (warm-up)'}: {dt:.3f} s, loss {st['loss']:.4f}, "
                   f"{st['micro_batches']} micro-batches", flush=True)
             if timed:
@@ -440,7 +523,9 @@ def main(argv: list[str] | None = None) -> dict:
         "device": gpu, "model": args.model, "params": params, "non_embedding_params": params - embed,
         "dtype": str(next(model.parameters()).dtype), "zero_stage": args.zero_stage,
         "backend": torch.distributed.get_backend(), "grad_ckpt": args.grad_ckpt, "sdpa_backend": args.sdpa_backend,
-        "fused": args.fused[0], "fused_kernels": fused,
+        "fused": args.fused[0], "fused_kernels": fused, "variant": variant, "attention": attention,
+        "compiled_layers": compiled, "fallback": "; ".join(filter(None, (flex_fallback_reason(), compile_fallback_reason()))),
+        "first_loss": first_loss,
         "groups": args.groups, "group_size": args.group_size, "micro_batch": args.micro_batch,
         "prompt_len": args.prompt_len, "response_len": args.response_len, "steps_per_block": args.steps_per_block,
         "seconds": sec, "seconds_all": secs, **flops,

@@ -508,6 +508,22 @@ class ClusterConfig(_Section):
         "start-up when it cannot be applied (needs learner_gpus > 0 and the gpu extra: pip install -e '.[gpu]'); "
         "none: off.",
     )
+    learner_attention: Literal["sdpa", "flex", "auto"] = Field(
+        "sdpa", description="Attention of the learner's block-masked passes (dice_ray.policy.model.set_attention). "
+        "sdpa (default): torch's scaled_dot_product_attention over the dense boolean block mask, every query-key "
+        "pair computed. flex: FlexAttention (torch.nn.attention.flex_attention) over a BlockMask built from the same "
+        "mask, which skips the fully masked 128 x 128 tiles (about half of a TraceRL pass's pairs); the same numbers "
+        "within bf16 rounding; compiled by torch.compile on first use (a compile failure falls back to sdpa with one "
+        "line on stderr). Needs a GPU learner (PyTorch has no FlexAttention backward on CPU). auto: flex on a GPU "
+        "learner, sdpa on CPU.",
+    )
+    learner_compile: bool = Field(
+        False, description="torch.compile the learner's decoder layers and log-prob head (dice_ray.policy.compiled): "
+        "two compiled regions a layer around the KV-cache update, fused elementwise kernels and far fewer launches "
+        "from Python an update. Compiles at the first step (about a minute on a GPU; once more when a second shape "
+        "comes, then lengths are symbolic); a compile failure runs the same code eagerly with one line on stderr. "
+        "Not with zero_stage 3 (its parameter hooks run inside the layers).",
+    )
     learner_offload: bool = Field(
         False, description="DeepSpeed ZeRO-Offload: optimizer state in CPU memory (ZeRO-3: parameters too); "
         "for a learner sharing its GPU with rollout workers. Needs zero_stage >= 1.",
@@ -547,6 +563,18 @@ class ClusterConfig(_Section):
             raise ValueError("cluster.fused_kernels='liger' needs a GPU learner, but cluster.learner_gpus is 0 (a CPU "
                              "learner; Liger's Triton kernels run on CUDA only): set learner_gpus > 0, or fused_kernels "
                              "to 'auto' or 'none'")
+        return self
+
+    @model_validator(mode="after")
+    def _check_learner_speedups(self) -> ClusterConfig:
+        if self.learner_attention == "flex" and not self.learner_gpus:
+            raise ValueError("cluster.learner_attention='flex' needs a GPU learner, but cluster.learner_gpus is 0 (a CPU "
+                             "learner; PyTorch's FlexAttention has no backward on CPU): set learner_gpus > 0, or "
+                             "learner_attention to 'auto' or 'sdpa'")
+        if self.learner_compile and self.zero_stage == 3:
+            raise ValueError("cluster.learner_compile=true does not work with cluster.zero_stage=3 (ZeRO-3 gathers "
+                             "parameters in module hooks inside the compiled layers): use zero_stage <= 2, or "
+                             "learner_compile=false")
         return self
 
     @model_validator(mode="after")

@@ -269,7 +269,10 @@ class Learner:
 
         The model gets the fused kernels of ``cluster.fused_kernels`` first (:func:`dice_ray.policy.fused.apply_fused_kernels`;
         the report's ``fused_kernels`` lists them, and ``fused_kernels_off`` says why ``auto`` left them off on a GPU;
-        ValueError when ``liger`` is asked for and cannot be applied).
+        ValueError when ``liger`` is asked for and cannot be applied), then the attention of ``cluster.learner_attention``
+        (:func:`dice_ray.policy.model.set_attention`; ``attention`` names it, ``attention_off`` says why ``auto`` kept
+        SDPA on a GPU) and, with ``cluster.learner_compile``, compiled decoder layers
+        (:func:`dice_ray.policy.compiled.compile_layers`; ``compiled_layers`` counts them, 0 without).
 
         With several ranks, every rank first takes rank 0's weights (only rank 0 ran the warm start), so the
         KL reference and the engine start from the same policy everywhere.
@@ -278,7 +281,9 @@ class Learner:
             master_addr, master_port: the ``torch.distributed`` rendezvous (rank 0's :meth:`rendezvous`);
                 a free local port when None (one rank).
         """
+        from dice_ray.policy.compiled import compile_layers
         from dice_ray.policy.fused import apply_fused_kernels, liger_blocker
+        from dice_ray.policy.model import flex_blocker, set_attention
         from dice_ray.policy.sft import deepspeed_initialize
 
         t0 = time.perf_counter()
@@ -303,10 +308,16 @@ class Learner:
         # the unpatched model in their own processes (equal numerics within bf16 rounding: dice_ray.policy.fused)
         fused = apply_fused_kernels(model, self.cfg.cluster.fused_kernels)
         fused_off = liger_blocker(model) if self.use_gpu and not fused and self.cfg.cluster.fused_kernels == "auto" else None
+        # the attention of the block-masked passes (the KL reference copies the choice), then the compiled layers
+        # (the learner's model only: the reference runs no backward)
+        attention = set_attention(model, self.cfg.cluster.learner_attention)
+        attention_off = (flex_blocker(model) if self.use_gpu and attention == "sdpa"
+                         and self.cfg.cluster.learner_attention == "auto" else None)
         if self.cfg.rl.beta > 0:
             import copy
 
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        compiled = compile_layers(model) if self.cfg.cluster.learner_compile else 0
         optimizer = torch.optim.AdamW(model.parameters(), lr=self.cfg.rl.learning_rate, weight_decay=0.0)
         c = self.cfg.cluster
         zero: dict = {"stage": c.zero_stage}
@@ -332,7 +343,8 @@ class Learner:
                 "backend": backend, "zero_stage": c.zero_stage, "ranks": self.world_size,
                 "seconds": time.perf_counter() - t0, "deepspeed_seconds": t_ds, "device": str(self.device),
                 "params": sum(p.numel() for p in self.policy.model.parameters()), "fused_kernels": fused,
-                "fused_kernels_off": fused_off}
+                "fused_kernels_off": fused_off, "attention": attention, "attention_off": attention_off,
+                "compiled_layers": compiled}
 
     def train_step(self, groups: list[TrainGroup] | RankShare) -> dict:
         """One optimizer step a PPO epoch over this rank's groups (``rl.ppo_epochs`` epochs).

@@ -54,6 +54,7 @@ from typing import Literal
 
 import torch
 
+from dice_ray.policy.compiled import is_compiled, token_logprobs
 from dice_ray.policy.families import family_of, logit_shift
 from dice_ray.policy.model import KVCache, block_mask, forward_hidden, prompt_blocks, response_blocks, token_logits
 from dice_ray.policy.sampler import span_hidden
@@ -78,7 +79,10 @@ def _check(prompt_ids: torch.Tensor, response_ids: torch.Tensor, **same_shape: t
 
 
 def _gather_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, mask_id: int) -> torch.Tensor:
-    """FloatTensor[n] log p(targets) from hidden states [n, hidden] (fp32, mask token excluded)."""
+    """FloatTensor[n] log p(targets) from hidden states [n, hidden] (fp32, mask token excluded); one compiled region
+    when the model's layers are compiled (:func:`dice_ray.policy.compiled.token_logprobs`)."""
+    if is_compiled(model):
+        return token_logprobs(model, hidden, targets, mask_id)
     logits = token_logits(model, hidden, mask_id)
     return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
 

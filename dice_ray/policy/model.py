@@ -22,10 +22,24 @@ The attention runs through a registered transformers attention function (``"dice
 the explicit boolean mask, applies a :class:`KVCache` when one is passed (``block_kv=``) and calls
 ``torch.nn.functional.scaled_dot_product_attention``. Calling the model without an explicit mask raises,
 so a plain causal pass can never slip in by accident.
+
+Two attention implementations serve that mask (:func:`set_attention`, the learner's ``cluster.learner_attention``):
+
+* ``sdpa`` (default): SDPA over the dense boolean mask; every query-key pair is computed, the masked ones
+  thrown away (about half of a training pass's pairs in the ``x_t ‖ x_0`` layout);
+* ``flex``: FlexAttention (``torch.nn.attention.flex_attention``) with a ``BlockMask`` built from the SAME
+  dense mask (:func:`flex_block_mask`: its ``mask_mod`` reads the dense mask, and its tile tables are that
+  mask reduced over 128 x 128 tiles), so fully masked tiles are skipped and partial ones masked exactly as
+  SDPA masks them. :func:`block_mask` stays the one place the rule is written; both paths consume its
+  output. Used for training passes (no cache, or a concatenating :class:`KVCache`) and no-cache sampling
+  passes; a preallocated (capacity) cache, the sampler's CUDA-graph path, keeps SDPA. On CUDA the kernel is
+  ``torch.compile``'d FlexAttention; PyTorch has no FlexAttention backward on CPU, so CPU training keeps
+  ``sdpa`` (``auto`` picks ``flex`` on CUDA only).
 """
 
 from __future__ import annotations
 
+import sys
 from contextlib import nullcontext
 from typing import Callable
 
@@ -156,10 +170,11 @@ class KVCache:
 
 
 def _block_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """transformers attention function: SDPA with the explicit block mask and an optional KVCache.
+    """transformers attention function: SDPA (or FlexAttention) with the explicit block mask and an optional KVCache.
 
     query ``[B, H, q, D]``, key/value ``[B, Hkv, q, D]``, attention_mask BoolTensor ``[1|B, 1, q, kv]``
-    (True = attend). Returns ``([B, q, H, D], None)``.
+    (True = attend); ``block_flex``: the :func:`flex_block_mask` of that mask (set by :func:`forward_hidden`
+    when the model's attention is ``flex``). Returns ``([B, q, H, D], None)``.
     """
     if attention_mask is None or attention_mask.dtype != torch.bool:
         raise ValueError(
@@ -168,11 +183,33 @@ def _block_attention(module, query, key, value, attention_mask, scaling=None, dr
     cache: KVCache | None = kwargs.get("block_kv")
     if cache is not None:
         key, value = cache.update(module.layer_idx, key, value)
+    check_attention_shapes(query, key, attention_mask, cache)
+    return attend(query, key, value, attention_mask, kwargs.get("block_flex"), scaling,
+                  dropout if module.training else 0.0), None
+
+
+def check_attention_shapes(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor,
+                           cache: KVCache | None = None) -> None:
+    """Raise ValueError unless the mask ``[.., q, kv]`` matches the query length and the key length (after the cache)."""
     if attention_mask.shape[-1] != key.shape[-2] or attention_mask.shape[-2] != query.shape[-2]:
         raise ValueError(
             f"attention_mask {tuple(attention_mask.shape)} does not match query length {query.shape[-2]} "
             f"and key length {key.shape[-2]} (cache {len(cache) if cache is not None else 0})"
         )
+
+
+def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor,
+           flex_mask=None, scaling: float | None = None, dropout: float = 0.0) -> torch.Tensor:
+    """The attention itself: FlexAttention over ``flex_mask`` when one is given, else SDPA over the dense mask.
+
+    query ``[B, H, q, D]``, key/value ``[B, Hkv, kv, D]`` (``H`` a multiple of ``Hkv``), attention_mask BoolTensor
+    ``[1|B, 1, q, kv]``, flex_mask a ``BlockMask`` of that mask (:func:`flex_block_mask`) or None.
+    Returns ``[B, q, H, D]`` (contiguous).
+    """
+    if flex_mask is not None and dropout == 0.0:
+        out = _flex(query, key, value, flex_mask, scaling)
+        if out is not None:
+            return out.transpose(1, 2).contiguous()
     # GQA without copying keys: the ``rep`` query heads that share a KV head are stacked along the query
     # axis (head h = j * rep + r -> group j, rows r * q .. r * q + q - 1) and the mask's rows repeated to
     # match, so every fused SDPA kernel sees equal heads (they refuse enable_gqa with a mask) and the
@@ -182,10 +219,156 @@ def _block_attention(module, query, key, value, attention_mask, scaling=None, dr
     if rep > 1:
         query = query.reshape(b, key.shape[1], rep * q, d)
         attention_mask = attention_mask.repeat(1, 1, rep, 1)
-    out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout if module.training else 0.0, scale=scaling,
-    )
-    return out.reshape(b, heads, q, d).transpose(1, 2).contiguous(), None
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling)
+    return out.reshape(b, heads, q, d).transpose(1, 2).contiguous()
+
+
+# ---- FlexAttention -------------------------------------------------------------------------------------------
+
+ATTENTION_KINDS: tuple[str, ...] = ("sdpa", "flex", "auto")
+#: tile of the BlockMask (query rows x key columns): FlexAttention's default; tests shrink it to see tiles skipped
+FLEX_BLOCK = 128
+_flex_state: dict = {"compiled": None, "broken": None, "memo": None}
+
+
+def flex_blocker(model: torch.nn.Module | None = None, check_device: bool = True) -> str | None:
+    """Why FlexAttention should not serve ``model``, in words, or None when it can.
+
+    Checked: ``torch.nn.attention.flex_attention`` imports; no earlier FlexAttention call in this process failed to
+    compile (:func:`flex_fallback_reason`); the head width is a power of two >= 16 (the Triton kernel's); the model
+    has no attention dropout; with ``check_device``, the model is on CUDA (PyTorch has no FlexAttention backward on
+    CPU, and without ``torch.compile`` it materialises every score there).
+    """
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: F401
+    except ImportError as e:
+        return f"torch {torch.__version__} has no FlexAttention ({e})"
+    if _flex_state["broken"]:
+        return f"FlexAttention failed earlier in this process: {_flex_state['broken']}"
+    if model is None:
+        return None
+    model = getattr(model, "module", model)
+    cfg = getattr(model, "config", None)
+    if cfg is not None:
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        if head_dim < 16 or head_dim & (head_dim - 1):
+            return f"head_dim {head_dim} is not a power of two >= 16 (FlexAttention's kernel)"
+        if getattr(cfg, "attention_dropout", 0.0):
+            return f"attention_dropout {cfg.attention_dropout} (FlexAttention here takes none)"
+    p = next(model.parameters(), None)
+    if check_device and (p is None or p.device.type != "cuda"):
+        device = p.device.type if p is not None else "cpu"
+        return f"the model is on {device}: PyTorch's FlexAttention has no backward there"
+    return None
+
+
+def set_attention(model: torch.nn.Module, kind: str) -> str:
+    """Choose the attention implementation of ``model``'s block-masked passes (see the module docstring); returns it.
+
+    Args:
+        model: a policy model built with ``dice_block`` attention (a DeepSpeed engine's ``.module`` is unwrapped).
+        kind: ``"sdpa"`` (today's path), ``"flex"`` (FlexAttention; on CPU only for passes without autograd, which
+            PyTorch's FlexAttention supports there) or ``"auto"`` (``flex`` when :func:`flex_blocker` finds nothing
+            in the way, i.e. on CUDA, else ``sdpa``).
+
+    Returns:
+        ``"sdpa"`` or ``"flex"``, stored on the model (``model.dice_attention``, read by :func:`forward_hidden`;
+        copied with the model by ``copy.deepcopy``).
+
+    Raises:
+        ValueError: an unknown ``kind``, or ``"flex"`` where FlexAttention does not import, the head width does not
+            suit it or the model has attention dropout.
+    """
+    if kind not in ATTENTION_KINDS:
+        raise ValueError(f"attention={kind!r}: must be one of {ATTENTION_KINDS}")
+    model = getattr(model, "module", model)
+    if kind == "auto":
+        kind = "flex" if flex_blocker(model) is None else "sdpa"
+    elif kind == "flex":
+        blocker = flex_blocker(model, check_device=False)  # an explicit choice may run forward-only on CPU
+        if blocker is not None:
+            raise ValueError(f"attention='flex': {blocker}")
+    model.dice_attention = kind
+    return kind
+
+
+def attention_of(model: torch.nn.Module) -> str:
+    """The attention implementation :func:`forward_hidden` uses for ``model``: ``"sdpa"`` unless set otherwise."""
+    return getattr(getattr(model, "module", model), "dice_attention", "sdpa")
+
+
+def flex_fallback_reason() -> str | None:
+    """Why FlexAttention was given up in this process (its first compile failed; SDPA serves since), or None."""
+    return _flex_state["broken"]
+
+
+def flex_block_mask(mask: torch.Tensor):
+    """A FlexAttention ``BlockMask`` of the dense boolean mask ``mask`` ``[q, kv]`` or ``[B, q, kv]`` (a ``[1, q, kv]``
+    one broadcasts over the batch).
+
+    Its ``mask_mod`` reads ``mask`` itself (``mask[b, q, kv]``), so FlexAttention masks exactly the pairs SDPA
+    masks; its tile tables (:data:`FLEX_BLOCK` square tiles) mark a tile empty when no pair of it is attended
+    (skipped), full when every pair is (no ``mask_mod`` call), partial otherwise. The last mask converted is
+    remembered (unless it is an inference tensor): the noisy passes of a TraceRL group share one mask object and so
+    one conversion.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    memo = _flex_state["memo"]
+    version = None if mask.is_inference() else mask._version  # inference tensors keep no version: not remembered
+    if memo is not None and memo[0] is mask and version is not None and memo[1] == version and memo[2] == FLEX_BLOCK:
+        return memo[3]
+    dense = mask[0] if mask.dim() == 3 and mask.shape[0] == 1 else mask
+    q, kv = dense.shape[-2:]
+    batch = None if dense.dim() == 2 else dense.shape[0]
+    out = create_block_mask(_dense_mask_mod(dense), batch, None, q, kv, device=dense.device, BLOCK_SIZE=FLEX_BLOCK)
+    _flex_state["memo"] = (mask, version, FLEX_BLOCK, out) if version is not None else None
+    return out
+
+
+def _dense_mask_mod(mask: torch.Tensor) -> Callable:
+    """FlexAttention ``mask_mod`` reading a dense boolean mask ``[q, kv]`` or ``[B, q, kv]`` (one code object for
+    every mask, so a compiled FlexAttention takes a new mask without recompiling)."""
+    if mask.dim() == 2:
+        def mask_mod(b, h, q_idx, kv_idx):
+            return mask[q_idx, kv_idx]
+    else:
+        def mask_mod(b, h, q_idx, kv_idx):
+            return mask[b, q_idx, kv_idx]
+    return mask_mod
+
+
+def _compiled_flex_attention() -> Callable:
+    """``torch.compile(flex_attention)``, made once a process (dynamic=None: one recompile with symbolic lengths
+    when a second shape comes, then none: an RL step's prompt and response lengths vary)."""
+    if _flex_state["compiled"] is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _flex_state["compiled"] = torch.compile(flex_attention, dynamic=None)
+    return _flex_state["compiled"]
+
+
+def _flex(query, key, value, flex_mask, scaling) -> torch.Tensor | None:
+    """FlexAttention ``[B, H, q, D]``, or None when it cannot run (an earlier compile failure, or this call's: SDPA
+    serves instead, told once on stderr). Compiled on CUDA (inside a ``torch.compile``'d region it is already
+    traced); eager on CPU, where PyTorch runs it forward-only."""
+    if _flex_state["broken"]:
+        return None
+    from torch.nn.attention.flex_attention import flex_attention
+
+    compiled = query.is_cuda and not torch.compiler.is_compiling()
+    fn = _compiled_flex_attention() if compiled else flex_attention
+    try:
+        return fn(query, key, value, block_mask=flex_mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a compile failure: SDPA from now on, said once
+        if not compiled:
+            raise
+        _flex_state["broken"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        print(f"dice-ray: FlexAttention failed to compile ({_flex_state['broken']}); attention falls back to SDPA "
+              f"for the rest of this process", file=sys.stderr, flush=True)
+        return None
 
 
 AttentionInterface.register(ATTN_IMPL, _block_attention)
@@ -335,7 +518,9 @@ def forward_hidden(
     """Final hidden states of a block-masked pass (apply ``model.lm_head`` to the positions you score).
 
     Works for every family of :mod:`dice_ray.policy.families` (Qwen3, Llama, Qwen2 built with ``dice_block``
-    attention); the bidirectional families pass a full (padding-only) mask.
+    attention); the bidirectional families pass a full (padding-only) mask. The model's attention
+    (:func:`set_attention`) serves the mask: SDPA, or FlexAttention over a ``BlockMask`` of it (not with a
+    preallocated cache, whose passes keep SDPA).
 
     Args:
         input_ids: LongTensor[B, q].
@@ -360,6 +545,8 @@ def forward_hidden(
     if cache is not None:
         cache.keep = keep
         kwargs["block_kv"] = cache
+    if attention_of(model) == "flex" and (cache is None or cache.capacity is None) and not _flex_state["broken"]:
+        kwargs["block_flex"] = flex_block_mask(mask)  # one conversion a pass, shared by every layer
     no_grad_cuda = input_ids.is_cuda and not torch.is_grad_enabled()
     with sdpa_kernel(NO_GRAD_SDPA) if no_grad_cuda else nullcontext():
         out = model.model(  # a 4-D mask goes through transformers' mask preparation untouched (Qwen3, Qwen2, Llama)
