@@ -1,8 +1,8 @@
 """Validation of a task's sources by parsing only: a KernelBench-format reference, a solution in a known format.
 
-Sources are untrusted (DICE records, user files): they are parsed with :mod:`ast` (:func:`dice_ray.pysource.parse_python`,
-nesting bounded) and never executed here; references run only inside the verifier's sandbox.  A broken rule is a
-:class:`TaskError` naming the field and the rule.
+Sources are untrusted (DICE records, user files): they are parsed with :mod:`ast`
+(:func:`dice_ray.pysource.parse_python`, nesting bounded) and never executed here; references run only inside the
+verifier's sandbox.  A broken rule is a :class:`TaskError` naming the field and the rule.
 """
 
 from __future__ import annotations
