@@ -533,7 +533,7 @@ def test_train_refuses_a_broken_model_folder_before_starting_anything(tmp_path, 
 def local_ray():
     import ray
 
-    ray.init(num_cpus=1, include_dashboard=False, namespace="dice-ray-test-cli", log_to_driver=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, namespace="dice-ray-test-cli", log_to_driver=False)
     yield ray
     ray.shutdown()
 
