@@ -216,8 +216,8 @@ def init_distributed(device: torch.device) -> None:
 
 def make_engine(model, args: argparse.Namespace, device: torch.device):
     """DeepSpeed engine around ``model`` with the learner's optimizer (client AdamW), ZeRO ``--zero-stage``, made
-    as the learner makes it (``dice_ray.policy.sft.deepspeed_initialize``: no JIT op built on a CPU)."""
-    from dice_ray.policy.sft import deepspeed_initialize
+    as the learner makes it (``dice_ray.policy.deepspeed_setup.deepspeed_initialize``: no JIT op built on a CPU)."""
+    from dice_ray.policy.deepspeed_setup import deepspeed_initialize
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
     config = {

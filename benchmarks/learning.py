@@ -154,7 +154,8 @@ def run_all(device: str, seeds: list[int], out: Path, overrides: list[str], vari
     """Every (seed, arm) run in one local Ray cluster; the result object (``arms``, ``seconds``, ...)."""
     import ray
 
-    from dice_ray.cluster.trainer import Trainer, new_run_dir
+    from dice_ray.cluster.run_folder import new_run_dir
+    from dice_ray.cluster.trainer import Trainer
     from dice_ray.config import load_config
     from dice_ray.report import read_metrics
 

@@ -150,7 +150,7 @@ def pool_scaling(args: argparse.Namespace, jobs: list[tuple], cfg: VerifyConfig)
         if os.environ.get("RAY_ADDRESS"):
             ray.init(log_to_driver=False)
         else:
-            ray.init(num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=False)
+            ray.init(address="local", num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=False)
     gpus = int(ray.cluster_resources().get("GPU", 0))
     per_gpu = 1.0 if gpus else 0.0
     sizes = [n for n in args.pool if not gpus or n <= gpus]

@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> dict:
         if os.environ.get("RAY_ADDRESS"):
             ray.init(log_to_driver=True)
         else:
-            ray.init(num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=True)
+            ray.init(address="local", num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=True)
             started = True
     gpus = int(ray.cluster_resources().get("GPU", 0))
     if gpus and gpus < 1 + args.workers:

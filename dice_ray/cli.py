@@ -533,8 +533,8 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="run the RL job (embedded default without arguments)")
     t.add_argument("--config", help="YAML config (see configs/)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
-    t.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else the cluster `ray start` runs on this "
-                   "machine, else a new local one)")
+    t.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a new private local cluster; `auto`: the "
+                   "cluster `ray start` runs on this machine)")
     t.add_argument("--tasks", help=TASKS_HELP + " (default: builtin)")
     t.add_argument("--dry-run", action="store_true", help="print the placement of each role (GPUs, nodes) and its "
                    "per-GPU memory estimate, check that it fits, and start nothing (exit 0: fits or capacity unknown; "

@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 #: where DeepSpeed builds its JIT ops (``TORCH_EXTENSIONS_DIR``): once a machine, then cached (here, not in
-#: ``dice_ray.policy.sft``, so the driver can name it without importing the policy stack: ~5 s on 2 cores)
+#: ``dice_ray.policy.deepspeed_setup``, so the driver can name it without importing the policy stack: ~5 s on 2 cores)
 DEEPSPEED_OPS_DIR = "~/.cache/dice-ray/torch_extensions"
 
 
@@ -131,7 +131,8 @@ class SamplingConfig(_Section):
 
 class SFTConfig(_Section):
     """Masked-diffusion SFT on the suite's reference solutions: the trainer's warm start (plain torch, cached by
-    content hash) and ``dice-ray sft`` (a one-process DeepSpeed engine, resumable); see ``dice_ray.policy.sft``."""
+    content hash, ``dice_ray.policy.sft_warm_start``) and ``dice-ray sft`` (a one-process DeepSpeed engine, resumable,
+    ``dice_ray.policy.sft``)."""
 
     enabled: bool = Field(True, description="Warm-start the policy by SFT before RL (skipped when model.path is set).")
     steps: int = Field(800, ge=0, description="Optimizer steps at most (see target_loss); sets the cosine schedule.")
@@ -475,7 +476,8 @@ class EvalConfig(_Section):
 class ClusterConfig(_Section):
     """Ray resources and the DeepSpeed learner."""
 
-    address: str | None = Field(None, description="Ray address; None: RAY_ADDRESS or a new local cluster.")
+    address: str | None = Field(None, description="Ray address; None: RAY_ADDRESS or a new private local cluster (a "
+                                      "`ray start` cluster on the machine is not joined; 'auto' joins it).")
     num_rollout_workers: int = Field(
         1, ge=1, description="RolloutWorker actors. Synchronous (or broadcast sync): each step's prompts are dealt "
         "over all of them. Asynchronous through the object store: they form min(workers, rl.max_staleness + 1) "

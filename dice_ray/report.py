@@ -1,7 +1,7 @@
 """Run reports: a run directory's curves as a PNG (matplotlib) and a Markdown summary (``dice-ray report``).
 
 A run directory (made by ``dice-ray train``) holds ``config.yaml`` (written at set-up),
-``metrics.jsonl`` (one JSON record a finished RL step, see :func:`dice_ray.cluster.trainer.step_record`)
+``metrics.jsonl`` (one JSON record a finished RL step, see :func:`dice_ray.cluster.step_record.step_record`)
 and, once the run has ended, ``summary.json``. A run still going has no ``summary.json`` and may have
 a partly written last line in ``metrics.jsonl``; both are fine here.
 """

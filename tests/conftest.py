@@ -1,4 +1,10 @@
-"""Shared test set-up: the `gpu` marker skips cleanly without a CUDA GPU; paths to shared data."""
+"""Shared test set-up: the `gpu` marker skips cleanly without a CUDA GPU; paths to shared data; no test joins a Ray
+cluster it did not start.
+
+Every Ray cluster a test uses is its own: fixtures call ``ray.init(address="local", ...)`` (a plain ``ray.init()`` joins
+the cluster a ``ray start`` left on the machine, another user's or session's on a shared one), the code under test
+starts a private one (:func:`dice_ray.cluster.ray_start.start_ray`), and ``RAY_ADDRESS`` exported in the shell is
+dropped for the session (a test that needs one sets it itself)."""
 
 from __future__ import annotations
 
@@ -21,6 +27,10 @@ def _has_gpu() -> bool:
 
 
 _EXIT_STATUS: list[int] = []
+
+
+def pytest_configure(config):
+    os.environ.pop("RAY_ADDRESS", None)  # dice-ray train / eval in-process and in child processes: their own cluster
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -152,7 +152,7 @@ class FakeLearner:
 @pytest.fixture(scope="module")
 def stand_ins():
     """A local Ray cluster and started stand-in actors: (rollout worker, verifier pool, learner)."""
-    ray.init(num_cpus=2, include_dashboard=False, namespace="dice-ray-test-pipeline", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="dice-ray-test-pipeline", log_to_driver=False)
     actors = FakeRollout.remote(), FakePool.remote(), FakeLearner.remote()
     ray.get([actors[0].set_weights.remote(0), actors[1].verify_batch.remote([]), actors[2].train_step.remote(0)])
     yield actors

@@ -65,7 +65,7 @@ def test_modes_parse_and_reject_bad_lists():
 
 @pytest.fixture(scope="module")
 def ray_cpu():
-    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

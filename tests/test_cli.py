@@ -427,6 +427,7 @@ def test_train_refuses_a_run_name_that_holds_a_run(tmp_path, monkeypatch, capsys
     away (a fresh user's trial, stop 38): it is refused before anything starts, with the --resume command; a folder
     without a run is used, and a default timestamp another run took gets -2."""
     from dice_ray.cli import main
+    from dice_ray.cluster import run_folder
     from dice_ray.cluster import trainer as trainer_mod
     from dice_ray.config import DiceConfig
 
@@ -441,7 +442,7 @@ def test_train_refuses_a_run_name_that_holds_a_run(tmp_path, monkeypatch, capsys
     assert f"`dice-ray train --resume {tmp_path / 'r'}` continues it" in err and not started
     assert (tmp_path / "r" / "metrics.jsonl").read_text() == '{"step": 0}\n'  # untouched
     (tmp_path / "empty").mkdir()
-    assert trainer_mod.new_run_dir(DiceConfig(run_dir=str(tmp_path), run_name="empty")) == tmp_path / "empty"
+    assert run_folder.new_run_dir(DiceConfig(run_dir=str(tmp_path), run_name="empty")) == tmp_path / "empty"
 
     class Frozen:  # two runs started in the same second
         @staticmethod
@@ -449,10 +450,10 @@ def test_train_refuses_a_run_name_that_holds_a_run(tmp_path, monkeypatch, capsys
             from datetime import datetime
             return datetime(2026, 12, 3, 17, 0, 0)
 
-    monkeypatch.setattr(trainer_mod, "datetime", Frozen)
+    monkeypatch.setattr(run_folder, "datetime", Frozen)
     (tmp_path / "20261203-170000").mkdir()
     (tmp_path / "20261203-170000-2").mkdir()
-    assert trainer_mod.new_run_dir(DiceConfig(run_dir=str(tmp_path))) == tmp_path / "20261203-170000-3"
+    assert run_folder.new_run_dir(DiceConfig(run_dir=str(tmp_path))) == tmp_path / "20261203-170000-3"
 
 
 def test_train_that_fails_leaves_the_reason_for_report(tmp_path, monkeypatch, capsys):
@@ -532,7 +533,7 @@ def test_train_refuses_a_broken_model_folder_before_starting_anything(tmp_path, 
 def local_ray():
     import ray
 
-    ray.init(num_cpus=1, include_dashboard=False, namespace="dice-ray-test-cli", log_to_driver=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, namespace="dice-ray-test-cli", log_to_driver=False)
     yield ray
     ray.shutdown()
 

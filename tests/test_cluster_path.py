@@ -204,6 +204,44 @@ def _start_head(temp_dir: str, env: dict) -> tuple[str, str]:
     return f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}"
 
 
+_PRIVATE_START = """
+import json
+from ray._private import services
+from dice_ray.cluster.ray_start import start_ray
+
+would_join = services.canonicalize_bootstrap_address(None)  # what a plain ray.init() joins here
+info = start_ray(None)
+import ray
+print(json.dumps({"would_join": would_join, "started": info["started"], "address": info["address"],
+                  "nodes": len(ray.nodes())}))
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_dice_ray_train_starts_a_private_cluster_beside_a_ray_start_head():
+    """``ray start --head`` on a shared machine records itself in Ray's temp dir, and a plain ``ray.init()`` there
+    joins it (someone else's resources and dashboard, and its end). With no address given, dice-ray's start
+    (:func:`~dice_ray.cluster.ray_start.start_ray`) starts a cluster of its own beside it instead."""
+    ray_tmpdir = tempfile.mkdtemp(prefix="dcf", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    temp_dir = os.path.join(ray_tmpdir, "ray")  # the head's temp dir is the default one of RAY_TMPDIR: recorded there
+    env = _head_env(RAY_AUTH_MODE="disabled", RAY_TMPDIR=ray_tmpdir)
+    try:
+        try:
+            foreign, _ = _start_head(temp_dir, env)
+        except AssertionError:  # Ray gives its raylet 30 s to register: on cores loaded by other work, once more
+            _stop_head(ray_tmpdir)
+            os.makedirs(ray_tmpdir)
+            foreign, _ = _start_head(temp_dir, env)
+        got = _cli([sys.executable, "-c", _PRIVATE_START], env, timeout=300)
+        assert got.returncode == 0, got.stderr[-3000:]
+        seen = json.loads(got.stdout.splitlines()[-1])
+        assert seen["would_join"].endswith(foreign.split(":")[1])  # the trap is set: ray.init() would join the head
+        assert seen["started"] and seen["address"] != seen["would_join"] and seen["nodes"] == 1, seen
+    finally:
+        _stop_head(ray_tmpdir)
+
+
 @pytest.mark.slow
 def test_status_commands_reach_a_token_auth_head_on_this_machine(tmp_path):
     """A head started once a token exists uses token authentication (Ray >= 2.60); Ray sends the token

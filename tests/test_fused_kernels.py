@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from pydantic import ValidationError
 from transformers.models.qwen3 import modeling_qwen3
 
-from dice_ray.cluster.trainer import describe_learner
+from dice_ray.cluster.console import describe_learner
 from dice_ray.config import ModelConfig, load_config
 from dice_ray.policy.fused import apply_fused_kernels
 from dice_ray.policy.model import RMSNorm, block_mask, build_model, forward_hidden, prompt_blocks, token_logits

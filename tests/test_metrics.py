@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 def test_step_record_is_exported_at_the_metrics_port():
     # Ray exports the recorded values every metrics_report_interval_ms (10 s by default): once a second here
-    ctx = ray.init(num_cpus=1, include_dashboard=False, namespace="dice-ray-test-metrics", log_to_driver=False,
+    ctx = ray.init(address="local", num_cpus=1, include_dashboard=False, namespace="dice-ray-test-metrics", log_to_driver=False,
                    _system_config={"metrics_report_interval_ms": 1000})
     try:
         port = ray._private.worker.global_worker.node.metrics_export_port

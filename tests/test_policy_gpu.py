@@ -9,7 +9,7 @@ from dice_ray.config import ModelConfig, SamplingConfig, SFTConfig
 from dice_ray.policy.logprobs import tracerl_logprobs
 from dice_ray.policy.policy import DiffusionPolicy
 from dice_ray.policy.sampler import sample_group
-from dice_ray.policy.sft import warm_start
+from dice_ray.policy.sft_warm_start import warm_start
 
 PROMPT = 'Reference:\nimport torch\nclass Model(nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n'
 

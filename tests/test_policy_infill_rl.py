@@ -19,7 +19,9 @@ from dice_ray.policy.logprobs import ESTIMATORS, response_logprobs
 from dice_ray.policy.model import forward_hidden, token_logits
 from dice_ray.policy.policy import DiffusionPolicy
 from dice_ray.policy.sampler import infill_group
-from dice_ray.policy.sft import SFTRun, diffusion_loss, masked_diffusion_loss, tokenize_pairs
+from dice_ray.policy.sft_batches import tokenize_pairs
+from dice_ray.policy.sft_loss import diffusion_loss, masked_diffusion_loss
+from dice_ray.policy.sft_run import SFTRun
 from dice_ray.policy.task_sampling import sample_task_group
 from dice_ray.tasks.loaders import load_tasks
 from dice_ray.tasks.prompts import assemble_candidate, build_prompt, infill_context, sft_pairs

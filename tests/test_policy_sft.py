@@ -7,17 +7,14 @@ import pytest
 import torch
 
 from dice_ray.config import ModelConfig, SamplingConfig, SFTConfig
-from dice_ray.policy import sft
+from dice_ray.policy import deepspeed_setup, sft_run, sft_warm_start
 from dice_ray.policy.policy import DiffusionPolicy
 from dice_ray.policy.sampler import sample_group
-from dice_ray.policy.sft import (
-    SFTRun,
-    clip_grad_norm,
-    diffusion_loss,
-    sft_cache_key,
-    tokenize_pairs,
-    warm_start,
-)
+from dice_ray.policy.sft_batches import tokenize_pairs
+from dice_ray.policy.sft_loss import diffusion_loss
+from dice_ray.policy.sft_optim import clip_grad_norm
+from dice_ray.policy.sft_run import SFTRun
+from dice_ray.policy.sft_warm_start import sft_cache_key, warm_start
 
 TINY = ModelConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=16, max_position_embeddings=512, block_size=4)
@@ -120,8 +117,8 @@ def test_warm_start_stays_off_deepspeed_and_ignores_zero_stage(tmp_path, monkeyp
     def refuse(*args, **kwargs):
         raise AssertionError("the warm start must not make a process group or a DeepSpeed engine")
 
-    monkeypatch.setattr(sft, "init_single_process_group", refuse)
-    monkeypatch.setattr(sft, "deepspeed_engine", refuse)
+    monkeypatch.setattr(deepspeed_setup, "init_single_process_group", refuse)
+    monkeypatch.setattr(sft_run, "deepspeed_engine", refuse)
     cfg = SFTConfig(steps=2, batch_size=2, target_loss=None, zero_stage=2, cache_dir=str(tmp_path))
     assert warm_start(DiffusionPolicy.build(TINY), PAIRS, cfg, seed=0).steps == 2
     policy = DiffusionPolicy.build(TINY)
@@ -164,7 +161,7 @@ def test_warm_start_reports_progress_every_log_every_steps(tmp_path):
 def test_warm_start_reports_progress_between_log_every_steps_when_slow(tmp_path, monkeypatch):
     """On loaded cores ``log_every`` steps can take minutes: a line also comes every PROGRESS_EVERY_S, naming
     the step of the loss it shows and the time left if every step runs."""
-    monkeypatch.setattr(sft, "PROGRESS_EVERY_S", 0.0)  # every step is "slow"
+    monkeypatch.setattr(sft_warm_start, "PROGRESS_EVERY_S", 0.0)  # every step is "slow"
     lines: list[str] = []
     cfg = SFTConfig(steps=5, batch_size=2, target_loss=None, log_every=2, cache_dir=str(tmp_path))
     warm_start(DiffusionPolicy.build(TINY), PAIRS, cfg, seed=0, log=lines.append)
@@ -178,7 +175,7 @@ def test_warm_start_reports_progress_between_log_every_steps_when_slow(tmp_path,
 
 _FIRST_ENGINE = """
 import os, sys, torch
-from dice_ray.policy.sft import deepspeed_initialize, init_single_process_group
+from dice_ray.policy.deepspeed_setup import deepspeed_initialize, init_single_process_group
 init_single_process_group()
 model = torch.nn.Linear(4, 4)
 engine, *_ = deepspeed_initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
@@ -210,9 +207,9 @@ def test_progress_line_paces_the_time_left_on_the_steps_after_the_first():
     class Run:
         step, losses = 11, [(10, 4.4681)]
 
-    line = sft._progress_line(Run(), 100, 30.0, 10.0)
+    line = sft_warm_start._progress_line(Run(), 100, 30.0, 10.0)
     assert line == "warm start: step 11/100, loss 4.468 (step 10), 30 s, ~89 s left at this pace"
-    assert sft._progress_line(Run(), 100, 30.0, None).endswith("~243 s left at this pace")  # the mean of all
+    assert sft_warm_start._progress_line(Run(), 100, 30.0, None).endswith("~243 s left at this pace")  # the mean of all
     # sft.target_loss usually stops the warm start early: the time left is a bound, and the line says so
-    assert sft._progress_line(Run(), 100, 30.0, 10.0, 0.1).endswith(
+    assert sft_warm_start._progress_line(Run(), 100, 30.0, 10.0, 0.1).endswith(
         ", at most ~89 s left at this pace (it stops at loss <= 0.1)")

@@ -15,13 +15,10 @@ from dice_ray.policy.families import logit_shift
 from dice_ray.policy.model import forward_hidden, token_logits
 from dice_ray.policy.policy import DiffusionPolicy
 from dice_ray.policy.sampler import sample_masked_ids
-from dice_ray.policy.sft import (
-    SFTRun,
-    diffusion_loss,
-    masked_diffusion_loss,
-    tokenize_pairs,
-    warm_start,
-)
+from dice_ray.policy.sft_batches import tokenize_pairs
+from dice_ray.policy.sft_loss import diffusion_loss, masked_diffusion_loss
+from dice_ray.policy.sft_run import SFTRun
+from dice_ray.policy.sft_warm_start import warm_start
 
 from _helpers import TINY_FAMILY_SHAPE
 

@@ -78,7 +78,7 @@ class EchoPool:
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, namespace="dice-ray-test-rollout-fault", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="dice-ray-test-rollout-fault", log_to_driver=False)
     pool = EchoPool.remote()
     ray.get(pool.verify_batch.remote([]))
     yield pool

@@ -12,7 +12,9 @@ from dice_ray.cli import main
 from dice_ray.cluster.trainer import Trainer
 from dice_ray.config import DiceConfig, load_config
 from dice_ray.policy.policy import DiffusionPolicy
-from dice_ray.policy.sft import SFTRun, sft_data_pairs, warm_start
+from dice_ray.policy.sft import sft_data_pairs
+from dice_ray.policy.sft_run import SFTRun
+from dice_ray.policy.sft_warm_start import warm_start
 from dice_ray.tasks.loaders import BUILTIN_DIR
 
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1",

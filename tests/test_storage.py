@@ -175,3 +175,126 @@ def test_trainer_checkpoints_to_storage_and_resumes_from_it(tmp_path, monkeypatc
     r._restore()
     assert r.start_step == 3 and loaded == [(str(tmp_path / "run" / "checkpoints"), "step_000003")]
     assert (tmp_path / "run" / "checkpoints" / "step_000003" / "model.pt").read_bytes() == b"step_000003"
+
+
+# ---- --resume: the newer of storage and the local folder; memory:// across processes --------------------------
+
+def _run_stand_ins(run_dir, loaded: list):
+    """The learner and scheduler stand-ins of a Trainer's checkpoint / restore: the learner writes a real checkpoint
+    folder (a weights file named after its tag), the scheduler a state of its own."""
+    def save(ckpt_dir, tag):
+        d = run_dir / "checkpoints" / tag
+        d.mkdir(parents=True)
+        (d / "model.pt").write_bytes(tag.encode())
+
+    learner = SimpleNamespace(save=_Remote(save), load=_Remote(lambda d, tag: loaded.append(tag)),
+                              init_engine=_Remote(lambda: {"family": "sdar", "model": "built (random init)", "params": 1}))
+    scheduler = SimpleNamespace(get_state=_Remote(lambda: {"step": 0, "figures": []}), set_state=_Remote(lambda s: None))
+    return learner, scheduler
+
+
+def test_resume_takes_the_newest_valid_checkpoint_of_storage_and_the_local_folder(tmp_path):
+    from dice_ray.cluster.checkpoint import newest_checkpoint_tag, resume_point
+
+    store = CheckpointStore(f"file://{tmp_path / 'bucket' / 'run'}")
+    ckpt = tmp_path / "run" / "checkpoints"
+    for step in (2, 3):
+        store.upload(_stage(tmp_path / "staging", step))
+    _stage(ckpt, 4)  # staged, never uploaded (the run ended in the copy)
+    point = resume_point(store, ckpt, tmp_path / "run")
+    assert (point.source, point.state["step"], point.state_path) == ("local", 4, ckpt / "step_000004" / MARKER)
+    assert f"step_000004 from {ckpt} (local disk): newer than the newest complete one under storage_path " \
+           f"{store.url}, step_000003" in point.line
+    assert newest_checkpoint_tag(store, ckpt) == "step_000004"
+
+    shutil.rmtree(ckpt / "step_000004")
+    _stage(ckpt, 2)  # an older local copy: storage's newest is fetched
+    point = resume_point(store, ckpt, tmp_path / "run")
+    assert (point.source, point.state["step"]) == ("storage", 3)
+    assert (ckpt / "step_000003" / "mp_rank_00_model_states.pt").read_bytes() == b"weights\x03"
+    assert f"fetched step_000003 from {store.url}: the newest complete checkpoint ({ckpt}: its newest is step_000002)" \
+           in point.line
+
+    _stage(ckpt, 5)
+    (ckpt / "step_000005" / MARKER).write_text('{"step": 5, "sched')  # cut short: not a valid checkpoint
+    assert resume_point(store, ckpt, tmp_path / "run").state["step"] == 3
+    assert newest_checkpoint_tag(store, ckpt) == "step_000003"
+
+    shutil.rmtree(ckpt)
+    empty = CheckpointStore(f"file://{tmp_path / 'bucket' / 'other'}")
+    with pytest.raises(FileNotFoundError, match=f"no complete checkpoint under {empty.url} nor under {ckpt}$"):
+        resume_point(empty, ckpt, tmp_path / "run")
+    with pytest.raises(FileNotFoundError, match=f"no checkpoint under {ckpt}$"):
+        resume_point(None, ckpt, tmp_path / "run")
+
+
+_WRITE_TO_MEMORY = """
+import json, sys
+from pathlib import Path
+from types import SimpleNamespace
+import ray
+from dice_ray.cluster import trainer as tr
+from dice_ray.config import load_config
+
+ray.get = lambda x, **kw: x  # the actors are stand-ins
+run, url = Path(sys.argv[1]), sys.argv[2]
+
+class Remote:
+    def __init__(self, fn):
+        self.remote = fn
+
+def save(ckpt_dir, tag):
+    (run / "checkpoints" / tag).mkdir(parents=True)
+    (run / "checkpoints" / tag / "model.pt").write_bytes(tag.encode())
+
+t = tr.Trainer(load_config(None, [f"storage_path={url}", "keep_checkpoints=2"]), run)
+t.learner = SimpleNamespace(save=Remote(save))
+t.scheduler = SimpleNamespace(get_state=Remote(lambda: {"step": 0, "figures": []}))
+for step in (1, 2, 3):
+    t.checkpoint(step)
+print(json.dumps(t.store.tags()))
+"""
+
+
+def test_memory_storage_resumed_in_a_new_process_takes_the_local_checkpoint_and_says_why(tmp_path, monkeypatch):
+    """``storage_path: memory://...`` (fsspec's in-memory filesystem) holds the uploads only in the process that made
+    them: a run writes its checkpoints there in one process; ``--resume`` in another (this one) finds storage empty,
+    takes the newest checkpoint still on local disk and says so; with none there either, the error names the reason."""
+    import io
+    import subprocess
+    import sys
+
+    from rich.console import Console
+
+    from dice_ray.cluster import trainer as tr
+
+    url = f"memory://dice-ray-test/{uuid.uuid4().hex}"
+    run = tmp_path / "run"
+    wrote = subprocess.run([sys.executable, "-c", _WRITE_TO_MEMORY, str(run), url], capture_output=True, text=True,
+                           timeout=300)
+    assert wrote.returncode == 0, wrote.stderr[-3000:]
+    assert json.loads(wrote.stdout.splitlines()[-1]) == ["step_000002", "step_000003"]  # there, in that process
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000003"]  # only the newest staged
+
+    monkeypatch.setattr(tr.ray, "get", lambda x, **kw: x)
+    cfg = load_config(None, [f"storage_path={url}", "keep_checkpoints=2"])
+    r = tr.Trainer(cfg, run, resume=True, console=Console(file=io.StringIO(), width=400))
+    assert r.store.tags() == []  # a new process: the memory filesystem is empty
+    loaded = []
+    r.learner, r.scheduler = _run_stand_ins(run, loaded)
+    r._restore()
+    assert r.start_step == 3 and loaded == ["step_000003"]
+    said = r.console.file.getvalue()
+    assert f"checkpoint step_000003 from {run / 'checkpoints'} (local disk): storage_path {url}/run holds no " \
+           "complete checkpoint; a memory:// storage_path (fsspec's in-memory filesystem) lives only in the process " \
+           "that wrote it" in said, said
+
+    shutil.rmtree(run / "checkpoints")
+    r = tr.Trainer(cfg, run, resume=True)
+    r.learner, r.scheduler = _run_stand_ins(run, loaded)
+    with pytest.raises(FileNotFoundError) as info:
+        r._restore()
+    assert str(info.value).startswith(f"--resume {run}: no complete checkpoint under {url}/run nor under "
+                                      f"{run / 'checkpoints'} (a memory:// storage_path (fsspec's in-memory filesystem) "
+                                      "lives only in the process that wrote it: a new process, as this --resume is, "
+                                      "never sees the checkpoints"), info.value

@@ -18,14 +18,10 @@ from dice_ray.tasks.loaders import (
     load_reference_file,
     load_tasks,
 )
-from dice_ray.tasks.task import (
-    Task,
-    TaskError,
-    estimate_level,
-    scale_down_inputs,
-    shape_constant,
-    static_input_elements,
-)
+from dice_ray.tasks.levels import estimate_level
+from dice_ray.tasks.sizing import scale_down_inputs, shape_constant, static_input_elements
+from dice_ray.tasks.task import Task
+from dice_ray.tasks.validate import TaskError
 
 REF = '''import torch
 import torch.nn as nn

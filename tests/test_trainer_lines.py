@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 from dice_ray.cluster.learner import learner_env
-from dice_ray.cluster.trainer import correct_rate, describe_summary, describe_heldout, describe_learner, describe_warm_start
+from dice_ray.cluster.console import describe_summary, describe_heldout, describe_learner, describe_warm_start
+from dice_ray.cluster.step_record import correct_rate
 from dice_ray.verify.verdict import Verdict
 
 
@@ -116,7 +117,7 @@ def test_step_record_counts_each_phases_prompts_and_figures():
     from types import SimpleNamespace
 
     from dice_ray.cluster.scheduler import Decision, PromptRequest, StepPlan
-    from dice_ray.cluster.trainer import step_record
+    from dice_ray.cluster.step_record import step_record
 
     reqs = [PromptRequest(f"s3-p{i}", f"t{i}", phase, i) for i, phase in enumerate(["infill", "infill", "e2e"])]
     groups = [SimpleNamespace(request=r, candidates=["a", "b"]) for r in reqs]
@@ -138,7 +139,7 @@ def test_step_record_counts_each_phases_prompts_and_figures():
 
 
 def test_learning_line_compares_each_phase_start_and_end():
-    from dice_ray.cluster.trainer import describe_learning
+    from dice_ray.cluster.console import describe_learning
 
     start = {"infill": {"reward_mean": 0.41}, "e2e": {"reward_mean": 0.12}}
     end = {"infill": {"reward_mean": 0.62}, "e2e": {"reward_mean": 0.10}}
@@ -151,14 +152,14 @@ def test_learning_line_compares_each_phase_start_and_end():
 
 
 def test_spread_picks_evenly_first_and_last_included():
-    from dice_ray.cluster.trainer import spread
+    from dice_ray.cluster.evaluation import spread
 
     assert spread(list(range(10)), 4) == [0, 3, 6, 9] and spread([1, 2], 5) == [1, 2] and spread(list(range(5)), 1) == [0]
 
 
 def test_the_step_table_fits_an_80_column_terminal():
     """Each column's name and widest value fit its width, and a row with the spaces between is at most 80 wide."""
-    from dice_ray.cluster.trainer import COLUMNS
+    from dice_ray.cluster.console import COLUMNS
 
     widest = {"step": 9999, "phase": "infill", "infill": 1.0, "reward": -0.123, "±std": 0.5, "compile": 1.0,
               "correct": 1.0, "cheat": 1.0, "speedup": 99.99, "drop": 999, "loss": -1.23e-12, "sec": 999.9}

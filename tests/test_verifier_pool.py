@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def cluster():
     """A local Ray cluster; yields its address (what ``--address`` / RAY_ADDRESS take)."""
-    ray.init(num_cpus=2, include_dashboard=False, namespace="dice-ray-test", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="dice-ray-test", log_to_driver=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 

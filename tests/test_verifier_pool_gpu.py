@@ -53,7 +53,7 @@ def test_pool_on_gpus_one_verdict_each_despite_actor_death(items):
     per_actor = 1.0 if gpus >= 2 else 0.5
     # two actors on one GPU share its memory: each verifier's workers take under half of it
     cfg = VerifyConfig(mode="gpu", workers=3, gpu_memory_fraction=0.9 if gpus >= 2 else 0.45)
-    ray.init(num_gpus=gpus, include_dashboard=False, namespace="dice-ray-test-gpu", log_to_driver=False)
+    ray.init(address="local", num_gpus=gpus, include_dashboard=False, namespace="dice-ray-test-gpu", log_to_driver=False)
     try:
         pool = VerifierPool.remote(cfg, RewardConfig(), 2, per_actor, 300.0)
         status = wait_for_pool(pool, lambda s: s["serving"] == 2, what="2 serving GPU actors", timeout=180.0, poll=0.1)

@@ -22,7 +22,7 @@ NOISE = ("Event loop is closed", "Task was destroyed but it is pending")
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, namespace="dice-ray-test-shutdown", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="dice-ray-test-shutdown", log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -208,7 +208,7 @@ def estimator_seed(base: int, step: int, group: int) -> int:
 def learner_env(use_gpu: bool) -> dict:
     """Environment for a learner rank: DeepSpeed's CPU accelerator without GPUs, and a persistent
     ``TORCH_EXTENSIONS_DIR`` so DeepSpeed's JIT ops, if any, build once per machine (on a CPU none: see
-    ``dice_ray.policy.sft.deepspeed_initialize``)."""
+    ``dice_ray.policy.deepspeed_setup.deepspeed_initialize``)."""
     env = {"TORCH_EXTENSIONS_DIR": os.path.expanduser(DEEPSPEED_OPS_DIR)}
     if not use_gpu:
         env["DS_ACCELERATOR"] = "cpu"
@@ -257,7 +257,7 @@ class Learner:
         """Masked-diffusion SFT warm start (cached by content hash); before :meth:`init_engine`."""
         from dataclasses import asdict
 
-        from dice_ray.policy.sft import warm_start
+        from dice_ray.policy.sft_warm_start import warm_start
 
         report = warm_start(self.policy, pairs, self.cfg.sft, seed=self.cfg.sft_seed,
                             log=lambda line: print(line, flush=True))  # reaches the driver's console
@@ -283,8 +283,8 @@ class Learner:
         """
         from dice_ray.policy.compiled import compile_layers
         from dice_ray.policy.fused import apply_fused_kernels, liger_blocker
+        from dice_ray.policy.deepspeed_setup import deepspeed_initialize
         from dice_ray.policy.model import flex_blocker, set_attention
-        from dice_ray.policy.sft import deepspeed_initialize
 
         t0 = time.perf_counter()
         backend = "nccl" if self.use_gpu else "gloo"

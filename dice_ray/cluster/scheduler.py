@@ -153,7 +153,7 @@ class PhaseSchedule:
     # ---- the figures ------------------------------------------------------------------------------------
     def observe(self, record: dict) -> None:
         """Take a step's figures: ``record["step"]`` and ``record["by_phase"]`` (``{phase: {"reward_mean",
-        "compile_rate", "correct_rate", "prompts"}}``, :func:`dice_ray.cluster.trainer.step_record`). A step seen
+        "compile_rate", "correct_rate", "prompts"}}``, :func:`dice_ray.cluster.step_record.step_record`). A step seen
         before is ignored (a resumed run may post it again)."""
         step, by_phase = record.get("step"), record.get("by_phase")
         if isinstance(step, int) and isinstance(by_phase, dict):

@@ -5,6 +5,8 @@ As in Ray Train's ``storage_path``: DeepSpeed writes each checkpoint to a local 
 ``{storage_path}/{run name}/step_NNNNNN`` on any fsspec filesystem (``s3://``, ``gs://``,
 ``file://``, ``memory://``, a plain path). ``state.json`` is the completeness marker: it is copied
 last, so a checkpoint whose copy was cut short is never taken as the latest, and pruning removes it.
+``memory://`` (fsspec's in-memory filesystem) lives only in the process that wrote it: a resume in a new
+process finds it empty (:func:`dice_ray.cluster.checkpoint.resume_point` then says so).
 """
 
 from __future__ import annotations
@@ -56,6 +58,12 @@ class CheckpointStore:
         self.url = check_storage_url(url)
         self.fs, self.root = url_to_fs(url)
         self.root = self.root.rstrip("/")
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether the store is fsspec's ``memory://`` filesystem: it lives only in the process that wrote it."""
+        protocol = self.fs.protocol
+        return "memory" in ((protocol,) if isinstance(protocol, str) else protocol)
 
     def _remote(self, *parts: str) -> str:
         return "/".join([self.root, *parts])

@@ -13,6 +13,12 @@ Modules (import from them directly; importing this package does not load torch o
 * ``task_sampling``: :func:`sample_task_group`, a task and phase posed as the family decodes it (SDAR: the scaffold in
   the prompt; LLaDA / Dream infill: the span between the scaffold's two sides), for rollouts and eval alike.
 * ``logprobs``: :func:`response_logprobs` (TraceRL / coupled-GRPO / diffu-GRPO log-probs, ``rl.logprob_estimator``).
-* ``sft``: :func:`warm_start` (masked-diffusion SFT, cached by content hash).
-* ``memorization``: ``python -m dice_ray.policy.memorization``, how well the warm start reproduces its targets.
+* ``sft_loss``: :func:`diffusion_loss`, the masked-diffusion SFT loss of each family.
+* ``sft_batches``: SFT pairs to token ids, and an epoch's batches of similar length.
+* ``sft_optim``: the SFT lr schedule (warm-up, cosine) and gradient clipping as DeepSpeed does it.
+* ``sft_run``: :class:`SFTRun`, one SFT run as a resumable state (plain torch or a DeepSpeed engine).
+* ``sft_warm_start``: :func:`warm_start`, the trainer's warm start (masked-diffusion SFT, cached by content hash).
+* ``sft``: :func:`run_sft`, the ``dice-ray sft`` command.
+* ``deepspeed_setup``: ``deepspeed.initialize`` without JIT-built ops on a CPU, a one-rank group, the SFT engine
+  (the RL learner and ``dice-ray sft`` use it).
 """

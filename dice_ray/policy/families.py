@@ -25,7 +25,7 @@ project's explicit-mask attention (``"dice_block"``, :mod:`dice_ray.policy.model
 no download. :func:`load_checkpoint` reads a folder (``config.json`` + ``*.safetensors`` + ``tokenizer.json``);
 :func:`save_checkpoint` writes one in the family's own format (the inverse renaming for LLaDA).
 
-Sampling, infilling, the RL log-prob estimators (:mod:`dice_ray.policy.logprobs`) and SFT (:mod:`dice_ray.policy.sft`)
+Sampling, infilling, the RL log-prob estimators (:mod:`dice_ray.policy.logprobs`) and SFT (:mod:`dice_ray.policy.sft_loss`)
 support every family: SDAR in the block-diffusion ``x_t ‖ x_0`` layout, LLaDA / Dream with full attention over prompt
 and response, Dream's logits read one position left.
 """

@@ -4,7 +4,8 @@ scaffolds and prompt templates.  Sources are parsed, never executed, here."""
 from dice_ray.tasks.loaders import LoadReport, Rejection, load_reference_file, load_tasks
 from dice_ray.tasks.prompts import assemble_candidate, build_prompt, sft_pairs
 from dice_ray.tasks.scaffold import Scaffold, ScaffoldError, make_scaffold
-from dice_ray.tasks.task import Task, TaskError
+from dice_ray.tasks.task import Task
+from dice_ray.tasks.validate import TaskError
 
 __all__ = [
     "LoadReport",

@@ -47,7 +47,7 @@ Specs accepted by :func:`load_tasks`:
   converter.  Ids ``alpaca-<file stem>/<index>``, levels estimated.
 * ``KIND:PATH@level=N`` (any kind with a PATH): every task of that file or folder gets level N, whatever its
   records say or the estimate guesses (``dice:kernelbench_level1.json@level=1``: DICE's reference-only file
-  has no levels, and :func:`~dice_ray.tasks.task.estimate_level` makes a few single operators level 2).
+  has no levels, and :func:`~dice_ray.tasks.levels.estimate_level` makes a few single operators level 2).
 * several specs joined by ``+`` (``dice:infill.json+dice:e2e.json``, ``builtin+jsonl:mine.jsonl``): their tasks
   together, in the order given; a task id met again is rejected (rule ``duplicate-id``).
 * ``"jsonl:PATH"``: one JSON object a line (a file, or a folder of ``.jsonl`` files):
@@ -61,8 +61,8 @@ file of its spec's kind.  Records are untrusted: each is validated by parsing on
 run only inside the verifier's sandbox).  References whose ``get_inputs`` allocates more than
 ``max_input_elements`` elements by a static lower bound (:func:`static_input_elements`; DICE's data
 holds some of up to 17 GB) are **scaled down** when their definition allows it (KernelBench#146):
-their size constant (:func:`~dice_ray.tasks.task.shape_constant`, read only by ``get_inputs``) is
-halved until the bound fits (:func:`~dice_ray.tasks.task.scale_down_inputs`), and the change is
+their size constant (:func:`~dice_ray.tasks.sizing.shape_constant`, read only by ``get_inputs``) is
+halved until the bound fits (:func:`~dice_ray.tasks.sizing.scale_down_inputs`), and the change is
 listed in :attr:`LoadReport.scaled`; a solution is kept as it is (the verifier's shape trial
 already demands solutions that follow the sizes).  References that cannot be scaled are refused
 (``inputs-too-large``).  A bad record is rejected with its file, index and reason
@@ -81,17 +81,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from dice_ray.tasks.levels import estimate_level
 from dice_ray.tasks.scaffold import ScaffoldError, make_scaffold
-from dice_ray.tasks.task import (
-    Task,
-    TaskError,
-    estimate_level,
-    scale_down_inputs,
-    shape_constant,
-    static_input_elements,
-    validate_reference,
-    validate_solution,
-)
+from dice_ray.tasks.sizing import scale_down_inputs, shape_constant, static_input_elements
+from dice_ray.tasks.task import Task
+from dice_ray.tasks.validate import TaskError, validate_reference, validate_solution
 
 #: Folder of the built-in suite.
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"

@@ -38,8 +38,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from dice_ray.pysource import parse_python
-from dice_ray.tasks.task import SourcePositions, call_name
+from dice_ray.pysource import SourcePositions, call_name, parse_python
 
 _TRIPLE_OPEN = re.compile(r"""\A([rRuU]?)(\"\"\"|''')""")
 _STRING_PREFIX = re.compile(r"\A([rRuU]?)(\"\"\"|'''|\"|')")
