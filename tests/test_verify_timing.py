@@ -610,7 +610,7 @@ def test_a_forward_that_waits_on_the_hold_times_it_out_and_its_windows_are_left_
 @pytest.mark.parametrize("arch", ["sm_75", "sm_90"])
 def test_the_spin_kernel_compiles_for_full_occupancy(arch):
     """The spin's blocks are sized to fill every thread slot: 256 threads, registers capped for 8 blocks an SM."""
-    from dice_ray.launch import compile_cuda
+    from dice_ray.verify.candidate.nvrtc import compile_cuda
     from dice_ray.verify.gpu_spin import _SOURCE, BLOCK
 
     ptx = compile_cuda(_SOURCE, arch=arch).ptx

@@ -5,7 +5,7 @@
 Trains (or loads from the SFT cache) a policy on ``--pairs`` (prompt, target) pairs of the built-in suite,
 then samples each prompt greedily and ``--samples`` times at temperature 1.0 (dynamic remasking, the RL
 rollout setting) and reports, per decoding mode: exact-match rate, mean similarity (difflib ratio), the
-share with similarity >= 0.9 and, when NVRTC is available (``dice_ray.launch.compile_cuda``), the share
+share with similarity >= 0.9 and, when NVRTC is available (``dice_ray.verify.candidate.nvrtc.compile_cuda``), the share
 whose CUDA source compiles. Pairs come from ``dice_ray.tasks.prompts.sft_pairs`` when it exists, else from
 :func:`fallback_pairs`.
 """
@@ -79,15 +79,17 @@ def cuda_of(text: str) -> str:
 
 def _compiler():
     try:
-        from dice_ray.launch import CompileError, compile_cuda
+        from dice_ray.launch import target_arch
+        from dice_ray.verify.candidate.nvrtc import CompileError, compile_cuda
 
-        compile_cuda('extern "C" __global__ void k(float* x) { x[0] = 1.f; }')
+        arch = target_arch()
+        compile_cuda('extern "C" __global__ void k(float* x) { x[0] = 1.f; }', arch)
     except Exception:
         return None
 
     def compiles(src: str) -> bool:
         try:
-            compile_cuda(src)
+            compile_cuda(src, arch)
             return True
         except CompileError:
             return False

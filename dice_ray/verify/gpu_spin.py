@@ -38,6 +38,7 @@ import functools
 import torch
 
 from dice_ray import launch
+from dice_ray.verify.candidate import nvrtc
 
 __all__ = ["BLOCK", "HOLD_TIMEOUT_CYCLES", "FillSpin", "for_device"]
 
@@ -96,7 +97,7 @@ class FillSpin:
     number of its clock cycles (``FillSpin(device)(cycles)``); either zeroes a flush buffer first.
 
     Args:
-        device: CUDA ordinal; the kernel is compiled (NVRTC, :func:`dice_ray.launch.compile_cuda`) and
+        device: CUDA ordinal; the kernel is compiled (NVRTC, :func:`dice_ray.verify.candidate.nvrtc.compile_cuda`) and
             loaded into torch's primary context of it.
 
     Attributes:
@@ -114,7 +115,7 @@ class FillSpin:
 
         self.device = device
         with torch.cuda.device(device):
-            program = launch.compile_cuda(_SOURCE)
+            program = nvrtc.compile_cuda(_SOURCE, launch.target_arch())
         # launch's loader (torch's context, a module cache), not a KernelModule (whose calls count as launches)
         self._fn = launch.KernelModule._load(program, device)["fill_spin"]
         self.blocks_per_sm = int(launch._check(

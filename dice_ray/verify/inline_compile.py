@@ -445,7 +445,7 @@ def cuda_command(tc: Toolchain, arch: str, host_opt: str, include_dir: Path, nam
                  extra: tuple[str, ...]) -> list[str]:
     """nvcc for ``cuda.cu`` with torch's extension flags (``COMMON_NVCC_FLAGS``), one ``arch``, as a
     release build (``-DNDEBUG``: device ``assert()`` compiles to nothing, as in the fast format,
-    :data:`dice_ray.launch.BASE_OPTIONS`)."""
+    :data:`dice_ray.verify.candidate.nvrtc.BASE_OPTIONS`)."""
     cmd = [tc.nvcc, f"-std={tc.std}", f"-gencode=arch=compute_{arch[3:]},code={arch}", *COMMON_NVCC_FLAGS, "-DNDEBUG",
            "-Xcompiler", "-fPIC", "-Xcompiler", host_opt, f"-D_GLIBCXX_USE_CXX11_ABI={tc.abi}",
            f"-DTORCH_EXTENSION_NAME={name}", "-I", str(include_dir)]

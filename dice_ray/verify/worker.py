@@ -108,7 +108,7 @@ def main(argv: list[str]) -> int:
             "gc_frozen": gc.get_freeze_count(), "preload": preload}
     if mode == "gpu":
         info["gpu"] = torch.cuda.get_device_name(device)
-        info["arch"] = launch._target_arch()
+        info["arch"] = launch.target_arch()
     write_frame(fd_out, {"type": "ready", "info": info})
     while True:
         try:
