@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from dice_ray.verify import inline
-from dice_ray.verify.inline import InlineSpec, UnsupportedFormat, exec_inline, extract_specs, spec_from_call
-from dice_ray.verify.inline_compile import instrument_cuda
-from dice_ray.verify.inline_build import InlineBuilder
-from dice_ray.verify.rules import check_candidate
+from dice_ray.verify.candidate import inline_spec
+from dice_ray.verify.trials import inline_launches as inline
+from dice_ray.verify.candidate.inline_spec import InlineSpec, UnsupportedFormat, extract_specs, spec_from_call
+from dice_ray.verify.trials.execution import exec_inline
+from dice_ray.verify.candidate.inline_counters import instrument_cuda
+from dice_ray.verify.candidate.inline_build import InlineBuilder
+from dice_ray.verify.rules.check import check_candidate
 
 KERNEL = r'''
 #include <torch/extension.h>
@@ -101,7 +103,7 @@ ext = load_inline(name="e", cpp_sources=[decl, "int g();"], cuda_sources=BODY + 
     assert spec.cpp_sources == ("int f(int n = 256);", "int g();")
     assert spec.cuda_source.startswith("#include <torch/extension.h>\n__global__ void k() {}\n")
     assert spec.functions == ("f", "g") and spec.extra_cuda_cflags == ("-O3", "--use_fast_math")
-    assert inline.is_inline(src) and not inline.is_inline("import torch\n")
+    assert inline_spec.is_inline(src) and not inline_spec.is_inline("import torch\n")
 
 
 def test_extract_every_dice_infilling_record(dice_data):
@@ -192,7 +194,7 @@ def test_spec_key_is_stable_and_content_only():
     assert c.key() != a.key()
     assert a.key() == InlineSpec(**{k: getattr(a, k) for k in ("name", "cpp_sources", "cuda_sources", "functions")}).key()
     # the worker recomputes it from the values the call really receives
-    assert inline.spec_from_call((), dict(name="relu_ext", cpp_sources=a.cpp_source, cuda_sources=[a.cuda_source],
+    assert inline_spec.spec_from_call((), dict(name="relu_ext", cpp_sources=a.cpp_source, cuda_sources=[a.cuda_source],
                                           functions=list(a.functions), verbose=True)).key() == a.key()
 
 
@@ -256,7 +258,7 @@ def test_each_linked_extension_is_a_module_of_its_own_name(cache, tmp_path):
     from one main.o, each with its own launch(), import side by side and each runs its own code."""
     import subprocess
 
-    from dice_ray.verify.inline_compile import module_name, rename_init_command
+    from dice_ray.verify.candidate.toolchain import module_name, rename_init_command
 
     r = builder(cache).build(fast_spec("names"))
     assert r.ok, r.log
@@ -418,7 +420,7 @@ def test_exec_inline_compile_only_stubs_and_checks():
 
     with pytest.raises(CompileError, match="differ from the ones read statically"):
         exec_inline(CANDIDATE, {"modules": [{**entry, "key": "0" * 64}]}, guarded=True)
-    from dice_ray.verify.harness import RuleBroken
+    from dice_ray.verify.trials.outcome import RuleBroken
 
     with pytest.raises(RuleBroken, match="import os"):
         exec_inline("import os\n" + CANDIDATE, {"modules": [entry]}, guarded=True)
@@ -677,7 +679,7 @@ def test_static_rules_from_many_threads_at_first_use(dice_data):
     code = f"""
 import json, sys, threading
 sys.setswitchinterval(1e-6)
-from dice_ray.verify.rules import check_candidate
+from dice_ray.verify.rules.check import check_candidate
 recs = json.load(open({str(dice_data / "kernel_infilling_evaluation.json")!r}))
 srcs = [r["cuda_code"] for r in recs[:16]]
 errors, results = [], []
