@@ -172,6 +172,7 @@ class InlineSpec:
 
     @property
     def cpp_source(self) -> str:
+        """``main.cpp``'s ``cpp_sources`` part as torch builds it (sources joined by newlines)."""
         return "\n".join(self.cpp_sources)
 
 

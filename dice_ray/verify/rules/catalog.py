@@ -76,6 +76,7 @@ class Violation:
 
     @property
     def verdict(self) -> str:
+        """The verdict the rule gives (``"cheat"`` or ``"compile_error"``)."""
         return RULES[self.rule].verdict
 
     def __str__(self) -> str:
@@ -102,6 +103,7 @@ class StaticReport:
 
     @property
     def ok(self) -> bool:
+        """No rule broken: the candidate may run."""
         return not self.violations
 
     def first(self) -> Violation | None:

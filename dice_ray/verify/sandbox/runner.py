@@ -338,6 +338,7 @@ class WorkerProcess:
 
     @property
     def pid(self) -> int:
+        """The worker's process id."""
         return self.proc.pid
 
     def alive(self) -> bool:
@@ -358,6 +359,7 @@ class WorkerProcess:
                 self.gate.wake()
 
     def log_tail(self, chars: int = 1500) -> str:
+        """The last ``chars`` characters of the worker's log (its stdout and stderr), "" when unreadable."""
         try:
             data = self.log_path.read_bytes()[-chars:]
         except OSError:

@@ -22,6 +22,8 @@ from typing import Any
 
 
 def main(argv: list[str]) -> int:
+    """Serve jobs (see the module docstring); ``argv``: the request-read and result-write pipe descriptors and the
+    settings as JSON.  Returns the exit status (2: the start failed; 0: the parent went away)."""
     started = time.monotonic()
     fd_in, fd_out, settings = int(argv[0]), int(argv[1]), json.loads(argv[2])
     from dice_ray.verify.sandbox.protocol import FrameReader, ProtocolError, write_frame

@@ -136,6 +136,8 @@ def _become_worker(sock: socket.socket, request: dict[str, Any], fds: list[int])
 
 
 def main(argv: list[str]) -> int:
+    """Serve fork requests on the socket whose descriptor is ``argv[0]`` (see the module docstring) until it closes;
+    returns 0."""
     sock = socket.socket(fileno=int(argv[0]))
     import torch  # noqa: F401 - the point of the zygote: imported once, before any fork
 

@@ -66,6 +66,7 @@ class JobResult:
     fatal: bool = False  # the worker must be replaced (sticky CUDA error)
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict (what the worker sends)."""
         return asdict(self)
 
 

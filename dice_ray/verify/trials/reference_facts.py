@@ -59,6 +59,7 @@ class ReferenceFacts:
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
+        """The facts as a JSON-ready dict (:meth:`from_dict` reads it back)."""
         return asdict(self)
 
     @classmethod

@@ -1,5 +1,5 @@
 """Cheat: replace the verifier's output comparison inside the sandbox worker, then skip the work."""
-import dice_ray.verify.trials.harness as harness
+import dice_ray.verify.trials.correctness_trials as harness
 import torch
 import torch.nn as nn
 from dice_ray.launch import load_cuda
