@@ -195,7 +195,7 @@ def test_the_file_policy_reads_python_and_the_package_not_the_project_folder(tmp
     """Read-only: the interpreter's and the packages' folders, this dice_ray package, not the folder holding it
     (a project folder may hold .env files); read-write: the private folder only."""
     policy = confine.file_policy(str(tmp_path), gpu=False)
-    package = os.path.dirname(os.path.realpath(confine.__file__ + "/.."))
+    package = os.path.dirname(os.path.realpath(confine.__file__ + "/../.."))  # dice_ray/ (confine: verify/sandbox/)
     assert policy.allows(os.path.join(package, "verify", "confine.py"), write=False)
     assert policy.allows(threading.__file__, write=False) and policy.allows(pytest.__file__, write=False)
     assert not policy.allows(os.path.join(package, "verify", "confine.py"), write=True)
