@@ -1,6 +1,6 @@
 """Values a candidate's forward reads onto the host: recorded in one call, replayed in the kernel ablation's.
 
-The kernel ablation (rule ``kernel-not-used``, :meth:`dice_ray.verify.trials.harness.Harness._ablate`) runs forward
+The kernel ablation (rule ``kernel-not-used``, :meth:`dice_ray.verify.trials.ablation.KernelAblation._ablate`) runs forward
 once with its kernels skipped.  A forward that reads a flag its kernel sets (``flag.item()``, a copy into a
 host tensor, ``str(flag)``) could tell that call from a real one and raise or return garbage, leaving the ablation nothing
 to judge.  So the harness keeps the host reads of each recorded call (:class:`HostReadLog`, filled by its

@@ -1,7 +1,7 @@
 """Meta tensors standing for the GPU in the compile-only dry run.
 
 Without a GPU, the verifier dry-runs ``ModelNew.forward`` on meta tensors (shapes and dtypes, no data;
-:meth:`dice_ray.verify.trials.harness.Harness._dry_run`).  Honest forwards move or allocate on the GPU by name:
+:meth:`dice_ray.verify.trials.dry_run.DryRun._dry_run`).  Honest forwards move or allocate on the GPU by name:
 ``x.cuda()``, ``x.to("cuda")``, ``x.to(device)``, ``torch.empty(n, device="cuda")``, ``assert x.is_cuda``.
 On a GPU those are no-ops or allocations; on a CPU-only torch they raise ("Torch not compiled with CUDA
 enabled"), which is the machine's doing, not the candidate's.  :class:`MetaStandsForDevice` answers them

@@ -9,7 +9,7 @@ them with every later job of that reference, which then runs the reference once 
 skips the float64 run whenever a bound proves the candidate's precision (:func:`error_bound`).
 In RL a task's group of candidates shares one reference, and tasks come back every epoch.
 
-The precision rule (``VerifyConfig.precision_rtol``; see ``Harness._check_precision``): an fp32
+The precision rule (``VerifyConfig.precision_rtol``; see :mod:`dice_ray.verify.trials.precision`): an fp32
 output's relative RMS error against float64, ``e_cand = ||o - g|| / ||g||`` (RMS norms over the
 elements finite in both ``g`` and the reference output ``r``), may not exceed ``max(precision_rtol,
 10 e_ref)`` with ``e_ref = ||r - g|| / ||g||``.  By the triangle inequality ``e_cand <= ||o - r|| /
