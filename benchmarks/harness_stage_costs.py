@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from verifier_throughput import variants  # noqa: E402
 from dice_ray.config import VerifyConfig  # noqa: E402
 from dice_ray.tasks.loaders import load_tasks  # noqa: E402
-from dice_ray.verify.trials import bound  # noqa: E402
 from dice_ray.verify.facts_book import FactsBook  # noqa: E402
-from dice_ray.verify.trials.harness import Harness  # noqa: E402
 from dice_ray.verify.rules.check import check_candidate  # noqa: E402
+from dice_ray.verify.trials import bound  # noqa: E402
+from dice_ray.verify.trials.harness import Harness  # noqa: E402
 
 KINDS = ("correct", "incorrect")
 

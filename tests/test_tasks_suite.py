@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from dice_ray import launch
-from dice_ray.verify.candidate import nvrtc
 from dice_ray.tasks.loaders import BUILTIN_DIR, load_tasks
 from dice_ray.tasks.scaffold import make_scaffold
+from dice_ray.verify.candidate import nvrtc
 
 REPORT = load_tasks("builtin")
 TASKS = REPORT.tasks

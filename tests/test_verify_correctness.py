@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dice_ray.config import RewardConfig
-from dice_ray.verify.trials.correctness import compare_outputs, fill_could_match
 from dice_ray.verify.reward import compute_reward
+from dice_ray.verify.trials.correctness import compare_outputs, fill_could_match
 from dice_ray.verify.verdict import Verdict
 
 TOL = dict(rtol=1e-2, atol=1e-2)

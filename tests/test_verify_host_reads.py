@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from dice_ray.verify.trials import host_reads
-from dice_ray.verify.trials.op_recorder import OpRecorder
 from dice_ray.verify.trials.host_reads import HostReadReplay
+from dice_ray.verify.trials.op_recorder import OpRecorder
 
 
 @pytest.fixture

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from dice_ray.verify.candidate import inline_spec
-from dice_ray.verify.trials import inline_launches as inline
-from dice_ray.verify.candidate.inline_spec import InlineSpec, UnsupportedFormat, extract_specs, spec_from_call
-from dice_ray.verify.trials.execution import exec_inline
-from dice_ray.verify.candidate.inline_counters import instrument_cuda
 from dice_ray.verify.candidate.inline_build import InlineBuilder
+from dice_ray.verify.candidate.inline_counters import instrument_cuda
+from dice_ray.verify.candidate.inline_spec import InlineSpec, UnsupportedFormat, extract_specs, spec_from_call
 from dice_ray.verify.rules.check import check_candidate
+from dice_ray.verify.trials import inline_launches as inline
+from dice_ray.verify.trials.execution import exec_inline
 
 KERNEL = r'''
 #include <torch/extension.h>
