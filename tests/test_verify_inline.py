@@ -315,9 +315,10 @@ def test_cache_hit_runs_no_compiler_and_is_shared_across_builders(cache, monkeyp
     spec = fast_spec("hit")
     cold = b.build(spec)
     assert cold.ok and not cold.cached and len(cold.objects) == 2, cold.log
-    assert len(commands) == 2  # main.cpp and cuda.cu, compiled once each
+    compiled = len(commands)  # cuda.cu, and main.cpp unless an earlier spec with the same cpp_sources built main.o
+    assert compiled in (1, 2) and any("inline_build.cu" in c for c in commands), commands
     warm = b.build(spec)
-    assert warm.ok and warm.cached and warm.key == cold.key and len(commands) == 2  # the hit compiled nothing
+    assert warm.ok and warm.cached and warm.key == cold.key and len(commands) == compiled  # the hit compiled nothing
     other = builder(cache)  # a new builder (another step, another process): from disk
     other_commands = _compilers_run(other, monkeypatch)
     again = other.build(spec)
