@@ -5,7 +5,7 @@ Victim processes (``--victims``, default 1) each loop a ~50 us kernel with a syn
 through a null pointer (one thread, or every thread of a full grid), reads a wild address, or calls ``__trap()``, and wait for
 the error; then processes that start a CUDA context and run their first ops (what a replacement
 sandbox worker does after a crash), and processes that load the verifier's kernels by a CUDA graph
-capture (``dice_ray.verify.kernel_preload``, part of a starting worker's set-up, which holds the GPU
+capture (``dice_ray.verify.sandbox.kernel_preload``, part of a starting worker's set-up, which holds the GPU
 gate shared since the speedups timed beside one were seen to move). For each it prints how long the process waited for its error
 (or its set-up) and the victim's longest iteration meanwhile, against the victim's median.
 
@@ -126,7 +126,7 @@ def _context(device: int) -> None:
 def _preload(device: int) -> None:
     import torch
 
-    from dice_ray.verify.kernel_preload import preload_kernels
+    from dice_ray.verify.sandbox.kernel_preload import preload_kernels
 
     torch.cuda.set_device(device)
     torch.ones(1, device="cuda").add_(1)

@@ -1,6 +1,6 @@
 """What each verifier stage costs a candidate alone: the floor under a batch's wall time on one GPU.
 
-Runs the sandbox worker's harness (:class:`dice_ray.verify.harness.Harness`) in this process, with no
+Runs the sandbox worker's harness (:class:`dice_ray.verify.trials.harness.Harness`) in this process, with no
 other worker beside it, over the correct and incorrect variants of the built-in fast-format tasks
 (``verifier_throughput.variants``): a warm pass, then a timed pass. Prints, by kind of candidate, the
 seconds of each stage summed and at the median (``load``, ``reference``, ``run``, ``timing``,
@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from verifier_throughput import variants  # noqa: E402
 from dice_ray.config import VerifyConfig  # noqa: E402
 from dice_ray.tasks.loaders import load_tasks  # noqa: E402
-from dice_ray.verify import harness as harness_module  # noqa: E402
 from dice_ray.verify.facts_book import FactsBook  # noqa: E402
-from dice_ray.verify.harness import Harness  # noqa: E402
-from dice_ray.verify.rules import check_candidate  # noqa: E402
+from dice_ray.verify.rules.check import check_candidate  # noqa: E402
+from dice_ray.verify.trials import bound  # noqa: E402
+from dice_ray.verify.trials.harness import Harness  # noqa: E402
 
 KINDS = ("correct", "incorrect")
 
@@ -97,13 +97,13 @@ def main() -> None:
         return
     h = Harness("gpu", args.device, {**VerifyConfig().model_dump(), "mode": "gpu", "device": args.device})
     syncs = [0]
-    synchronize = harness_module._synchronize
+    synchronize = bound.synchronize
 
     def counted(*a, **k):
         syncs[0] += 1
         return synchronize(*a, **k)
 
-    harness_module._synchronize = counted
+    bound.synchronize = counted
     work = jobs()
     facts = FactsBook(capacity=len(work))
     for _, job in work:  # warm: NVRTC compiles cached, kernels loaded, the references' facts measured

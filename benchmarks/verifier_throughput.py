@@ -18,7 +18,7 @@ candidates/s for each size and its ratio to one actor (targets: >= 1.9x at 2 GPU
 Before each timed round the verifier stays idle until its spares are ready (they start in its idle
 time, as between RL steps); the line of each round says how long that took and how many of its
 crashes found no ready spare.  Before the first round the verifier measures each task's reference
-facts (two reference runs and a float64 one, :mod:`dice_ray.verify.reference_facts`) with
+facts (two reference runs and a float64 one, :mod:`dice_ray.verify.trials.reference_facts`) with
 ``Verifier.prepare``, as the trainer has it do at start while the learner warm-starts; the line says
 how long that took.  With ``--no-prepare`` the first round's jobs measure them instead, as they would
 without that call (each round's line counts the jobs that came with them).

@@ -197,7 +197,7 @@ class VerifyConfig(_Section):
 
     Correctness and timing follow KernelBench (``eval.py``, ``timing.py``: seeded ``Model`` and
     ``ModelNew``, several input trials, allclose, CUDA-event timing with an L2 flush) and close its
-    known gaps (see ``dice_ray.verify``'s docstring and ``dice_ray.verify.rules.RULES``).
+    known gaps (see ``dice_ray.verify``'s docstring and ``dice_ray.verify.rules.catalog.RULES``).
     """
 
     mode: Literal["auto", "gpu", "compile_only"] = Field(
@@ -270,12 +270,12 @@ class VerifyConfig(_Section):
     )
     seccomp: bool = Field(
         True, description="Refuse new processes, exec and sockets of every family in the worker once its set-up is done: "
-        "a seccomp filter through libseccomp (dice_ray.verify.confine). Without libseccomp.so.2 it is not applied, and "
+        "a seccomp filter through libseccomp (dice_ray.verify.sandbox.confine). Without libseccomp.so.2 it is not applied, and "
         "the worker says so (Verifier.stats()['confinement'], one log line).")
     landlock: bool = Field(
         True, description="Confine the worker with Landlock from its start: files read only below Python's, the system "
         "libraries', the CUDA toolkit's and driver's folders (and sandbox_read_paths), written only in its private "
-        "folder; TCP and signals to other processes refused (dice_ray.verify.confine). A kernel without Landlock "
+        "folder; TCP and signals to other processes refused (dice_ray.verify.sandbox.confine). A kernel without Landlock "
         "(before Linux 5.13, or not in its lsm= list) leaves it off, and the worker says so; a worker whose imports or "
         "CUDA set-up fail under it turns it off for the verifier's later workers (logged once).")
     sandbox_read_paths: list[str] = Field(
@@ -285,12 +285,12 @@ class VerifyConfig(_Section):
     preload_kernels: bool = Field(
         True, description="A GPU worker loads the kernels every job uses (a CUDA graph captured and dropped) in its "
         "start-up, which holds the GPU gate shared like the rest of its CUDA set-up, so its first jobs do not load them "
-        "(dice_ray.verify.kernel_preload). It changes speed, never a verdict (a failed capture is reported in the "
+        "(dice_ray.verify.sandbox.kernel_preload). It changes speed, never a verdict (a failed capture is reported in the "
         "worker's info and its kernels load on first use); no effect without a GPU. Measured with crashes in the mix "
         "(one H200, --rounds 3, medians): 14.99 candidates/s with it against 13.33 without, side by side in one device "
         "call (a spare's start then held the GPU gate 27 ms instead of 254 ms)."
     )
-    # -- timing (dice_ray.verify.harness) --
+    # -- timing (dice_ray.verify.trials.timing_stage) --
     input_pool_mib: float = Field(
         1024.0, gt=0.0,
         description="GPU memory (MiB) for the rotating pool of timing inputs; a pool slot reused is refilled with "
@@ -328,7 +328,7 @@ class VerifyConfig(_Section):
         "Inductor runs compilers as subprocesses and writes outside the worker's folder, so this needs seccomp=false "
         "and landlock=false.",
     )
-    # -- correctness (dice_ray.verify.harness, dice_ray.verify.correctness) --
+    # -- correctness (dice_ray.verify.trials.correctness_trials, dice_ray.verify.trials.correctness) --
     scaled_trial: float = Field(
         4.0, gt=0.0,
         description="The last correctness trial multiplies floating inputs by this (another scale; 1: off).",
@@ -341,7 +341,7 @@ class VerifyConfig(_Section):
         description="fp32 outputs: relative RMS error against a float64 run of the reference may not exceed "
         "max(this, 10 x the fp32 reference's own); catches precision downgrades (0: off).",
     )
-    # -- load_inline format (dice_ray.verify.inline) --
+    # -- load_inline format (dice_ray.verify.candidate.inline_spec) --
     allow_vendor_libraries: bool = Field(
         False,
         description="load_inline format only: accept vendor math libraries (cuBLAS/cuBLASLt, cuDNN, cuSPARSE, cuFFT, "

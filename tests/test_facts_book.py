@@ -78,7 +78,7 @@ def test_the_hook_sees_each_stage_and_its_wait_counts_against_no_limit():
     """WorkerProcess.run calls on_stage at each announcement before the gate is taken; what it returns
     goes with the go, and time it blocks is not the stage's (a job of a reference being measured
     waits there)."""
-    from dice_ray.verify.runner import GpuGate, WorkerProcess
+    from dice_ray.verify.sandbox.runner import GpuGate, WorkerProcess
 
     cfg = VerifyConfig(mode="compile_only", workers=1)
     gate = GpuGate()

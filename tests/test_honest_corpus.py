@@ -17,8 +17,9 @@ import pytest
 
 from _helpers import load_benchmark
 from dice_ray.config import RewardConfig, VerifyConfig
-from dice_ray.verify import inline
-from dice_ray.verify.rules import check_candidate
+from dice_ray.verify.candidate import inline_spec as inline
+from dice_ray.verify.candidate.candidate import Candidate
+from dice_ray.verify.rules.check import check_candidate
 from dice_ray.verify.verifier import Verifier
 
 bench = load_benchmark("honest_corpus")
@@ -66,8 +67,8 @@ def _stub_modules(verifier: Verifier):
     compile-only mode runs an extension that was built: its functions cannot run on meta tensors)."""
     allow = verifier.verify_cfg.allow_vendor_libraries
 
-    def prepare(candidate_src: str) -> dict[str, Any]:
-        specs = inline.extract_specs(candidate_src, allow_vendor_libraries=allow)
+    def prepare(candidate: Candidate) -> dict[str, Any]:
+        specs = inline.extract_specs(candidate.source, allow_vendor_libraries=allow)
         modules = [{"key": s.key(), "name": s.name, "module": None, "path": None, "counting": "host",
                     "has_cuda": bool(s.cuda_sources), "kernels": []} for s in specs]
         return {"modules": modules, "allow_vendor_libraries": allow}

@@ -15,7 +15,7 @@ from dice_ray.tasks.loaders import load_tasks
 from dice_ray.tasks.scaffold import ScaffoldError, make_scaffold
 from dice_ray.tasks.task import Task
 from dice_ray.tasks.validate import TaskError
-from dice_ray.verify.rules import check_candidate
+from dice_ray.verify.rules.check import check_candidate
 
 #: nested expressions of several shapes, ``k`` levels deep (each adds one level a step, or one and its operator)
 FORMS = {

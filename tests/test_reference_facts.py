@@ -1,4 +1,4 @@
-"""The reference's facts (dice_ray.verify.reference_facts): measured once, a bound that never lets a
+"""The reference's facts (dice_ray.verify.trials.reference_facts): measured once, a bound that never lets a
 precision downgrade through, JSON round trip.  On the CPU: the math is the same on any device."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from dice_ray.verify import reference_facts as rf
+from dice_ray.verify.trials import reference_facts as rf
 
 
 class Net(nn.Module):

@@ -16,6 +16,7 @@ import torch
 from dice_ray import launch
 from dice_ray.tasks.loaders import BUILTIN_DIR, load_tasks
 from dice_ray.tasks.scaffold import make_scaffold
+from dice_ray.verify.candidate import nvrtc
 
 REPORT = load_tasks("builtin")
 TASKS = REPORT.tasks
@@ -61,7 +62,7 @@ def _kernel_calls(tree: ast.Module) -> set[str]:
 def test_solution_compiles_for_sm90_and_names_existing_kernels(task):
     cuda = make_scaffold(task.solution_src, "fast").middle
     assert '"""' not in cuda
-    program = launch.compile_cuda(cuda, arch="sm_90")
+    program = nvrtc.compile_cuda(cuda, arch="sm_90")
     used = _kernel_calls(ast.parse(task.solution_src))
     assert used, "forward launches no kernel"
     assert used <= set(program.kernels), f"unknown kernels {used - set(program.kernels)}"

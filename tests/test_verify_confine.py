@@ -21,7 +21,7 @@ from _verify_sources import HONEST, RELU_REF, mutate
 from dice_ray.config import RewardConfig, VerifyConfig
 from dice_ray.tasks.loaders import load_tasks
 from dice_ray.tasks.task import Task
-from dice_ray.verify import confine
+from dice_ray.verify.sandbox import confine
 from dice_ray.verify.verifier import Verifier
 
 TASK = Task("test/relu", "relu", 1, RELU_REF)
@@ -149,7 +149,7 @@ def test_a_start_that_fails_under_landlock_turns_it_off_for_later_workers(caplog
     worker's /proc entry was writable, seen on an H200 machine) costs one worker's start, not the verifier: the
     workers started after it run without Landlock (seccomp still on), the job waiting for one goes to them, and
     the reason is logged once.  The failure is simulated: a malformed extra read path breaks the policy."""
-    with caplog.at_level(logging.WARNING, logger="dice_ray.verify.confine"), \
+    with caplog.at_level(logging.WARNING, logger="dice_ray.verify.sandbox.confine"), \
             Verifier(VerifyConfig(static_rules=False, fork_server=False, **LIMITS), RewardConfig()) as v:
         assert verify(v, HONEST, "before").verdict == "ok"
         v._settings["sandbox_read_paths"] = 7  # not a list: Confinement.restrict_files raises in the next start
@@ -182,7 +182,7 @@ def test_a_kernel_without_landlock_is_said_once(monkeypatch, caplog, tmp_path):
     assert box.restrict_files().startswith("not applied: this kernel has no Landlock")
     assert box.restrict_syscalls() == "not applied: libseccomp.so.2 not found (test)"
     assert box.policy is None and box.refusal() is None  # nothing applied, nothing refused
-    with caplog.at_level(logging.WARNING, logger="dice_ray.verify.confine"):
+    with caplog.at_level(logging.WARNING, logger="dice_ray.verify.sandbox.confine"):
         for _ in range(3):
             confine.log_status_once(box.status)
     lines = sorted(r.getMessage() for r in caplog.records)
@@ -195,7 +195,7 @@ def test_the_file_policy_reads_python_and_the_package_not_the_project_folder(tmp
     """Read-only: the interpreter's and the packages' folders, this dice_ray package, not the folder holding it
     (a project folder may hold .env files); read-write: the private folder only."""
     policy = confine.file_policy(str(tmp_path), gpu=False)
-    package = os.path.dirname(os.path.realpath(confine.__file__ + "/.."))
+    package = os.path.dirname(os.path.realpath(confine.__file__ + "/../.."))  # dice_ray/ (confine: verify/sandbox/)
     assert policy.allows(os.path.join(package, "verify", "confine.py"), write=False)
     assert policy.allows(threading.__file__, write=False) and policy.allows(pytest.__file__, write=False)
     assert not policy.allows(os.path.join(package, "verify", "confine.py"), write=True)

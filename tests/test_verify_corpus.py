@@ -4,7 +4,7 @@
 issue 3's static rules), ``tests/corpus/faults/`` candidates that break the worker; each folder's
 ``manifest.yaml`` gives the task and the expected verdicts (field meanings in the manifests).  Here,
 without a GPU: every file parses and is listed, every cheat's static rule is the one
-:func:`dice_ray.verify.rules.check_candidate` reports, a few cheats and faults get their
+:func:`dice_ray.verify.rules.check.check_candidate` reports, a few cheats and faults get their
 compile-only verdicts, and after each fault the same Verifier still verifies the honest relu
 solution as ok.  The GPU side is ``test_verify_corpus_gpu.py``.
 """
@@ -21,7 +21,8 @@ import yaml
 
 from dice_ray.config import RewardConfig, VerifyConfig
 from dice_ray.tasks.loaders import load_tasks
-from dice_ray.verify.rules import RULES, check_candidate
+from dice_ray.verify.rules.catalog import RULES
+from dice_ray.verify.rules.check import check_candidate
 from dice_ray.verify.verdict import Verdict, VerdictKind
 from dice_ray.verify.verifier import Verifier
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dice_ray.config import RewardConfig
-from dice_ray.verify.correctness import compare_outputs, fill_could_match
 from dice_ray.verify.reward import compute_reward
+from dice_ray.verify.trials.correctness import compare_outputs, fill_could_match
 from dice_ray.verify.verdict import Verdict
 
 TOL = dict(rtol=1e-2, atol=1e-2)
@@ -95,7 +95,7 @@ def test_verdict_round_trip():
 
 
 def test_count_mismatches_agrees_with_compare_outputs():
-    from dice_ray.verify.correctness import count_mismatches
+    from dice_ray.verify.trials.correctness import count_mismatches
 
     torch.manual_seed(0)
     r = torch.randn(64, 32)
@@ -128,7 +128,7 @@ def _cases() -> list[tuple]:
 def test_count_mismatches_batch_agrees_with_compare_outputs_pair_by_pair():
     """One batch of pairs of different scales (each row compared against its own reference's rms)
     gives, pair by pair, zero exactly where compare_outputs passes."""
-    from dice_ray.verify.correctness import count_mismatches_batch
+    from dice_ray.verify.trials.correctness import count_mismatches_batch
 
     cases = _cases()
     counts = count_mismatches_batch(cases, **TOL)
@@ -141,7 +141,7 @@ def test_count_mismatches_batch_agrees_with_compare_outputs_pair_by_pair():
 
 
 def test_count_mismatches_batch_names_the_first_pair_with_another_structure():
-    from dice_ray.verify.correctness import count_mismatches_batch
+    from dice_ray.verify.trials.correctness import count_mismatches_batch
 
     r = torch.randn(8)
     assert count_mismatches_batch([(r, r), (r[:4], r), ((r, r), r)], **TOL) == (1, "output 0: (4,) torch.float32 on cpu, "
@@ -151,7 +151,7 @@ def test_count_mismatches_batch_names_the_first_pair_with_another_structure():
 def test_timed_output_checks_report_wrong_calls_and_compare_aliased_outputs_at_once():
     """Kept outputs are compared later, except an output living in an input slot (the slot is refilled
     before the check stage): that one is compared when added."""
-    from dice_ray.verify.harness import TimedOutputChecks, _Mismatch
+    from dice_ray.verify.trials.timing_stage import TimedOutputChecks, _Mismatch
 
     checks = TimedOutputChecks(dict(TOL, half_rtol=5e-2, half_atol=5e-2), lambda j: f"call {j}")
     slot = torch.randn(16)
@@ -188,14 +188,14 @@ def test_fill_could_match_only_outputs_an_untouched_honest_buffer_would_give():
 def _ablation_harness(monkeypatch):
     """A Harness with only the parts _ablate uses, on CPU tensors standing for device ones (host_reads counts
     CPU memory as device memory, so a copy into a CPU tensor is a host read)."""
-    from dice_ray.verify import harness, host_reads
-    from dice_ray.verify.harness import Harness
+    from dice_ray.verify.trials import bound, host_reads
+    from dice_ray.verify.trials.harness import Harness
 
     h = object.__new__(Harness)
     h.settings, h.device, h._host_reads, h._read_outputs = dict(TOL, half_rtol=5e-2, half_atol=5e-2), None, [], None
     h.poisoned = 0  # fills of the free memory (a no-op on CPU)
     monkeypatch.setattr(h, "_poison_free_memory", lambda: setattr(h, "poisoned", h.poisoned + 1))
-    monkeypatch.setattr(harness, "_synchronize", lambda device: None)
+    monkeypatch.setattr(bound, "synchronize", lambda device: None)
     monkeypatch.setattr(host_reads, "HOST_DEVICE_TYPES", ("meta",))
     return h
 
@@ -206,7 +206,7 @@ def test_kernel_ablation_without_a_gpu(monkeypatch):
     are not ablated (noted), a one-element loss of another value is, and the switch is on only during the ablated call.  (On a GPU, with real kernels:
     tests/test_verify_gpu.py::test_outputs_right_without_the_kernels_are_a_cheat.)"""
     from dice_ray import launch
-    from dice_ray.verify.harness import RuleBroken
+    from dice_ray.verify.trials.outcome import RuleBroken
 
     h = _ablation_harness(monkeypatch)
     seen = []
@@ -244,7 +244,8 @@ def test_kernel_ablation_without_a_gpu(monkeypatch):
 
 def _recorded_call(h, forward, *args):
     """The previous trial's call: forward under OpRecorder, its host reads and outputs kept as the harness does."""
-    from dice_ray.verify.harness import OpRecorder, _small_copy
+    from dice_ray.verify.trials.ablation import small_copy as _small_copy
+    from dice_ray.verify.trials.op_recorder import OpRecorder
 
     recorder = OpRecorder()
     with recorder:
@@ -260,7 +261,7 @@ def test_kernel_ablation_answers_host_reads_as_the_real_call_did(monkeypatch):
     set and its copy-op answer is caught.  (On a GPU, with a real kernel, tolist() and str() too:
     tests/corpus/cheats/ablation_probe_*.py.)"""
     from dice_ray import launch
-    from dice_ray.verify.harness import RuleBroken
+    from dice_ray.verify.trials.outcome import RuleBroken
 
     h = _ablation_harness(monkeypatch)
 
@@ -300,7 +301,7 @@ def test_kernel_ablation_reads_inputs_live_and_lets_an_honest_host_finish_echo(m
     replayed and rebuilds exactly its previous output: inconclusive, noted, not a cheat, although the two
     trials' losses agree within the tolerance."""
     from dice_ray import launch
-    from dice_ray.verify.harness import RuleBroken
+    from dice_ray.verify.trials.outcome import RuleBroken
 
     h = _ablation_harness(monkeypatch)
 
@@ -337,11 +338,11 @@ def test_kernel_ablation_reads_inputs_live_and_lets_an_honest_host_finish_echo(m
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_fused_mismatch_kernels_count_what_the_torch_rule_counts():
-    """The fused kernels (dice_ray.verify.mismatch_kernel) give the torch rule's count, element for
+    """The fused kernels (dice_ray.verify.trials.mismatch_kernel) give the torch rule's count, element for
     element, for every float dtype, non-finite values, near-zero scales, a grid-stride size and a
     non-contiguous output."""
-    from dice_ray.verify import mismatch_kernel
-    from dice_ray.verify.correctness import _value_masks, count_mismatches_batch
+    from dice_ray.verify.trials import mismatch_kernel
+    from dice_ray.verify.trials.correctness import _value_masks, count_mismatches_batch
 
     cuda = [(o.cuda(), r.cuda()) for o, r in _cases() if isinstance(o, torch.Tensor) and o.is_floating_point()]
     big = torch.randn(3_000_001, device="cuda")

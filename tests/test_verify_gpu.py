@@ -211,7 +211,7 @@ def test_illegal_memory_access_crashes_then_honest_ok(gpu):
 
 
 def test_kernel_preload_runs_nothing_and_frees_its_memory():
-    from dice_ray.verify.kernel_preload import preload_kernels
+    from dice_ray.verify.sandbox.kernel_preload import preload_kernels
 
     gc.collect()  # earlier tests' garbage, freed by a collection inside the call, would read as memory freed by it
     torch.cuda.synchronize()
@@ -323,7 +323,7 @@ def test_work_deferred_to_the_next_call_gives_wrong_timed_outputs(unguarded_gpu)
 
 def test_patched_timer_fails_the_wall_clock_audit(unguarded_gpu):
     patch = (
-        "import sys\n_t = sys.modules['dice_ray.verify.timing']\n_orig = _t.time_calls\n"
+        "import sys\n_t = sys.modules['dice_ray.verify.trials.timing']\n_orig = _t.time_calls\n"
         "def _fast(*a, **k):\n    times = _orig(*a, **k)\n"
         "    times.per_call['candidate'] = [t / 100 for t in times.per_call['candidate']]\n    return times\n"
         "_t.time_calls = _fast\n"

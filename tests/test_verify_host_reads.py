@@ -1,4 +1,4 @@
-"""Host reads of a candidate's forward: what OpRecorder keeps and HostReadReplay answers (dice_ray.verify.host_reads).
+"""Host reads of a candidate's forward: what OpRecorder keeps and HostReadReplay answers (dice_ray.verify.trials.host_reads).
 
 CPU tensors stand for device ones here (``HOST_DEVICE_TYPES`` narrowed to meta); which aten ops a CUDA read
 is (``tolist``, ``.cpu()``: ``_to_copy``) was measured on an H200 and is what the corpus's
@@ -12,9 +12,9 @@ import contextlib
 import pytest
 import torch
 
-from dice_ray.verify import host_reads
-from dice_ray.verify.harness import OpRecorder
-from dice_ray.verify.host_reads import HostReadReplay
+from dice_ray.verify.trials import host_reads
+from dice_ray.verify.trials.host_reads import HostReadReplay
+from dice_ray.verify.trials.op_recorder import OpRecorder
 
 
 @pytest.fixture
@@ -126,7 +126,7 @@ def test_one_elements_copy_to_the_host_is_a_read_like_item(cpu_as_device):
 def test_host_values_uploaded_to_the_device_are_no_torch_op():
     """torch.tensor(sizes, device=...) (torch::tensor in host C++) is a _to_copy from the host: an upload, as an
     allocation and a copy_ are; a device-to-device _to_copy (a cast) stays a torch op."""
-    from dice_ray.verify.harness import _upload
+    from dice_ray.verify.trials.op_recorder import _upload
 
     host = torch.arange(3)
     assert _upload("_to_copy", (host,), {"device": torch.device("cuda", 0)})

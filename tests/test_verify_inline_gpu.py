@@ -12,10 +12,11 @@ import torch
 
 from dice_ray.config import RewardConfig, VerifyConfig
 from dice_ray.tasks.task import Task
-from dice_ray.verify import inline
-from dice_ray.verify.inline import exec_inline, extract_specs
-from dice_ray.verify.inline_build import InlineBuilder, device_arch
-from dice_ray.verify.inline_compile import instrument_cuda
+from dice_ray.verify.candidate.inline_build import InlineBuilder, device_arch
+from dice_ray.verify.candidate.inline_counters import instrument_cuda
+from dice_ray.verify.candidate.inline_spec import extract_specs
+from dice_ray.verify.trials import inline_launches as inline
+from dice_ray.verify.trials.execution import exec_inline
 from dice_ray.verify.verifier import Verifier
 from test_verify_inline import CANDIDATE
 

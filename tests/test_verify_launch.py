@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from dice_ray import launch
+from dice_ray.verify.candidate import nvrtc
 
 RELU = r"""
 extern "C" __global__ void relu_kernel(const float* __restrict__ x, float* __restrict__ y, long n) {
@@ -33,7 +34,7 @@ def dry_run():
 
 
 def test_compile_reads_kernels_and_params_from_ptx():
-    prog = launch.compile_cuda(RELU, arch="sm_90")
+    prog = nvrtc.compile_cuda(RELU, arch="sm_90")
     assert list(prog.kernels) == ["relu_kernel", "mixed"]
     assert [(p.size, p.kind) for p in prog.kernels["relu_kernel"]] == [(8, "int")] * 3
     assert [(p.size, p.kind) for p in prog.kernels["mixed"]] == [
@@ -45,32 +46,32 @@ def test_compile_reads_kernels_and_params_from_ptx():
 def test_compile_cache_by_content_hash():
     src = RELU + "\n// cache probe %f\n" % time.time()
     t0 = time.perf_counter()
-    first = launch.compile_cuda(src, arch="sm_90")
+    first = nvrtc.compile_cuda(src, arch="sm_90")
     t1 = time.perf_counter()
-    second = launch.compile_cuda(src, arch="sm_90")
+    second = nvrtc.compile_cuda(src, arch="sm_90")
     t2 = time.perf_counter()
     assert second is first
     assert (t2 - t1) < (t1 - t0) / 10
-    assert launch.compile_cuda(src, arch="sm_80") is not first  # the arch is part of the key
+    assert nvrtc.compile_cuda(src, arch="sm_80") is not first  # the arch is part of the key
 
 
 def test_device_assert_is_compiled_out():
     """A release build (-DNDEBUG): a failed device assert would trap, which takes 1.1-2.0 s to report
     on an H200 under the verifier's GPU gate (an illegal address ~0.15 s)."""
-    prog = launch.compile_cuda('extern "C" __global__ void k(const float* x, float* y) { assert(x[0] < 0.f); y[0] = x[0]; }',
-                               arch="sm_90")
+    prog = nvrtc.compile_cuda('extern "C" __global__ void k(const float* x, float* y) { assert(x[0] < 0.f); y[0] = x[0]; }',
+                              arch="sm_90")
     assert "__assertfail" not in prog.ptx and "trap" not in prog.ptx
-    assert "NDEBUG" in " ".join(launch.BASE_OPTIONS)
+    assert "NDEBUG" in " ".join(nvrtc.BASE_OPTIONS)
 
 
 @pytest.mark.parametrize("toolkit", [False, True], ids=["no-toolkit", "toolkit"])
 def test_standard_headers_compile_with_their_values(toolkit, monkeypatch):
     """NVRTC has no C library: a kernel's ``#include <cstdint>`` / ``<cmath>`` / ... compiles from the
     launcher's own headers, toolkit or not, and the macros carry the C library's values (read from PTX)."""
-    if toolkit and not launch._include_dirs():
+    if toolkit and not nvrtc._include_dirs():
         pytest.skip("no CUDA toolkit include folder on this machine")
-    monkeypatch.setattr(launch, "_INCLUDES", launch._include_dirs() if toolkit else [])
-    includes = "".join(f"#include <{h}>\n" for h in launch.STANDARD_HEADERS)
+    monkeypatch.setattr(nvrtc, "_INCLUDES", nvrtc._include_dirs() if toolkit else [])
+    includes = "".join(f"#include <{h}>\n" for h in nvrtc.STANDARD_HEADERS)
     src = includes + f"// toolkit={toolkit}\n" + r"""
 extern "C" __global__ void k(int64_t* a, std::uint32_t* b, int* c, float* d, double* e, size_t n) {
     assert(n > 0);
@@ -79,7 +80,7 @@ extern "C" __global__ void k(int64_t* a, std::uint32_t* b, int* c, float* d, dou
     d[4] = tanhf(d[5]);
 }
 """
-    ptx = launch.compile_cuda(src, arch="sm_90").ptx
+    ptx = nvrtc.compile_cuda(src, arch="sm_90").ptx
     def f32(x: float) -> int:  # constants are stored as their bit patterns
         return struct.unpack("<i", struct.pack("<f", x))[0]
 
@@ -93,29 +94,29 @@ extern "C" __global__ void k(int64_t* a, std::uint32_t* b, int* c, float* d, dou
         assert re.search(rf"mov\.u(32|64)\s+%\w+, {value};", ptx), value
     assert "__assertfail" not in ptx
     if toolkit:  # CCCL's <cuda/std/...> declare some of the same names: both orders compile
-        launch.compile_cuda("#include <cuda/std/cstdint>\n#include <cuda/std/climits>\n" + src, arch="sm_90")
-        launch.compile_cuda(src + "#include <cuda/std/cstdint>\n#include <cuda/std/climits>\n", arch="sm_90")
+        nvrtc.compile_cuda("#include <cuda/std/cstdint>\n#include <cuda/std/climits>\n" + src, arch="sm_90")
+        nvrtc.compile_cuda(src + "#include <cuda/std/cstdint>\n#include <cuda/std/climits>\n", arch="sm_90")
 
 
 def test_other_host_headers_stay_a_compile_error():
     with pytest.raises(launch.CompileError, match="cannot open source file"):
-        launch.compile_cuda('#include <vector>\nextern "C" __global__ void k(float* y) { y[0] = 1.f; }', arch="sm_90")
+        nvrtc.compile_cuda('#include <vector>\nextern "C" __global__ void k(float* y) { y[0] = 1.f; }', arch="sm_90")
 
 
 def test_syntax_error_carries_nvrtc_log():
     with pytest.raises(launch.CompileError) as info:
-        launch.compile_cuda('extern "C" __global__ void k(float* x) { x[0] = undefined_name; }', arch="sm_90")
+        nvrtc.compile_cuda('extern "C" __global__ void k(float* x) { x[0] = undefined_name; }', arch="sm_90")
     assert "undefined_name" in info.value.log and "candidate.cu(1)" in info.value.log
     # failures are cached too, and raise the same error again
     with pytest.raises(launch.CompileError):
-        launch.compile_cuda('extern "C" __global__ void k(float* x) { x[0] = undefined_name; }', arch="sm_90")
+        nvrtc.compile_cuda('extern "C" __global__ void k(float* x) { x[0] = undefined_name; }', arch="sm_90")
 
 
 def test_source_without_kernel_is_a_compile_error():
     with pytest.raises(launch.CompileError, match="no __global__ kernel"):
-        launch.compile_cuda("__device__ float f(float x) { return x; }", arch="sm_90")
+        nvrtc.compile_cuda("__device__ float f(float x) { return x; }", arch="sm_90")
     with pytest.raises(TypeError):
-        launch.compile_cuda(b"bytes")  # type: ignore[arg-type]
+        nvrtc.compile_cuda(b"bytes")  # type: ignore[arg-type]
 
 
 @no_gpu

@@ -1,12 +1,13 @@
-"""What of a candidate never runs (dice_ray.verify.liveness) and how the static rules treat it."""
+"""What of a candidate never runs (dice_ray.verify.candidate.liveness) and how the static rules treat it."""
 
 from __future__ import annotations
 
 import ast
 
 from _verify_sources import HONEST, mutate
-from dice_ray.verify.liveness import dead_code, strip_dead_imports
-from dice_ray.verify.rules import check_candidate, import_allowed
+from dice_ray.verify.candidate.liveness import dead_code, strip_dead_imports
+from dice_ray.verify.rules.allowlist import import_allowed
+from dice_ray.verify.rules.check import check_candidate
 
 HELPERS = '''
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from _verify_sources import HONEST, mutate
-from dice_ray.verify.rules import RULES, check_candidate
+from dice_ray.verify.rules.catalog import RULES
+from dice_ray.verify.rules.check import check_candidate
 
 FWD = "        return y\n"
 
@@ -22,7 +23,7 @@ def at_top(code: str) -> str:
 
 def imported(code: str, use: str) -> str:
     """HONEST with the import ``code`` at top level and ``use`` of it in forward (an import nothing uses never
-    runs: dice_ray.verify.liveness)."""
+    runs: dice_ray.verify.candidate.liveness)."""
     return mutate("import torch\n", f"import torch\n{code}\n", in_forward(use))
 
 

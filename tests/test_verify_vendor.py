@@ -11,15 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from dice_ray.verify.inline import (
-    VENDOR_LIBRARIES,
-    InlineSpec,
-    UnsupportedFormat,
-    exec_inline,
-    extract_specs,
-)
-from dice_ray.verify.inline_build import InlineBuilder
-from dice_ray.verify.rules import RULES, check_candidate
+from dice_ray.verify.candidate.inline_build import InlineBuilder
+from dice_ray.verify.candidate.inline_spec import VENDOR_LIBRARIES, InlineSpec, UnsupportedFormat, extract_specs
+from dice_ray.verify.rules.catalog import RULES
+from dice_ray.verify.rules.check import check_candidate
+from dice_ray.verify.trials.execution import exec_inline
 
 #: a hand-written candidate: cuBLAS does the GEMM, the candidate's own kernel adds the bias
 CUBLAS_CANDIDATE = r'''

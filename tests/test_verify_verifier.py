@@ -277,7 +277,7 @@ def test_private_folders_of_dead_verifiers_are_swept():
     import tempfile
     from pathlib import Path
 
-    from dice_ray.verify.sandbox import private_dir, sweep_private_dirs
+    from dice_ray.verify.sandbox.environment import private_dir, sweep_private_dirs
 
     owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     dead = Path(tempfile.mkdtemp(prefix=f"dice-ray-worker-{owner.pid}-"))
@@ -294,7 +294,7 @@ def test_private_folders_of_dead_verifiers_are_swept():
 
 
 def test_a_results_stage_parts_join_its_stage_seconds(verifier):
-    from dice_ray.verify.runner import JobOutcome
+    from dice_ray.verify.sandbox.runner import JobOutcome
 
     parts = {"run.until_raise": 0.171, "run.after_raise": 0.0004}
     outcome = JobOutcome("result", "run", result={"verdict": "crash", "compiled": True, "reason": "illegal address",
@@ -376,7 +376,7 @@ def test_verify_many_refuses_a_malformed_item_before_verifying_any(verifier):
 ])
 def test_errors_meta_tensors_cause_do_not_blame_the_reference(error):
     """What meta tensors (no data, no GPU) may cause is not the reference's fault: the dry run skips, no invalid_input."""
-    from dice_ray.verify.harness import _meta_inconclusive
+    from dice_ray.verify.trials.dry_run import _meta_inconclusive
 
     assert _meta_inconclusive(error)
     assert not _meta_inconclusive(ZeroDivisionError("division by zero"))

@@ -28,7 +28,7 @@ def body_shape(body: str) -> tuple[str, ...]:
     Raises:
         ImportError: tree-sitter-cuda is not installed.
     """
-    from dice_ray.verify.inline_rules import parse_cuda
+    from dice_ray.verify.candidate.cuda_tree import parse_cuda
 
     data = body.encode()
     names: dict[str, str] = {}

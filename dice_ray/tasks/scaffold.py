@@ -20,7 +20,7 @@ located with :mod:`ast` positions, so any variable name works.  Invariant:
 ``body`` granularity (either format) cuts one ``__global__`` kernel's body inside that CUDA source:
 prefix = everything up to and including the kernel's opening ``{``, middle = the body, suffix = from
 the closing ``}`` on, so the policy keeps the signature, the helpers and the host code.  The kernel
-is found with tree-sitter-cuda (:func:`dice_ray.verify.inline_rules.parse_cuda`) on the string's
+is found with tree-sitter-cuda (:func:`dice_ray.verify.candidate.cuda_tree.parse_cuda`) on the string's
 *value*, so braces in comments, string and char literals, templates, macros, ``__launch_bounds__``
 and ``extern "C"`` blocks are handled by the grammar; ``__device__`` helpers are never cut.  The
 value's positions are mapped back to the Python source through the literal's escapes (``\\n``,
@@ -280,7 +280,7 @@ def _literal_chars(token: str) -> tuple[str, list[tuple[int, int]]]:
 def _kernel_bodies(cuda: str) -> list[tuple[str, int, int]]:
     """``[(name, index of the body's "{", index of its "}")]`` for each ``__global__`` kernel with a
     body in ``cuda`` (str indices), in source order; ``__device__`` helpers and prototypes skipped."""
-    from dice_ray.verify.inline_rules import function_qualifiers, node_text, parse_cuda
+    from dice_ray.verify.candidate.cuda_tree import function_qualifiers, node_text, parse_cuda
 
     data = cuda.encode("utf-8", errors="surrogatepass")
     root = parse_cuda(data).root_node

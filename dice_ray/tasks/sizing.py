@@ -160,7 +160,7 @@ def shape_constant(reference_src: str) -> tuple[str, int] | None:
 
     That is the first module-level ``NAME = <int >= 1>`` (a literal, or arithmetic on literals such as
     KernelBench's ``M = 256 * 8``) that ``get_inputs`` reads and nothing else in the module does (so ``Model`` and ``get_init_inputs``, hence the weights, are
-    unchanged).  The verifier's shape trial doubles it (:mod:`dice_ray.verify.harness`); loaders halve
+    unchanged).  The verifier's shape trial doubles it (:mod:`dice_ray.verify.trials.correctness_trials`); loaders halve
     it to fit a memory budget (:func:`scale_down_inputs`, KernelBench#146).  Parses only.
 
     Returns:

@@ -20,11 +20,6 @@ from dataclasses import dataclass
 
 from dice_ray.tasks.validate import SolutionFormat, TaskError, validate_reference, validate_solution
 
-# Transitional, for dice_ray/verify/ only (harness.py imports shape_constant, command.py estimate_level from this
-# module; the verify package is being restructured on its own branch): delete these two lines once it imports
-# them from dice_ray.tasks.sizing and dice_ray.tasks.levels.
-from dice_ray.tasks.levels import estimate_level  # noqa: F401
-from dice_ray.tasks.sizing import shape_constant  # noqa: F401
 
 #: :attr:`Task.role` values: the phase whose task set a task belongs to, or ``"both"``
 TASK_ROLES: tuple[str, ...] = ("both", "infill", "e2e")

@@ -1,17 +1,29 @@
-"""dice_ray.verify: compile, static anti-cheat rules, sandboxed run, correctness, timing, reward.
+"""dice_ray.verify: a candidate read, judged by static rules, run in a sandboxed worker, timed, rewarded.
 
 Entry points: :class:`dice_ray.verify.verifier.Verifier` (``verify(task, src, id) -> Verdict``),
 :func:`dice_ray.verify.reward.compute_reward`, :func:`dice_ray.verify.command.verify_files`.
 
-Modules: ``verdict`` (the typed result), ``rules`` (static rules, ast), ``correctness`` (output
-comparison), ``harness`` (what the worker does: stages, run-time rules, timing), ``worker`` (the
-sandboxed process), ``runner`` (its parent side: spawn, protocol, timeouts), ``sandbox``
-(rlimits, environment), ``confine`` (what the kernel enforces: Landlock, seccomp), ``protocol`` (JSON
-frames), ``reward``, ``command``; the
-load_inline (KernelBench / DICE) format: ``inline`` (static extraction, launch counts, worker-side
-loading), ``inline_build`` (the compile pool and its cache), ``inline_compile`` (launch counters,
-generated files, light headers, limited compiler processes), ``inline_rules`` (C++/CUDA rules).
-Nothing here imports Ray: the verifier runs the same inside a Ray actor or a plain process.
+The package has the shape of the pipeline, a folder a stage:
+
+* ``candidate/``: the candidate read once (:class:`~dice_ray.verify.candidate.candidate.Candidate`: source,
+  parse tree, format, dead code, load_inline specs), and the formats' compilers (NVRTC for ``load_cuda``; the
+  load_inline build: counters, files, toolchain, limited compilers, the compile pool);
+* ``rules/``: the static rules (Python, C++/CUDA, CUDA text; the catalog of rule ids; the allow-lists);
+* ``trials/``: what the sandboxed worker does with a job (source execution and the import guard, the
+  reference, correctness trials, kernel ablation, precision check, compile-only dry run, timing, self-test);
+* ``sandbox/``: the worker process and its parent side (runner, fork server, protocol, environment, rlimits,
+  Landlock / seccomp, kernel preload);
+* ``verdict.py`` (the typed result), ``reward.py`` (verdict -> reward);
+* ``facts_book.py`` (the references' facts a Verifier keeps) and ``verifier.py`` (the orchestrating
+  :class:`~dice_ray.verify.verifier.Verifier`);
+* ``command.py`` (``dice-ray verify``).
+
+Layers: imports flow one way, each layer importing only the layers before it (and itself):
+``candidate -> rules -> trials -> sandbox -> verdict, reward -> facts_book, verifier -> command``.
+:mod:`dice_ray.launch` (outside the package: the module fast-format candidates import) is the fast format's run
+time between ``candidate`` (its NVRTC compile) and ``trials`` (which count its launches); no module of
+``candidate`` or ``rules`` imports it.  ``tests/test_verify_layers.py`` checks the order and that no import
+cycle exists.  Nothing here imports Ray: the verifier runs the same inside a Ray actor or a plain process.
 
 Built on KernelBench's evaluation (``src/kernelbench/eval.py``, ``timing.py``) and closes its
 known gaps: one bad kernel poisoning the evaluating process (here: a separate worker, killed and
@@ -28,7 +40,7 @@ after timing).
 
 Known gaps: a kernel that writes out of bounds without faulting can corrupt later candidates in the
 same worker; RLIMIT_AS is not set on GPU workers (CUDA reserves huge ranges); timing is device time
-between CUDA events on the launching stream (``timing``): work on another stream that ends within
+between CUDA events on the launching stream (``trials/timing.py``): work on another stream that ends within
 5-10 us of a window's stream end goes untimed; the dispatch-mode op check runs only in the
 correctness trials and the dry run (the launch check runs on every call, the import guard always);
 the kernel ablation only sees a kernel that does nothing the outputs need: one that writes a single

@@ -63,7 +63,9 @@ def load_task_file(path: str | Path) -> Any:
             ``get_inputs``, syntax error...).
     """
     src = read_source_file(path)
-    from dice_ray.tasks.task import Task, TaskError, estimate_level
+    from dice_ray.tasks.levels import estimate_level
+    from dice_ray.tasks.task import Task
+    from dice_ray.tasks.validate import TaskError
 
     p = Path(path)
     try:

@@ -1,7 +1,7 @@
 """The reference facts a Verifier has learnt, and which job measures a reference's facts now.
 
 Every candidate of a task is checked against the same reference on the same trial-0 inputs, so its
-determinism check and float64 run (:mod:`dice_ray.verify.reference_facts`) answer the same for all of
+determinism check and float64 run (:mod:`dice_ray.verify.trials.reference_facts`) answer the same for all of
 them: the first job measures them and later jobs get them.  In RL the candidates of a task come as
 a group (G at once), so most of a group's jobs reach their ``reference`` stage while the first is
 still measuring; each measured again before this book (the benchmark's first round: 4-8 of 392 jobs

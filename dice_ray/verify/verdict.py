@@ -25,7 +25,7 @@ class Verdict(BaseModel):
         speedup: ``ref_ms / candidate_ms`` (PyTorch eager reference), None when not measured.
         reward: see :func:`dice_ray.verify.reward.compute_reward`.
         reason: human-readable detail (NVRTC log, mismatch statistics, traceback tail, timings).
-        rule: the anti-cheat rule id for ``cheat`` (see ``dice_ray.verify.rules.RULES``), the format rule of
+        rule: the anti-cheat rule id for ``cheat`` (see ``dice_ray.verify.rules.catalog.RULES``), the format rule of
             a ``compile_error`` a rule decided (``syntax``, ``no-modelnew``, ``unsupported-format``,
             ``unknown-kernel``; None for a compiler's error, whose log is in ``reason``), or the
             reference's failure for ``invalid_input``: ``reference-exec`` (module or
@@ -35,7 +35,7 @@ class Verdict(BaseModel):
             ``reference-crash``, ``reference-invalid`` (no ``task_id`` / ``reference_src``, or a
             reference without ``Model``, ``forward``, ``get_inputs`` ... found by parsing).
         ref_ms, candidate_ms: median CUDA-event (device) time of one forward (ms), L2 flushed
-            before each call (see ``dice_ray.verify.harness.Harness._time``).
+            before each call (see ``dice_ray.verify.trials.timing_stage.TimingStage._measure``).
         ref_spread, candidate_spread: (p75 - p25) / median of those times (dimensionless).
         compiled_ref_ms, speedup_compiled: the same for ``torch.compile(reference)`` when
             ``verify.compile_baseline`` is on (reported, not rewarded).

@@ -4,17 +4,17 @@ Pipeline for one candidate (every call returns exactly one :class:`Verdict`):
 
 1. static anti-cheat rules on the source (:mod:`dice_ray.verify.rules`), in this process; a
    candidate in the load_inline format (KernelBench / DICE) is then built here by the compile pool
-   (:meth:`Verifier._prepare_inline`, :mod:`dice_ray.verify.inline_build`: content-hash cache,
+   (:meth:`Verifier._prepare_inline`, :mod:`dice_ray.verify.candidate.inline_build`: content-hash cache,
    parallel limited compilers) and the worker only imports the prebuilt extension;
-2. in the persistent sandboxed worker (:mod:`dice_ray.verify.runner`, one per Verifier):
+2. in the persistent sandboxed worker (:mod:`dice_ray.verify.sandbox.runner`, one per Verifier):
    ``load`` (execute the candidate module: NVRTC compiles, limit ``compile_timeout_s``),
    ``reference`` (execute the reference, build it and run it on trial 0: it must run and be finite;
    the first job of a reference runs it twice (deterministic) and in float64, and the facts it
-   measured come with every later job, :mod:`dice_ray.verify.reference_facts`; jobs of a reference
+   measured come with every later job, :mod:`dice_ray.verify.trials.reference_facts`; jobs of a reference
    being measured wait for its facts, :mod:`dice_ray.verify.facts_book`; limit ``run_timeout_s``),
    ``run`` (``correctness_trials`` seeded trials, then CUDA-event timing of reference and candidate,
    limit ``run_timeout_s``);
-   see :mod:`dice_ray.verify.harness` for the run-time anti-cheat rules;
+   see :mod:`dice_ray.verify.trials.harness` for the run-time anti-cheat rules;
 3. the reward (:func:`dice_ray.verify.reward.compute_reward`).
 
 A crash, a timeout or a sticky CUDA error kills the worker; a new one is started at once and the
@@ -38,14 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from dice_ray.config import RewardConfig, VerifyConfig
+from dice_ray.verify.candidate.candidate import Candidate
 from dice_ray.verify.facts_book import FactsBook
 from dice_ray.verify.reward import compute_reward
-from dice_ray.verify.liveness import strip_dead_imports
-from dice_ray.verify.rules import check_candidate, import_allowed
-from dice_ray.verify.runner import GpuGate, JobOutcome, WorkerError, WorkerProcess
-from dice_ray.verify.sandbox import sweep_private_dirs
+from dice_ray.verify.rules.allowlist import import_allowed
+from dice_ray.verify.rules.check import check_candidate
+from dice_ray.verify.sandbox.environment import sweep_private_dirs
+from dice_ray.verify.sandbox.runner import GpuGate, JobOutcome, WorkerError, WorkerProcess
+from dice_ray.verify.sandbox.zygote import Zygote, ZygoteError
 from dice_ray.verify.verdict import Verdict
-from dice_ray.verify.zygote import Zygote, ZygoteError
 
 __all__ = ["Verifier"]
 
@@ -64,7 +65,7 @@ AUTO_SPARE_SHARE = 0.25
 AUTO_MAX_SPARES = 32
 #: least GPU memory (MiB) a worker's cap may come to once the spares' rooms are taken out
 MIN_WORKER_MIB = 1024
-#: most references whose facts (:mod:`dice_ray.verify.reference_facts`) a Verifier keeps (~200 bytes each);
+#: most references whose facts (:mod:`dice_ray.verify.trials.reference_facts`) a Verifier keeps (~200 bytes each);
 #: the oldest is dropped first
 MAX_REFERENCE_FACTS = 100_000
 
@@ -105,7 +106,7 @@ def memory_plan(total_mib: float, fraction: float, workers: int, spare_workers: 
 def _task_problem(task: Any) -> str | None:
     """Why ``task`` cannot be verified against (no str ``task_id`` / ``reference_src``, or a reference
     that breaks a rule of :func:`~dice_ray.tasks.task.validate_reference`: parsed, never run); None when it can."""
-    from dice_ray.tasks.task import TaskError, validate_reference
+    from dice_ray.tasks.validate import TaskError, validate_reference
 
     for attr in ("task_id", "reference_src"):
         value = getattr(task, attr, None)
@@ -179,7 +180,7 @@ class Verifier:
             "gpu_memory_fraction": cap,  # each worker's cap, a share of the GPU's memory (the workers share one GPU)
         }
         if mode == "gpu":  # a GPU worker imports load_inline candidates' .so files from the build cache (Landlock)
-            from dice_ray.verify.inline_build import default_cache_dir
+            from dice_ray.verify.candidate.inline_build import default_cache_dir
 
             cache = Path(verify_cfg.inline_cache_dir).expanduser() if verify_cfg.inline_cache_dir else default_cache_dir()
             try:
@@ -236,7 +237,7 @@ class Verifier:
         return pids[0] if pids else None
 
     def _start_zygote(self) -> None:
-        """Start the fork server (:class:`~dice_ray.verify.zygote.Zygote`) once, if ``fork_server`` is on and the
+        """Start the fork server (:class:`~dice_ray.verify.sandbox.zygote.Zygote`) once, if ``fork_server`` is on and the
         Verifier is open; a platform without one leaves ``_zygote`` None (cold starts).  A compile-only Verifier
         calls it with its first spares: most never replace a worker, and the fork server is one more process
         importing torch (~4 CPU-s) beside the worker's own start-up."""
@@ -262,12 +263,12 @@ class Verifier:
         In compile-only mode spares (and the fork server they fork from) start at the first replacement,
         so a Verifier that never sees a crash runs ``workers`` processes (on a GPU they start with the Verifier); a crash costs a swap instead of a cold start
         (torch import and CUDA init, ~8 s on an H200 machine).  Replacements are forked from the
-        :class:`~dice_ray.verify.zygote.Zygote` (torch already imported) when ``fork_server`` is on.
+        :class:`~dice_ray.verify.sandbox.zygote.Zygote` (torch already imported) when ``fork_server`` is on.
         Starting a process does not block: a new worker boots while the others serve.
 
         A spare's CUDA set-up holds the GPU gate (a context made beside a timing stage moves its
         speedup), so it waits for the verifier to be idle (no verify call in progress for
-        :data:`~dice_ray.verify.runner.IDLE_GRACE_S`: between RL steps, while the policy samples); one
+        :data:`~dice_ray.verify.sandbox.runner.IDLE_GRACE_S`: between RL steps, while the policy samples); one
         needed before that is promoted and starts at once, holding up timing stages for its set-up's
         parts (~0.8-1.5 s in all on an H200).
         """
@@ -383,12 +384,12 @@ class Verifier:
         (replacements that found no ready spare), ``spare_workers`` (the spares it keeps), ``suspended`` / ``suspended_mib`` /
         ``reaped_idle`` (crashed workers stopped and waiting for the verifier's idle time to be killed, the GPU
         memory their allocators held, MiB; those killed there so far), ``reference_facts`` / ``reference_facts_used`` (references
-        whose facts are kept, :mod:`~dice_ray.verify.reference_facts`; jobs that got them at their reference
+        whose facts are kept, :mod:`~dice_ray.verify.trials.reference_facts`; jobs that got them at their reference
         stage, :mod:`~dice_ray.verify.facts_book`) and, on a GPU, ``gpu_gate_s``: wall seconds the GPU gate was held
         exclusive (timing), draining (shared holders finishing while a timing stage waits), shared
         (references, trials, checks) or idle since the Verifier started
-        (:meth:`~dice_ray.verify.runner.GpuGate.held_seconds`), and ``confinement``: what the operating system
-        enforces in a ready worker, ``{"landlock": ..., "seccomp": ...}`` (:mod:`~dice_ray.verify.confine`; a
+        (:meth:`~dice_ray.verify.sandbox.runner.GpuGate.held_seconds`), and ``confinement``: what the operating system
+        enforces in a ready worker, ``{"landlock": ..., "seccomp": ...}`` (:mod:`~dice_ray.verify.sandbox.confine`; a
         layer the kernel or the machine lacks says ``not applied: why``; empty before a worker is ready)."""
         with self._lock:
             current = list(self._idle.queue) + list(self._busy)
@@ -495,10 +496,12 @@ class Verifier:
             return {"verdict": "compile_error", "reason": why}
         if not isinstance(candidate_src, str):
             return {"verdict": "compile_error", "reason": f"candidate is a {type(candidate_src).__name__}, not source text"}
-        vendor = self.verify_cfg.allow_vendor_libraries
         t0 = time.monotonic()
-        report = check_candidate(candidate_src, allow_vendor_libraries=vendor) if self.verify_cfg.static_rules else None
+        # the candidate is read once here: every stage below reads this object, the worker gets its runnable text
+        candidate = Candidate.from_source(candidate_src, allow_vendor_libraries=self.verify_cfg.allow_vendor_libraries)
+        report = check_candidate(candidate) if self.verify_cfg.static_rules else None
         stages = {"static": round(time.monotonic() - t0, 4)}
+        runnable = candidate.source
         if report is not None:
             first = report.first()
             if first is not None:
@@ -506,10 +509,10 @@ class Verifier:
                 reason = str(first) + (f"\nalso: {'; '.join(others)}" if others else "")
                 return {"verdict": first.verdict, "reason": reason, "rule": first.rule, "stage_seconds": stages}
             # dead imports (used by nothing that runs: a copy of get_inputs) do not run: the worker's guard refuses them
-            fmt = report.format == "inline"
-            candidate_src = strip_dead_imports(candidate_src, lambda m, n: import_allowed(m, n, inline=fmt))
+            fmt = candidate.format == "inline"
+            runnable = candidate.runnable_source(lambda m, n: import_allowed(m, n, inline=fmt))
         t0 = time.monotonic()
-        inline = self._prepare_inline(candidate_src)  # None: fast format; verdict fields, or the prebuilt modules
+        inline = self._prepare_inline(candidate)  # None: fast format; verdict fields, or the prebuilt modules
         if inline is not None:
             stages["compile"] = round(time.monotonic() - t0, 4)  # the load_inline build (cached: milliseconds)
             if "verdict" in inline:
@@ -518,7 +521,7 @@ class Verifier:
             "task_id": task.task_id,
             "input_seed": self.input_seed,
             "reference_src": task.reference_src,
-            "candidate_src": candidate_src,
+            "candidate_src": runnable,
             "kernel_refs": {k: sorted(v) for k, v in (report.kernel_refs if report else {}).items()},
             "cpu_budget_s": self.verify_cfg.compile_timeout_s + 4 * self.verify_cfg.run_timeout_s + 30,
         }
@@ -565,7 +568,7 @@ class Verifier:
                 self._idle.put(worker)
 
     def prepare(self, tasks: Iterable[Any]) -> dict[str, Any]:
-        """Measure the reference facts of ``tasks`` before their candidates come (:mod:`~dice_ray.verify.reference_facts`:
+        """Measure the reference facts of ``tasks`` before their candidates come (:mod:`~dice_ray.verify.trials.reference_facts`:
         the determinism check's second reference run and the float64 run, which a task's first job would
         otherwise do while its group waits, :mod:`~dice_ray.verify.facts_book`).  Each reference not known
         yet runs as a job of its own over the workers, under the GPU gate like any job (so it never runs
@@ -646,10 +649,13 @@ class Verifier:
 
         return on_stage
 
-    def _prepare_inline(self, candidate_src: str) -> dict[str, Any] | None:
+    def _prepare_inline(self, candidate: Candidate | str) -> dict[str, Any] | None:
         """Build a load_inline candidate's extensions before it goes to a worker.
 
-        The builder (:class:`~dice_ray.verify.inline_build.InlineBuilder`, ``inline_*`` fields of
+        ``candidate``: the :class:`~dice_ray.verify.candidate.candidate.Candidate` read at :meth:`verify`'s entry
+        (its format and ``load_inline`` calls are read there, not again here), or a source text, read here.
+
+        The builder (:class:`~dice_ray.verify.candidate.inline_build.InlineBuilder`, ``inline_*`` fields of
         :class:`~dice_ray.config.VerifyConfig`) is created at the first such candidate (thread-safe)
         and shared by this Verifier's threads: identical specs compile once, different ones in
         parallel; on a GPU the ``.so`` is linked for this device's arch (with the vendor libraries
@@ -660,23 +666,22 @@ class Verifier:
             None for a fast-format candidate; verdict fields (``compile_error``: a dynamic
             ``load_inline`` argument, rule ``unsupported-format``, or the nvcc / g++ log) when it
             cannot be built; else ``{"modules": [...]}`` for the worker's
-            :func:`dice_ray.verify.inline.exec_inline`, with ``"allow_vendor_libraries"`` so the
+            :func:`dice_ray.verify.trials.execution.exec_inline`, with ``"allow_vendor_libraries"`` so the
             worker reads the run-time ``load_inline`` call by the same rules.
         """
-        from dice_ray.verify import inline
-
-        if not inline.is_inline(candidate_src):
+        candidate = Candidate.coerce(candidate, allow_vendor_libraries=self.verify_cfg.allow_vendor_libraries)
+        if candidate.format != "inline":
             return None
-        try:
-            specs = inline.extract_specs(candidate_src, allow_vendor_libraries=self.verify_cfg.allow_vendor_libraries)
-        except (inline.UnsupportedFormat, SyntaxError) as e:
+        e = candidate.spec_error
+        if e is not None:
             rule = getattr(e, "rule", "unsupported-format")
             return {"verdict": "cheat" if rule == "cuda-library" else "compile_error", "rule": rule,
                     "reason": f"[{rule}] {e}"}
+        specs = candidate.specs
         if not specs:
             return {"verdict": "compile_error", "rule": "unsupported-format",
                     "reason": "[unsupported-format] no top-level `name = load_inline(...)` call"}
-        from dice_ray.verify.inline_build import InlineBuilder, device_arch
+        from dice_ray.verify.candidate.inline_build import InlineBuilder, device_arch
 
         cfg = self.verify_cfg
 

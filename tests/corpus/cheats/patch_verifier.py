@@ -1,9 +1,9 @@
 """Cheat: replace the verifier's output comparison inside the sandbox worker, then skip the work."""
-import dice_ray.verify.harness as harness
+import dice_ray.verify.trials.correctness_trials as harness
 import torch
 import torch.nn as nn
 from dice_ray.launch import load_cuda
-from dice_ray.verify.correctness import Comparison
+from dice_ray.verify.trials.correctness import Comparison
 
 cuda_source = r"""
 extern "C" __global__ void relu_kernel(const float* __restrict__ x, float* __restrict__ y, long n) {
