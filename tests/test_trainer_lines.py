@@ -45,6 +45,9 @@ def test_heldout_line_names_each_phase_and_says_when_correctness_was_not_measure
                                      "12.5% correct")
     gpu_none = {"e2e": {"candidates": 8, "compile_rate": 0.0, "correct_rate": None, "compile_only": False}}
     assert describe_heldout(gpu_none) == "e2e: 8 candidates, 0.0% compile, correctness not measured (nothing compiled)"
+    gpu_failed_after = {"infill": {"candidates": 64, "compile_rate": 0.3125, "correct_rate": None, "compile_only": False}}
+    assert describe_heldout(gpu_failed_after) == ("infill: 64 candidates, 31.2% compile, correctness not measured "
+                                                  "(none reached the correctness check)")
     assert describe_heldout({}) == "no eligible task"
 
 
@@ -145,6 +148,9 @@ def test_learning_line_compares_each_phase_start_and_end():
     end = {"infill": {"reward_mean": 0.62}, "e2e": {"reward_mean": 0.10}}
     assert describe_learning(start, end) == ("training prompts, reward at start -> end: infill 0.410 -> 0.620 (up), "
                                              "e2e 0.120 -> 0.100 (down)")
+    # what is printed decides the word: a control arm's 0.4223 -> 0.4220 (H100 run) reads "0.422 -> 0.422 (same)"
+    assert describe_learning({"infill": {"reward_mean": 0.4223}}, {"infill": {"reward_mean": 0.4220}}) == (
+        "training prompts, reward at start -> end: infill 0.422 -> 0.422 (same)")
     assert describe_learning(None, end) is None
     summary_line = describe_summary({"steps": 2, "phases_seen": ["infill"], "final": {}, "train_start": start,
                                      "train_end": end}).splitlines()

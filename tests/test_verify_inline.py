@@ -710,3 +710,23 @@ print(json.dumps({{"errors": errors, "checked": len(results)}}))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"errors": [], "checked": 16}
+
+
+def test_a_run_time_load_inline_mismatch_is_a_compile_error_with_its_message():
+    """A ``load_inline`` call at run time that differs from the one read statically is the candidate's format
+    error (``[unsupported-format]``), reported as a compile error with its message: the harness's line mapping
+    reads the error's ``source`` (a CompileError attribute), which the load error lacked (an AttributeError, so a
+    ``crash``)."""
+    import pickle
+
+    from dice_ray.verify.trials.inline_loader import InlineLoadError, make_loader
+    from dice_ray.verify.trials.outcome import error_text, in_candidate_lines
+
+    load_inline = make_loader([])  # nothing was built: every call differs from the static reading
+    with pytest.raises(InlineLoadError) as info:
+        load_inline(name="ext", cpp_sources="torch::Tensor f(torch::Tensor x);", cuda_sources="", functions=["f"])
+    err = info.value
+    assert in_candidate_lines(err, "import torch\n") is err
+    assert "[unsupported-format]" in error_text(err)
+    again = pickle.loads(pickle.dumps(err))
+    assert again.source is None and again.log == err.log

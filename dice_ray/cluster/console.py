@@ -69,12 +69,14 @@ def describe_learner(info: dict) -> str:
 def describe_heldout(out: dict) -> str:
     """One line from :meth:`~dice_ray.cluster.evaluation.Evaluations.heldout`'s ``{phase: {"candidates", "tasks", "compile_rate",
     "ok_rate", "correct_rate", "compile_only"}}``, e.g. ``infill: 8 candidates (4 held-out tasks), 25.0% compile, 12.5% ok, correctness
-    not measured (compile-only verifier); e2e: ...`` (``... (nothing compiled)`` on a GPU verifier when no
-    candidate compiled)."""
+    not measured (compile-only verifier); e2e: ...`` (on a GPU verifier ``... (nothing compiled)`` when no
+    candidate compiled, ``... (none reached the correctness check)`` when those that compiled failed before it,
+    e.g. a launch of a kernel the module does not define)."""
     parts = []
     for phase, fig in out.items():
         correct = fig.get("correct_rate")
-        why = "compile-only verifier" if fig.get("compile_only") else "nothing compiled"
+        why = ("compile-only verifier" if fig.get("compile_only") else
+               "nothing compiled" if not fig.get("compile_rate") else "none reached the correctness check")
         said = f"{correct:.1%} correct" if correct is not None else f"correctness not measured ({why})"
         n = fig.get("tasks")
         tasks = f" ({n} held-out task{'' if n == 1 else 's'})" if n else ""
@@ -140,6 +142,7 @@ def describe_learning(start: dict | None, end: dict | None) -> str | None:
     parts = []
     for phase in (p for p in ("infill", "e2e") if p in start and p in end):
         a, b = start[phase]["reward_mean"], end[phase]["reward_mean"]
+        a, b = round(a, 3), round(b, 3)  # the direction of what is printed: 0.4223 -> 0.4220 is "same", not "down"
         parts.append(f"{phase} {a:.3f} -> {b:.3f} ({'up' if b > a else 'down' if b < a else 'same'})")
     return "training prompts, reward at start -> end: " + ", ".join(parts) if parts else None
 

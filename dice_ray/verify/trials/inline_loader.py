@@ -30,12 +30,12 @@ class InlineLoadError(CompileError):
     (a :class:`~dice_ray.verify.candidate.nvrtc.CompileError`, so the harness reports it as one).
 
     Attributes:
-        log: the message; ``arch`` is ``"?"``.
+        log: the message; ``arch`` is ``"?"``; ``source`` is None (no CUDA source of the candidate's to point into).
     """
 
     def __init__(self, message: str):
         RuntimeError.__init__(self, message)
-        self.log, self.arch = message, "?"
+        self.log, self.arch, self.source = message, "?", None
 
     def __reduce__(self):  # pickles with its own arguments
         return type(self), (self.log,)
