@@ -115,7 +115,7 @@ def parse_pool_sizes(text: str) -> list[int]:
 
 def verify_config(args: argparse.Namespace) -> VerifyConfig:
     """The verifier config of the flags (``--workers``, ``--spare-workers``, ``--timing-window-ms``,
-    ``--no-preload-kernels``).
+    ``--no-preload-kernels``, ``--no-landlock``).
 
     Raises:
         pydantic.ValidationError: a value out of the config's range (e.g. ``--spare-workers -1``).
@@ -125,6 +125,8 @@ def verify_config(args: argparse.Namespace) -> VerifyConfig:
         extra["spare_workers"] = args.spare_workers
     if args.no_preload_kernels:
         extra["preload_kernels"] = False
+    if args.no_landlock:
+        extra["landlock"] = False
     return VerifyConfig(workers=args.workers, **extra)
 
 
@@ -384,6 +386,9 @@ def main() -> None:
                          "or this many seconds passed; the time is printed")
     ap.add_argument("--timing-window-ms", type=float, default=None,
                     help="verify.timing_window_ms (None: the config's; 0: one call a timed window)")
+    ap.add_argument("--no-landlock", action="store_true",
+                    help="workers without Landlock (verify.landlock=false; seccomp stays): what the file confinement "
+                         "costs worker starts and throughput, run beside a plain run on the same machine")
     ap.add_argument("--no-preload-kernels", action="store_true",
                     help="verify.preload_kernels=false: workers load kernels lazily, under the GPU gate (for comparison)")
     ap.add_argument("--crash-every", type=int, default=4, help="one crashing candidate every N tasks (0: none; a crash's fault stalls the whole GPU ~170 ms on an H200)")
