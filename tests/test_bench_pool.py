@@ -44,11 +44,15 @@ def test_bad_flags_fail_in_one_line_naming_them(flags, says):
 
 
 def test_flags_set_the_verifier_config():
-    ap_args = argparse.Namespace(workers=2, timing_window_ms=None, spare_workers=None, no_preload_kernels=True)
+    ap_args = argparse.Namespace(workers=2, timing_window_ms=None, spare_workers=None, no_preload_kernels=True,
+                                 no_landlock=False)
     cfg = bench.verify_config(ap_args)
     assert cfg.workers == 2 and cfg.preload_kernels is False and cfg.spare_workers == VerifyConfig().spare_workers  # the config's default
-    cfg = bench.verify_config(argparse.Namespace(workers=0, timing_window_ms=0.5, spare_workers=1, no_preload_kernels=False))
+    assert cfg.landlock is True
+    cfg = bench.verify_config(argparse.Namespace(workers=0, timing_window_ms=0.5, spare_workers=1, no_preload_kernels=False,
+                                                 no_landlock=True))
     assert cfg.preload_kernels is True and cfg.timing_window_ms == 0.5 and cfg.spare_workers == 1
+    assert cfg.landlock is False and cfg.seccomp is True
 
 
 def test_expected_verdicts_by_mode():
