@@ -173,3 +173,26 @@ def test_the_step_table_fits_an_80_column_terminal():
     for name, width, fmt in COLUMNS:
         assert len(name) <= width and len(fmt.format(widest[name])) <= width, (name, fmt.format(widest[name]))
     assert sum(width for _, width, _ in COLUMNS) + len(COLUMNS) - 1 <= 80
+
+
+def test_step_table_names_the_verifier_mode_above_its_header():
+    """README: the line above the step table says the verifiers run compile-only; the header follows it, then the
+    rows, and the mode line comes again only when the mode changes."""
+    import io
+
+    from rich.console import Console
+
+    from dice_ray.cluster.console import StepTable
+
+    buf = io.StringIO()
+    table = StepTable(Console(file=buf, width=80, color_system=None))
+    rec = {"verifier_mode": "compile_only", "step": 0, "phase": "infill", "infill_fraction": 1.0, "reward_mean": 0.5,
+           "reward_std": 0.1, "compile_rate": 0.5, "correct_rate": None, "cheat_rate": 0.0, "speedup_geomean": None,
+           "groups_dropped": 0, "loss": 0.0, "step_seconds": 1.0}
+    table.header()
+    table.row(rec)
+    table.row({**rec, "step": 1})
+    lines = buf.getvalue().splitlines()
+    assert lines[0].startswith("verifier compile-only") and lines[1].split()[:2] == ["step", "phase"], lines
+    assert [ln.split()[0] for ln in lines[2:]] == ["0", "1"]
+    assert all(len(ln) <= 80 for ln in lines)

@@ -156,16 +156,20 @@ def describe_outputs(run_dir: Path, tasks_spec: str, heldout: bool) -> str:
             + f"--model {run_dir}); a Markdown summary and "
             f"plots: dice-ray report {run_dir}")
 
+
 class StepTable:
-    """The step table on ``console``: a header of :data:`COLUMNS`, one row a step, and a curriculum decision's line
-    between rows."""
+    """The step table on ``console``: the verifier's mode line, a header of :data:`COLUMNS`, one row a step, and a
+    curriculum decision's line between rows."""
 
     def __init__(self, console: Console):
         self.console = console
         self._mode: str | None = None
+        self._header_due = False
 
     def header(self) -> None:
-        self.console.print(" ".join(f"{name:>{w}}" for name, w, _ in COLUMNS), style="bold")
+        """Ask for the header: printed before the first row, under the verifier's mode line (which the first
+        row's record names)."""
+        self._header_due = True
 
     def decision(self, decision) -> None:
         """One line a curriculum decision (:class:`~dice_ray.cluster.scheduler.Decision`), with its figure. The target
@@ -181,6 +185,9 @@ class StepTable:
             self._mode = mode
             self.console.print("verifier compile-only: compile rate and dry runs, no values or times measured"
                                if mode == "compile_only" else f"verifier {mode}", style="dim", highlight=False)
+        if self._header_due:
+            self._header_due = False
+            self.console.print(" ".join(f"{name:>{w}}" for name, w, _ in COLUMNS), style="bold")
         values = {
             "step": rec["step"], "phase": rec["phase"], "infill": rec["infill_fraction"], "reward": rec["reward_mean"],
             "±std": rec["reward_std"], "compile": rec["compile_rate"], "correct": rec["correct_rate"],

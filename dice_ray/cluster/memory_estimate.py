@@ -82,6 +82,12 @@ CHECKPOINT_VOCAB = {"sdar": 151936, "llada": 126464, "dream": 152064}
 ``model.path`` cannot be read here."""
 
 
+def param_count(n: int) -> str:
+    """``1.72 B``, ``0.92 M``: a parameter count as the learner's line writes it."""
+    return f"{n / 1e9:.3g} B" if n >= 1e9 else f"{n / 1e6:.3g} M"
+
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What the memory of a policy depends on.
@@ -406,7 +412,7 @@ def learner_estimate(cfg: DiceConfig, shape: ModelShape, prompt: int, gpus_per_n
     est = Estimate(host=states.pop("host"))
     est.components.update(states)
     gib = lambda b: f"{b / GIB:.2f}"  # noqa: E731
-    est.notes.append(f"{shape.params / 1e9:.3g} B parameters ({shape.source}); ZeRO-{c.zero_stage} over {ranks} "
+    est.notes.append(f"{param_count(shape.params)} parameters ({shape.source}); ZeRO-{c.zero_stage} over {ranks} "
                      f"rank(s){', offload to CPU' if c.learner_offload else ''}: weights {gib(states['weights'])}, "
                      f"gradients {gib(states['gradients'])}, optimizer {gib(states['optimizer'])} GiB")
     if cfg.rl.beta > 0:

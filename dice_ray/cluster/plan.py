@@ -22,6 +22,7 @@ Ray's own packing of fractional GPUs may differ from the one shown; the estimate
 from __future__ import annotations
 
 import io
+import shutil
 import os
 from dataclasses import dataclass, field
 
@@ -32,6 +33,7 @@ from dice_ray.cluster.memory_estimate import (
     groups_per_micro_batch,
     learner_estimate,
     model_shape,
+    param_count,
     prompt_tokens,
     rollout_estimate,
     verifier_estimate,
@@ -248,7 +250,10 @@ def resolve_capacity(cfg: DiceConfig, cluster_gpus: int | None = None, gpus_per_
         mem = given_mem or here[1]
         return Capacity([here[0]], mem, f"this machine: {here[0]} x {here[2]}, {mem / GIB:.1f} GiB a GPU "
                         "(a new local Ray cluster gets these)")
-    return Capacity(None, given_mem, "unknown: no --cluster-gpus, no cluster address, no GPU on this machine")
+    if given_mem is None:  # what `dice-ray train` does here: a local cluster without GPUs, every role on CPU
+        return Capacity([], None, "this machine, no GPU: every role runs on CPU here (for a cluster's plan pass "
+                        "--cluster-gpus N [--gpus-per-node N] --gpu-memory-gib GIB, or --address)")
+    return Capacity(None, given_mem, "no --cluster-gpus, no cluster address, no GPU on this machine")
 
 
 # ---- placement ----------------------------------------------------------------------------------------------
@@ -458,22 +463,24 @@ def render(plan: Plan) -> str:
 
     cap, shape = plan.capacity, plan.shape
     buf = io.StringIO()
-    con = Console(file=buf, width=170, highlight=False, soft_wrap=True, color_system=None)
-    con.print(f"plan: {shape.family} policy, {shape.params / 1e9:.3g} B parameters ({shape.dtype_bytes * 8}-bit), "
+    con = Console(file=buf, width=max(shutil.get_terminal_size((132, 24)).columns, 132), highlight=False,
+                  color_system=None)
+    con.print(f"plan: {shape.family} policy, {param_count(shape.params)} parameters ({shape.dtype_bytes * 8}-bit), "
               f"{plan.cfg.rl.prompts_per_step} prompts x {plan.cfg.rl.num_generations} samples a step, prompt "
               f"{plan.prompt} + {plan.cfg.sampling.max_new_tokens} new tokens", markup=False)
     con.print(f"capacity: {cap.source}", markup=False)
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("role", "actors x GPU", "where", "weights", "grads", "optim", "act", "KV", "other", "GiB/GPU",
                 "GPU GiB", "verdict"):
-        t.add_column(col, justify="left" if col in ("role", "where", "verdict", "actors x GPU") else "right")
+        t.add_column(col, justify="left" if col in ("role", "where", "verdict", "actors x GPU") else "right",
+                     no_wrap=col in ("role", "verdict", "actors x GPU", "where"))
     for r in plan.roles:
         c = r.estimate.components
         other = c.get("runtime", 0) + c.get("verifier", 0) + c.get("working", 0)
         shared = [g for g in r.placed if g is not None and len(g.tenants) > 1]
         on_gpu = r.gpus > 0
         if not on_gpu:
-            verdict = "CPU (host memory, not checked)"
+            verdict = "CPU, not checked"
         elif any(g is None for g in r.placed):
             verdict = "NO ROOM"
         elif cap.gpu_bytes is None:
