@@ -10,13 +10,24 @@ with a one-token-a-step trace (every block's ``--steps-per-block`` steps used, s
 The process initialises ``torch.distributed`` itself (one rank; NCCL on a GPU, gloo on CPU).
 
 Counted per update (printed): ``processed tokens`` = positions the forwards run = per group
-``P`` (prompt, batch 1) + ``G*R`` (clean response) + ``steps*G*R`` (noisy copies): prompt + response,
-all positions. MFU = 6 * params * processed tokens / seconds / peak (``--peak-tflops``, H200 dense bf16
-989), with params = all parameters (tied embedding once), gradient-checkpointing recomputation not
+``chunks*P`` (the prompt, batch 1, once a row chunk) + ``G*R`` (clean response) + ``steps*G*R`` (noisy
+copies): prompt + response, all positions. MFU = 6 * params * processed tokens / seconds / peak
+(``--peak-tflops``, H200 dense bf16 989), with params = all parameters (tied embedding once), gradient-checkpointing recomputation not
 counted. Also printed: a stricter "matmul MFU" (6 * non-embedding params * processed tokens + 6 * V * d
 * scored tokens, as the LM head runs only where a token is scored) and attention FLOPs separately
 (12 * heads * head_dim * attended query-key pairs a layer, forward + backward, pairs the block mask
 allows). Tokens/s is given for processed and for trained (response) tokens.
+
+Row chunks (``--rows-per-chunk``, the learner's ``cluster.learner_rows_per_chunk``; ``--micro-batch`` is its old
+name): a group's G rows go in chunks of that many, one forward + backward a chunk, gradients accumulated, one
+optimizer step an update, through the learner's own code path (``response_logprobs(..., rows=)`` and
+``clipped_policy_loss(..., num_sequences=G)``: the whole group's loss); 0 scores the whole group at once. Each
+chunk re-encodes the prompt: that is a chunk's cost, counted in the processed tokens (so compare settings by
+trained tokens/s). A comma list (``--rows-per-chunk 1,4,0``) measures each setting in this process, one after
+the other on the same engine and batch (each with its warm-up, timed updates and peak memory; an out-of-memory
+one is reported and the others go on), and prints them side by side: s/update, trained and processed tokens/s,
+peak GiB and the time over the whole group's (or the first setting's). The JSON's top-level figures are the
+first setting's; ``row_chunk_runs`` holds every setting's.
 
 Gradient checkpointing (``--grad-ckpt``): ``layers`` re-computes whole decoder layers of the noisy
 passes in backward, and only the MLPs of the prompt / clean passes (they write the KV cache, so re-running
@@ -52,11 +63,19 @@ Liger needs the ``gpu`` extra, ``--fused none`` without it):
 
     python benchmarks/learner_throughput.py --device cuda --fused liger --variants sdpa,flex,flex+compile --out learner.json
 
-    python benchmarks/learner_throughput.py [--device cuda] [--groups 2] [--group-size 16] [--micro-batch 8]
+The cost of row chunks (issue 42: the presets score DICE's 16 x 4096 groups one sample at a time) beside the whole
+group, on one H100 / H200 (the whole group of 16 x 1024 may not fit: it is then reported as out of memory; it goes
+last, so that a failed update leaves no half-accumulated DeepSpeed state behind for the others):
+
+    python benchmarks/learner_throughput.py --device cuda --fused none --groups 1 --group-size 16 \\
+        --prompt-len 2048 --response-len 1024 --grad-ckpt none --rows-per-chunk 1,4,8,0 --out chunks.json
+
+    python benchmarks/learner_throughput.py [--device cuda] [--groups 2] [--group-size 16] [--rows-per-chunk 8]
         [--prompt-len 512] [--response-len 512] [--steps-per-block 4] [--grad-ckpt layers] [--zero-stage 2]
         [--sdpa-backend auto] [--fused none,liger] [--variants sdpa] [--warmup 1] [--repeats 3]
         [--out learner.json] [--profile top_ops.txt]
     python benchmarks/learner_throughput.py --device cpu --tiny     # seconds; what the CPU test runs
+    python benchmarks/learner_throughput.py --device cpu --tiny --rows-per-chunk 0,1,3   # CPU smoke of row chunks
     python benchmarks/learner_throughput.py --device cpu --tiny --variants sdpa,flex,flex+compile   # CPU smoke, ~3 min
 """
 
@@ -83,8 +102,9 @@ from rollout_throughput import make_policy
 from dice_ray.policy.compiled import compile_fallback_reason, compile_layers
 from dice_ray.policy.fused import apply_fused_kernels
 from dice_ray.policy.model import flex_fallback_reason, set_attention
+from dice_ray.cluster.learner import row_chunks
 from dice_ray.policy.logprobs import response_logprobs
-from dice_ray.rl.loss import clipped_policy_loss
+from dice_ray.rl.loss import clipped_policy_loss, merge_chunk_stats
 
 H200_BF16_DENSE_TFLOPS = 989.0
 TARGET_MFU = 0.45
@@ -186,16 +206,18 @@ def update_flops(args: argparse.Namespace, params: int, embed: int, vocab: int, 
     """FLOPs of one update (forward + backward) and what they count (see the module docstring)."""
     P, R, G, n = args.prompt_len, args.response_len, args.group_size, args.groups
     passes = 1 + args.steps_per_block  # clean + noisy copies
-    processed = n * (P + passes * G * R)
+    chunks = len(row_chunks(G, args.rows))  # the prompt is encoded once a chunk
+    processed = n * (chunks * P + passes * G * R)
     scored = n * G * R
-    pairs = n * (prompt_pairs(P, args.block_size) + passes * G * attended_pairs(P, R, args.block_size))
+    pairs = n * (chunks * prompt_pairs(P, args.block_size) + passes * G * attended_pairs(P, R, args.block_size))
     return {
         "processed_tokens": processed, "trained_tokens": scored, "passes_per_group": passes,
+        "row_chunks": chunks, "recomputed_prompt_tokens": n * (chunks - 1) * P,
         "model_flops": 6 * params * processed,
         "matmul_flops": 6 * (params - embed) * processed + 6 * vocab * hidden * scored,
         "attention_flops": 12 * heads * head_dim * pairs * layers,
-        "counted": f"per group: prompt {P} (batch 1) + clean {G}x{R} + {args.steps_per_block} noisy x {G}x{R} "
-                   f"positions; {n} groups",
+        "counted": f"per group: prompt {P} (batch 1) x {chunks} chunk(s) + clean {G}x{R} + {args.steps_per_block} "
+                   f"noisy x {G}x{R} positions; {n} groups",
     }
 
 
@@ -235,22 +257,25 @@ def make_engine(model, args: argparse.Namespace, device: torch.device):
 
 
 def one_update(engine, batch: list[dict], args: argparse.Namespace, mask_id: int, device: torch.device) -> dict:
-    """One optimizer step over ``batch`` (micro-batches of ``--micro-batch`` rows of a group); loss stats."""
+    """One optimizer step over ``batch``, each group in row chunks of ``args.rows`` rows (0: the whole group), one
+    forward + backward a chunk, as the learner scores them (``cluster.learner_rows_per_chunk``); a group's loss
+    weighs ``1 / groups``. Returns the update's loss (the mean of its groups'), clip fraction and backwards."""
     engine.train()
-    total_rows = sum(g["response_ids"].shape[0] for g in batch)
-    micro = [(g, rows) for g in batch for rows in torch.arange(g["response_ids"].shape[0]).split(args.micro_batch)]
-    losses, clip = [], []
-    for i, (g, rows) in enumerate(micro):
-        engine.set_gradient_accumulation_boundary(i == len(micro) - 1)
-        t = {k: (v[rows] if v.dim() and k != "prompt_ids" else v).to(device) for k, v in g.items()}
+    work = [(g, rows) for g in batch for rows in row_chunks(g["response_ids"].shape[0], args.rows)]
+    parts: dict[int, list] = {}
+    for i, (g, rows) in enumerate(work):
+        engine.set_gradient_accumulation_boundary(i == len(work) - 1)
+        t = {k: v.to(device) for k, v in g.items()}
         lp = response_logprobs("tracerl", engine.module, t["prompt_ids"], t["response_ids"], t["unmask_step"],
-                               t["mask"], args.block_size, mask_id)
-        loss, stats = clipped_policy_loss(lp, t["behaviour_logprobs"], t["advantages"], t["mask"], epsilon=0.2)
-        engine.backward(loss * (rows.numel() / total_rows), scale_wrt_gas=False)
-        losses.append(stats.loss)
-        clip.append(stats.clip_fraction)
+                               t["mask"], args.block_size, mask_id, rows=rows)
+        loss, stats = clipped_policy_loss(lp, t["behaviour_logprobs"][rows], t["advantages"][rows], t["mask"][rows],
+                                          epsilon=0.2, num_sequences=t["response_ids"].shape[0])
+        engine.backward(loss / len(batch), scale_wrt_gas=False)
+        parts.setdefault(id(g), []).append(stats)
+    merged = [merge_chunk_stats(p) for p in parts.values()]
     engine.step()
-    return {"loss": statistics.fmean(losses), "clip_fraction": statistics.fmean(clip), "micro_batches": len(micro)}
+    return {"loss": statistics.fmean(m.loss for m in merged),
+            "clip_fraction": statistics.fmean(m.clip_fraction for m in merged), "micro_batches": len(work)}
 
 
 def profile_update(engine, batch: list[dict], args: argparse.Namespace, mask_id: int, device: torch.device,
@@ -293,7 +318,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="a model of benchmarks/rollout_throughput.py")
     ap.add_argument("--groups", type=int, default=2, help="groups (prompts) in the update")
     ap.add_argument("--group-size", type=int, default=16, help="G: responses a group")
-    ap.add_argument("--micro-batch", type=int, default=8, help="response rows a forward/backward (<= G)")
+    ap.add_argument("--rows-per-chunk", "--micro-batch", dest="rows_per_chunk", metavar="0,8,1", default="8",
+                    help="rows of a group a forward + backward (the learner's cluster.learner_rows_per_chunk; 0: the "
+                    "whole group); a comma list measures each setting side by side in this process")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--response-len", type=int, default=512, help="R, a multiple of the block size")
     ap.add_argument("--steps-per-block", type=int, default=4,
@@ -314,15 +341,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--profile", metavar="TXT",
                     help="also profile one more update (torch.profiler) and write its top kernels by device time here")
     ap.add_argument("--tiny", action="store_true",
-                    help="CPU-test size: sdar-mini, 1 group of 4, micro-batch 2, prompt 16, response 16, 1 repeat")
+                    help="CPU-test size: sdar-mini, 1 group of 4, 2 rows a chunk, prompt 16, response 16, 1 repeat")
     ap.add_argument("--out", help="write the figures as JSON here")
     if ap.parse_known_args(argv)[0].tiny:  # defaults only: explicit options still win
-        ap.set_defaults(model="sdar-mini", groups=1, group_size=4, micro_batch=2, prompt_len=16, response_len=16,
+        ap.set_defaults(model="sdar-mini", groups=1, group_size=4, rows_per_chunk="2", prompt_len=16, response_len=16,
                         repeats=1)
     args = ap.parse_args(argv)
-    for flag in ("groups", "group_size", "micro_batch", "prompt_len", "response_len", "steps_per_block", "repeats"):
+    for flag in ("groups", "group_size", "prompt_len", "response_len", "steps_per_block", "repeats"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')}: must be >= 1")
+    try:
+        args.rows_per_chunk = [int(x) for x in str(args.rows_per_chunk).split(",")]
+    except ValueError:
+        ap.error(f"--rows-per-chunk {args.rows_per_chunk!r}: a comma list of integers >= 0 (0: the whole group)")
+    if any(r < 0 for r in args.rows_per_chunk) or len(set(args.rows_per_chunk)) != len(args.rows_per_chunk):
+        ap.error(f"--rows-per-chunk {args.rows_per_chunk}: each entry >= 0 (0: the whole group), none twice")
+    args.rows = args.rows_per_chunk[0]
     if args.warmup < 0:
         ap.error("--warmup: must be >= 0")
     cuda = torch.device(args.device).type == "cuda"
@@ -482,8 +516,6 @@ def main(argv: list[str] | None = None) -> dict:
     engine = make_engine(model, args, device)
     batch = make_batch(args.groups, args.group_size, args.prompt_len, args.response_len, args.block_size,
                        args.steps_per_block, cfg.vocab_size, policy.mask_id, args.seed)
-    flops = update_flops(args, params, embed, cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers,
-                         cfg.num_attention_heads, cfg.head_dim)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device {gpu}; {args.model}: {params / 1e6:.1f} M params ({(params - embed) / 1e6:.1f} M non-embedding), "
           f"{next(model.parameters()).dtype}; DeepSpeed ZeRO-{args.zero_stage}, "
@@ -491,10 +523,45 @@ def main(argv: list[str] | None = None) -> dict:
           f"fused {args.fused[0]}{' (' + ', '.join(fused) + ')' if fused else ''}; variant {variant} (attention "
           f"{attention}, {'compiled' if compiled else 'eager'} layers); "
           f"set up in {time.perf_counter() - t0:.1f} s", flush=True)
-    print(f"update: {args.groups} groups x G={args.group_size} (micro-batch {args.micro_batch} rows), prompt "
-          f"{args.prompt_len}, response {args.response_len}, TraceRL {args.steps_per_block} noisy passes + 1 clean; "
-          f"processed tokens {flops['processed_tokens']} ({flops['counted']}), trained tokens {flops['trained_tokens']}",
-          flush=True)
+    setup = {
+        "device": gpu, "model": args.model, "params": params, "non_embedding_params": params - embed,
+        "dtype": str(next(model.parameters()).dtype), "zero_stage": args.zero_stage,
+        "backend": torch.distributed.get_backend(), "grad_ckpt": args.grad_ckpt, "sdpa_backend": args.sdpa_backend,
+        "fused": args.fused[0], "fused_kernels": fused, "variant": variant, "attention": attention,
+        "compiled_layers": compiled,
+    }
+    runs: dict[int, dict] = {}
+    for rows in args.rows_per_chunk:
+        args.rows = rows
+        try:
+            runs[rows] = {**setup, **measure(engine, batch, args, policy.mask_id, device, params, embed, cfg)}
+        except torch.cuda.OutOfMemoryError as e:  # this setting does not fit: the others still report
+            runs[rows] = {"rows_per_chunk": rows, "error": f"out of memory: {str(e).splitlines()[0]}"}
+            print(f"rows per chunk {rows}: OUT OF MEMORY ({str(e).splitlines()[0]})", flush=True)
+            if hasattr(engine, "zero_grad"):  # drop what the failed update accumulated
+                engine.zero_grad()
+            torch.cuda.empty_cache()
+    args.rows = args.rows_per_chunk[0]
+    result = dict(runs[args.rows])
+    if len(runs) > 1:
+        result["row_chunk_runs"] = {str(k): v for k, v in runs.items()}
+        print_row_chunks(runs, args.group_size)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+def measure(engine, batch: list[dict], args: argparse.Namespace, mask_id: int, device: torch.device, params: int,
+            embed: int, cfg) -> dict:
+    """Time ``--warmup`` + ``--repeats`` updates with ``args.rows`` rows a chunk; print and return the figures."""
+    flops = update_flops(args, params, embed, cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers,
+                         cfg.num_attention_heads, cfg.head_dim)
+    rows = args.rows or args.group_size
+    print(f"update: {args.groups} groups x G={args.group_size} ({min(rows, args.group_size)} rows a chunk, "
+          f"{flops['row_chunks']} chunk(s) a group), prompt {args.prompt_len}, response {args.response_len}, TraceRL "
+          f"{args.steps_per_block} noisy passes + 1 clean; processed tokens {flops['processed_tokens']} "
+          f"({flops['counted']}), trained tokens {flops['trained_tokens']}", flush=True)
     secs, peaks, stats = [], [], []
     with _sdpa_context(args.sdpa_backend):
         for i in range(args.warmup + args.repeats):
@@ -502,31 +569,27 @@ def main(argv: list[str] | None = None) -> dict:
                 torch.cuda.synchronize(device)
                 torch.cuda.reset_peak_memory_stats(device)
             t = time.perf_counter()
-            st = one_update(engine, batch, args, policy.mask_id, device)
+            st = one_update(engine, batch, args, mask_id, device)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
                 peaks.append(torch.cuda.max_memory_allocated(device) / 2**30)
             dt = time.perf_counter() - t
             timed = i >= args.warmup
             if i == 0:
-                first_loss = st["loss"]  # before any optimizer step: the same update in every variant
+                first_loss = st["loss"]  # before this setting's first optimizer step
             print(f"  update {i + 1}{'' if timed else ' (warm-up)'}: {dt:.3f} s, loss {st['loss']:.4f}, "
-                  f"{st['micro_batches']} micro-batches", flush=True)
+                  f"{st['micro_batches']} backwards", flush=True)
             if timed:
                 secs.append(dt)
                 stats.append(st)
-        if args.profile:
-            profile_update(engine, batch, args, policy.mask_id, device, args.profile)
+        if args.profile and args.rows == args.rows_per_chunk[0]:  # the first setting's
+            profile_update(engine, batch, args, mask_id, device, args.profile)
     sec = statistics.median(secs)
     peak = args.peak_tflops * 1e12
     result = {
-        "device": gpu, "model": args.model, "params": params, "non_embedding_params": params - embed,
-        "dtype": str(next(model.parameters()).dtype), "zero_stage": args.zero_stage,
-        "backend": torch.distributed.get_backend(), "grad_ckpt": args.grad_ckpt, "sdpa_backend": args.sdpa_backend,
-        "fused": args.fused[0], "fused_kernels": fused, "variant": variant, "attention": attention,
-        "compiled_layers": compiled, "fallback": "; ".join(filter(None, (flex_fallback_reason(), compile_fallback_reason()))),
+        "fallback": "; ".join(filter(None, (flex_fallback_reason(), compile_fallback_reason()))),
         "first_loss": first_loss,
-        "groups": args.groups, "group_size": args.group_size, "micro_batch": args.micro_batch,
+        "groups": args.groups, "group_size": args.group_size, "rows_per_chunk": args.rows,
         "prompt_len": args.prompt_len, "response_len": args.response_len, "steps_per_block": args.steps_per_block,
         "seconds": sec, "seconds_all": secs, **flops,
         "processed_tokens_per_s": flops["processed_tokens"] / sec, "trained_tokens_per_s": flops["trained_tokens"] / sec,
@@ -536,19 +599,41 @@ def main(argv: list[str] | None = None) -> dict:
         "peak_tflops": args.peak_tflops, "peak_gib": max(peaks) if peaks else None,
         "loss": stats[-1]["loss"], "target_mfu": TARGET_MFU,
     }
+    params_m = params / 1e6
     print(f"median update {sec:.3f} s: {result['processed_tokens_per_s']:.0f} processed tokens/s, "
           f"{result['trained_tokens_per_s']:.0f} trained (response) tokens/s"
           + (f", peak GPU memory {result['peak_gib']:.1f} GiB" if peaks else ""))
-    print(f"MFU (6 x {params / 1e6:.1f} M params x processed tokens / s / {args.peak_tflops:g} TFLOPS): "
+    print(f"MFU (6 x {params_m:.1f} M params x processed tokens / s / {args.peak_tflops:g} TFLOPS): "
           f"{result['mfu']:.1%}" + (f" (target >= {TARGET_MFU:.0%}: {'met' if result['mfu'] >= TARGET_MFU else 'NOT met'})"
                                     if device.type == "cuda" else " (an H200 figure: the target is not judged on CPU)"))
     print(f"  matmul MFU (non-embedding params x processed + LM head x scored tokens): {result['matmul_mfu']:.1%}; "
           f"attention (not in the MFU above; allowed pairs, fwd+bwd): {result['attention_tflops_per_s']:.1f} TFLOP/s, "
-          f"MFU with it {result['mfu_with_attention']:.1%}; checkpoint recomputation not counted")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+          f"MFU with it {result['mfu_with_attention']:.1%}; checkpoint recomputation not counted", flush=True)
     return result
+
+
+def print_row_chunks(runs: dict[int, dict], group_size: int) -> None:
+    """The ``--rows-per-chunk`` settings side by side: s/update, trained and processed tokens/s, peak GiB, and the
+    time over the whole group's (0), else over the first setting's."""
+    ok = [k for k, r in runs.items() if "error" not in r]
+    base_key = 0 if 0 in ok else next(iter(ok), None)
+    base = runs.get(base_key) if base_key is not None else None
+    print(f"\n{'rows/chunk':>10} {'chunks':>6} {'s/update':>9} {'trained tok/s':>13} {'proc tok/s':>11} "
+          f"{'peak GiB':>9} {'time':>7}")
+    for k, r in runs.items():
+        name = f"{k or group_size}{' (0)' if k == 0 else ''}"
+        if "error" in r:
+            print(f"{name:>10} failed: {r['error']}")
+            continue
+        peak = f"{r['peak_gib']:.1f}" if r.get("peak_gib") is not None else "-"
+        print(f"{name:>10} {r['row_chunks']:>6} {r['seconds']:>9.3f} {r['trained_tokens_per_s']:>13.0f} "
+              f"{r['processed_tokens_per_s']:>11.0f} {peak:>9} {r['seconds'] / base['seconds']:>6.2f}x")
+    if base is None:
+        return
+    what = "the whole group's" if base_key == 0 else f"the first setting's ({base_key} rows a chunk)"
+    print(f"time: s/update over {what}; a chunk re-encodes the prompt (processed tokens count it), the trained tokens "
+          "are the same in every setting; first losses (each setting's first update, after the earlier settings' "
+          "steps): " + ", ".join(f"{k}: {runs[k]['first_loss']:.6f}" for k in ok), flush=True)
 
 
 if __name__ == "__main__":

@@ -502,6 +502,14 @@ class ClusterConfig(_Section):
         False, description="Recompute each group's forward in the backward pass (torch.utils.checkpoint a "
         "group): activation memory of one group instead of a micro-batch, for ~1.3x learner compute.",
     )
+    learner_rows_per_chunk: int = Field(
+        0, ge=0, description="Samples (rows) of a group the learner scores in one forward + backward: a group of G "
+        "samples goes in ceil(G / learner_rows_per_chunk) row chunks, gradients accumulated, one optimizer step a "
+        "step as before; each chunk re-encodes the prompt (its cost: one prompt pass a chunk). The loss is the "
+        "whole group's exactly (each chunk's per-sequence means divided by G; advantages come from the whole "
+        "group). The learner's activations are then those of a chunk, not of a group: what lets DICE's 16 samples "
+        "x 4096 tokens fit (dice-ray train --dry-run shows it). 0 (default): the whole group in one pass.",
+    )
     fused_kernels: Literal["auto", "none", "liger"] = Field(
         "auto", description="Fused Triton kernels in the learner's model (dice_ray.policy.fused): Liger-Kernel's "
         "SwiGLU MLP and RoPE (Hsu et al. 2024, arXiv 2410.10989; RMSNorm is torch's fused kernel in every model), same weights and numerics within bf16 "

@@ -127,13 +127,22 @@ def test_learner_benchmark_tiny_cpu(tmp_path):
     out = tmp_path / "learner.json"
     # a process group an earlier test left in this process holds its MASTER_PORT: the benchmark picks its own
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    # the tiny default, 2 rows a chunk, then the whole group and 1 row a chunk side by side (the learner's row chunks)
     proc = subprocess.run([sys.executable, str(BENCH / "learner_throughput.py"), "--device", "cpu", "--tiny",
-                           "--out", str(out)], check=False, capture_output=True, text=True, timeout=HANG_S, env=env)
+                           "--rows-per-chunk", "2,0,1", "--out", str(out)], check=False, capture_output=True, text=True,
+                          timeout=HANG_S, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for field in ("processed tokens", "MFU (6 x", "matmul MFU", "attention", "ZeRO-2", "gloo"):
+    for field in ("processed tokens", "MFU (6 x", "matmul MFU", "attention", "ZeRO-2", "gloo", "rows/chunk",
+                  "s/update over the whole group's"):
         assert field in proc.stdout
     res = json.loads(out.read_text())
-    assert res["processed_tokens"] == 16 + (1 + 4) * 4 * 16  # prompt + clean + 4 noisy passes of G=4 x R=16
+    assert res["rows_per_chunk"] == 2 and res["row_chunks"] == 2
+    assert res["processed_tokens"] == 2 * 16 + (1 + 4) * 4 * 16  # the prompt a chunk + clean + 4 noisy passes of 4 x 16
+    assert res["recomputed_prompt_tokens"] == 16
+    runs = res["row_chunk_runs"]
+    assert [(k, r["row_chunks"], r["processed_tokens"]) for k, r in runs.items()] == [
+        ("2", 2, 352), ("0", 1, 336), ("1", 4, 384)]
+    assert all(r["trained_tokens"] == 4 * 16 and math.isfinite(r["first_loss"]) for r in runs.values())
     assert res["trained_tokens"] == 4 * 16
     assert res["zero_stage"] == 2 and res["backend"] == "gloo" and res["grad_ckpt"] == "layers"
     assert res["model_flops"] == 6 * res["params"] * res["processed_tokens"]

@@ -96,11 +96,13 @@ def test_model_states_that_do_not_fit_one_rank_name_the_ranks_that_would(capsys)
 
 
 def test_a_micro_batch_of_many_groups_names_its_budget(capsys):
+    whole = "cluster.learner_rows_per_chunk=0"  # whole groups a backward (the preset scores one sample at a time)
     rc, _, err = _main(capsys, "train", "--config", CLUSTER_8B, "--dry-run", "--cluster-gpus", 16, "--gpu-memory-gib",
-                       140.4, "--prompt-tokens", 128, "rl.num_generations=2", "sampling.max_new_tokens=64")
+                       140.4, "--prompt-tokens", 128, "rl.num_generations=2", "sampling.max_new_tokens=64", whole)
     assert rc == 2 and "are those of 21 groups a micro-batch (cluster.micro_batch_tokens=8192" in err, err
+    assert "(cluster.learner_rows_per_chunk)" in err
     rc, out, _ = _main(capsys, "train", "--config", CLUSTER_8B, "--dry-run", "--cluster-gpus", 16, "--gpu-memory-gib",
-                       140.4, "--prompt-tokens", 128, "rl.num_generations=2", "sampling.max_new_tokens=64",
+                       140.4, "--prompt-tokens", 128, "rl.num_generations=2", "sampling.max_new_tokens=64", whole,
                        "cluster.gradient_checkpointing=true")
     assert rc == 0 and "gradient checkpointing: one group" in out
 

@@ -12,11 +12,23 @@ the step under the pre-update weights, with the same masks (:func:`estimator_see
 
 Data parallel over ``cluster.learner_ranks`` ranks (:class:`LearnerGroup`, on GPUs in one Ray placement
 group): :func:`plan_step` splits a step's groups across the ranks by tokens and packs each rank's share
-into micro-batches of at most ``cluster.micro_batch_tokens`` tokens (gradient accumulation; one group is
-never split). Each group's loss is weighted ``world_size / total_groups``: DeepSpeed averages gradients
-over ranks, so N ranks take the update one rank takes on the same groups. Ranks with fewer micro-batches
-run zero-weight ones (every rank joins every gradient reduction). ``cluster.gradient_checkpointing``
-recomputes each group's forward in the backward pass (``torch.utils.checkpoint``, one group at a time).
+into micro-batches of at most ``cluster.micro_batch_tokens`` tokens (gradient accumulation; a group is
+never split across micro-batches or ranks, only into row chunks, below). Each group's loss is weighted
+``world_size / total_groups``: DeepSpeed averages gradients over ranks, so N ranks take the update one rank
+takes on the same groups. Ranks with fewer micro-batches run zero-weight ones (every rank joins every gradient
+reduction). ``cluster.gradient_checkpointing`` recomputes each group's (or row chunk's) forward in the backward
+pass (``torch.utils.checkpoint``, one at a time).
+
+Row chunks (``cluster.learner_rows_per_chunk``, :func:`row_chunks`): a group of G samples is scored in chunks of
+at most that many rows, one forward + backward a chunk (gradient accumulation, as micro-batches; the boundary is
+the last chunk of the last micro-batch), so the autograd graph held at once is a chunk's, not a group's. Each
+chunk runs every pass of the estimator with its own rows, the prompt's included (re-encoded a chunk: its gradient
+is the sum over the chunks, complete), and builds its own training KV cache, so nothing is recomputed inside a
+pass (the cache is mutated in attention). The loss is the whole group's: the advantages come from the whole
+group, and each chunk's loss is its rows' per-sequence means divided by G
+(:func:`~dice_ray.rl.loss.clipped_policy_loss`'s ``num_sequences``), so the chunks' losses, and their gradients,
+sum to the group's; the KL reference, the ratio's old log-probs and the coupled masks are per row, the same in
+any chunk. A micro-batch runs :attr:`RankShare.chunks` backwards, the same count on every rank.
 """
 
 from __future__ import annotations
@@ -95,6 +107,19 @@ def make_train_group(prompt_ids: list[int], rollouts: list, advantages: torch.Te
                       torch.tensor(suffix, dtype=torch.long), span_lens)
 
 
+def row_chunks(n_rows: int, rows_per_chunk: int) -> list[slice]:
+    """The row chunks of a group of ``n_rows`` samples: consecutive slices of ``rows_per_chunk`` rows, the last one
+    shorter when they do not divide; ``rows_per_chunk`` 0 (or >= ``n_rows``): one chunk, the whole group.
+
+    Raises:
+        ValueError: ``n_rows < 1`` or ``rows_per_chunk < 0``.
+    """
+    if n_rows < 1 or rows_per_chunk < 0:
+        raise ValueError(f"row_chunks: need n_rows >= 1 and rows_per_chunk >= 0, got {n_rows} and {rows_per_chunk}")
+    size = rows_per_chunk or n_rows
+    return [slice(i, min(i + size, n_rows)) for i in range(0, n_rows, size)]
+
+
 def group_tokens(g: TrainGroup) -> int:
     """Tokens a group costs a micro-batch: ``G * (P + R + S)``, prompt, padded response and suffix of each sample."""
     n, r = g.response_ids.shape
@@ -111,6 +136,9 @@ class RankShare:
         micro_batches: positions into ``groups``, one list a micro-batch (one backward each).
         padded: per micro-batch, True when it only joins the gradient reduction (weight 0).
         scale: weight of each group's loss, ``world_size / total_groups``.
+        rows_per_chunk: rows of a group a forward + backward (``cluster.learner_rows_per_chunk``; 0: the whole group).
+        chunks: backwards a micro-batch, the same on every rank: the row chunks of the step's largest group
+            (chunk ``j`` of every group of a micro-batch goes in its ``j``-th backward).
     """
 
     groups: list[TrainGroup]
@@ -118,6 +146,8 @@ class RankShare:
     micro_batches: list[list[int]]
     padded: list[bool] = field(default_factory=list)
     scale: float = 1.0
+    rows_per_chunk: int = 0
+    chunks: int = 1
 
 
 def split_across_ranks(tokens: list[int], world_size: int) -> list[list[int]]:
@@ -173,18 +203,24 @@ def pack_micro_batches(indices: list[int], tokens: list[int], budget: int) -> li
     return [sorted(b) for b in bins]
 
 
-def plan_step(groups: list[TrainGroup], world_size: int, micro_batch_tokens: int) -> list[RankShare]:
+def plan_step(groups: list[TrainGroup], world_size: int, micro_batch_tokens: int,
+              rows_per_chunk: int = 0) -> list[RankShare]:
     """Split a step's groups across ``world_size`` data-parallel ranks and pack each share into micro-batches.
 
     Every rank gets the same number of micro-batches (the largest share's count): shorter ones are padded with
     zero-weight micro-batches, so each rank takes part in every gradient reduction (ZeRO-2/3 reduce on each
-    backward). Each real group's loss is weighted ``world_size / len(groups)``.
+    backward). Each real group's loss is weighted ``world_size / len(groups)``. With ``rows_per_chunk`` (rows of
+    a group a backward, :func:`row_chunks`; 0: whole groups) every micro-batch takes as many backwards as the
+    largest group has chunks (:attr:`RankShare.chunks`), on every rank.
 
     Raises:
-        ValueError: no groups, or a bad ``world_size`` / ``micro_batch_tokens``.
+        ValueError: no groups, or a bad ``world_size`` / ``micro_batch_tokens`` / ``rows_per_chunk``.
     """
     if not groups:
         raise ValueError("plan_step: no groups to train on")
+    if rows_per_chunk < 0:
+        raise ValueError(f"rows_per_chunk must be >= 0, got {rows_per_chunk}")
+    chunks = max(len(row_chunks(g.response_ids.shape[0], rows_per_chunk)) for g in groups)
     tokens = [group_tokens(g) for g in groups]
     packed = [pack_micro_batches(idx, tokens, micro_batch_tokens) for idx in split_across_ranks(tokens, world_size)]
     n_micro = max(len(p) for p in packed)
@@ -195,7 +231,8 @@ def plan_step(groups: list[TrainGroup], world_size: int, micro_batch_tokens: int
         batches = [[pos[i] for i in m] for m in micro]
         padded = [False] * len(batches) + [True] * (n_micro - len(batches))
         batches += [[0]] * (n_micro - len(batches))
-        shares.append(RankShare([groups[i] for i in idx], idx, batches, padded, world_size / len(groups)))
+        shares.append(RankShare([groups[i] for i in idx], idx, batches, padded, world_size / len(groups),
+                                rows_per_chunk, chunks))
     return shares
 
 
@@ -351,23 +388,26 @@ class Learner:
 
         Args:
             groups: this rank's :class:`RankShare` (:func:`plan_step`), or a plain list of groups (one rank:
-                packed here by ``cluster.micro_batch_tokens``).
+                packed here by ``cluster.micro_batch_tokens``, chunked by ``cluster.learner_rows_per_chunk``).
 
         Returns:
-            this rank's loss, clip fraction, KL, ratio mean (means over its group evaluations), ``groups``
-            (that count), tokens, grad norm, micro-batches a epoch, seconds, tokens/s, step
-            (:func:`merge_rank_stats` combines ranks).
+            this rank's loss, clip fraction, KL, ratio mean (means over its group evaluations; a group scored in
+            row chunks counts once, its stats merged by :func:`~dice_ray.rl.loss.merge_chunk_stats`), ``groups``
+            (that count), tokens, grad norm, micro-batches a epoch, ``row_chunks`` (backwards a micro-batch),
+            seconds, tokens/s, step (:func:`merge_rank_stats` combines ranks).
         """
         from torch.utils.checkpoint import checkpoint
 
         from dice_ray.policy.families import family_of
         from dice_ray.policy.logprobs import response_logprobs
-        from dice_ray.rl.loss import clipped_policy_loss
+        from dice_ray.rl.loss import clipped_policy_loss, merge_chunk_stats
 
         t0 = time.perf_counter()
         rl = self.cfg.rl
-        share = groups if isinstance(groups, RankShare) else plan_step(groups, 1, self.cfg.cluster.micro_batch_tokens)[0]
+        share = groups if isinstance(groups, RankShare) else plan_step(
+            groups, 1, self.cfg.cluster.micro_batch_tokens, self.cfg.cluster.learner_rows_per_chunk)[0]
         gs = share.groups
+        chunks = [row_chunks(g.response_ids.shape[0], share.rows_per_chunk) for g in gs]
         block, mask_id = self.policy.block_size, self.policy.mask_id
         sums = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "ratio_mean": 0.0}
         n_items = 0
@@ -383,50 +423,63 @@ class Learner:
         # block by block and ignores both
         canvas = None if family_of(self.engine.module) in (None, "sdar") else self.cfg.sampling.max_new_tokens
 
-        def logprobs_of(model, g: TrainGroup, seed: int) -> torch.Tensor:
+        def logprobs_of(model, g: TrainGroup, seed: int, rows: slice) -> torch.Tensor:
+            """Log-probs [rows, R] of one row chunk of ``g``; the canvas, trace and masks are the whole group's."""
             trace = g.span_lens.to(dev) if g.span_lens.numel() else None
             # tracerl follows the trace; coupled / diffu_grpo score a canvas as long as the group's longest span
             longest = canvas if trace is None else int(g.span_lens.max())
             return response_logprobs(est, model, g.prompt_ids.to(dev), g.response_ids.to(dev), g.unmask_step.to(dev),
                                      g.mask.to(dev), block, mask_id, seed=seed, canvas_len=longest,
-                                     suffix_ids=g.suffix_ids.to(dev), span_lens=trace)
+                                     suffix_ids=g.suffix_ids.to(dev), span_lens=trace, rows=rows)
 
         old = {k: gs[k].behaviour_logprobs.to(dev) for k in real}
-        if est != "tracerl":  # the ratio's old log-probs: same estimator and masks, pre-update weights
+        if est != "tracerl":  # the ratio's old log-probs: same estimator and masks, pre-update weights (chunk by chunk)
             with torch.no_grad():
-                old = {k: logprobs_of(self.engine.module, gs[k], seeds[k]) for k in real}
+                old = {k: torch.cat([logprobs_of(self.engine.module, gs[k], seeds[k], rows) for rows in chunks[k]])
+                       for k in real}
 
-        def group_loss(k: int, ref: torch.Tensor | None):
+        def chunk_loss(k: int, rows: slice, ref: torch.Tensor | None):
+            """The loss of rows ``rows`` of group ``k``: their share of the group's loss (divided by its G)."""
             g = gs[k]
-            logprobs = logprobs_of(self.engine.module, g, seeds[k])
-            return clipped_policy_loss(logprobs, old[k], g.advantages.to(dev), g.mask.to(dev),
-                                       epsilon=rl.epsilon, beta=rl.beta, ref_logprobs=ref)
+            logprobs = logprobs_of(self.engine.module, g, seeds[k], rows)
+            return clipped_policy_loss(logprobs, old[k][rows], g.advantages[rows].to(dev), g.mask[rows].to(dev),
+                                       epsilon=rl.epsilon, beta=rl.beta, ref_logprobs=ref,
+                                       num_sequences=g.response_ids.shape[0])
 
         checkpointed = self.cfg.cluster.gradient_checkpointing
         last = len(share.micro_batches) - 1
         for _ in range(rl.ppo_epochs):
             for m, (micro, pad) in enumerate(zip(share.micro_batches, share.padded)):
-                self.engine.set_gradient_accumulation_boundary(m == last)
-                total = None
-                for k in micro:
-                    if pad:  # zero weight: joins the reduction, changes no gradient
-                        part = logprobs_of(self.engine.module, gs[k], seeds[k]).sum() * 0.0
-                    else:
+                parts: dict[int, list] = {k: [] for k in micro}
+                for j in range(share.chunks):  # chunk j of each group of the micro-batch: one backward
+                    self.engine.set_gradient_accumulation_boundary(m == last and j == share.chunks - 1)
+                    total = None
+                    for k in ([] if pad else micro):
+                        if j >= len(chunks[k]):  # a group with fewer rows than the step's largest
+                            continue
+                        rows = chunks[k][j]
                         ref = None
                         if self.ref_model is not None:
                             with torch.no_grad():
-                                ref = logprobs_of(self.ref_model, gs[k], seeds[k])
-                        if checkpointed:  # the group's forward is recomputed in the backward
-                            loss, stats = checkpoint(group_loss, k, ref, use_reentrant=False)
+                                ref = logprobs_of(self.ref_model, gs[k], seeds[k], rows)
+                        if checkpointed:  # the chunk's forward is recomputed in the backward
+                            loss, stats = checkpoint(chunk_loss, k, rows, ref, use_reentrant=False)
                         else:
-                            loss, stats = group_loss(k, ref)
+                            loss, stats = chunk_loss(k, rows, ref)
+                        parts[k].append(stats)
                         part = loss * share.scale
+                        total = part if total is None else total + part
+                    if total is None:  # zero weight: joins the reduction, changes no gradient
+                        k = micro[0]
+                        total = logprobs_of(self.engine.module, gs[k], seeds[k], chunks[k][0]).sum() * 0.0
+                    self.engine.backward(total, scale_wrt_gas=False)
+                if not pad:
+                    for k in micro:
+                        stats = merge_chunk_stats(parts[k])
                         for key in sums:
                             sums[key] += getattr(stats, key)
                         n_items += 1
                         tokens += int(gs[k].mask.sum())
-                    total = part if total is None else total + part
-                self.engine.backward(total, scale_wrt_gas=False)
             grad_norm = self._grad_norm()
             self.engine.step()
         if grad_norm is None:  # ZeRO >= 1: DeepSpeed's optimizer computed it in the step
@@ -436,7 +489,8 @@ class Learner:
         seconds = time.perf_counter() - t0
         out = {k: v / max(n_items, 1) for k, v in sums.items()}
         out.update(groups=n_items, tokens=tokens, grad_norm=grad_norm, micro_batches=len(share.micro_batches),
-                   seconds=seconds, tokens_per_s=tokens / max(seconds, 1e-9), step=self.step_count)
+                   row_chunks=share.chunks, seconds=seconds, tokens_per_s=tokens / max(seconds, 1e-9),
+                   step=self.step_count)
         return out
 
     def _grad_norm(self) -> float | None:
@@ -541,7 +595,8 @@ def merge_rank_stats(*outs: dict) -> dict:
     seconds = max(o["seconds"] for o in outs)
     tokens = sum(o["tokens"] for o in outs)
     out.update(groups=n, tokens=tokens, grad_norm=outs[0]["grad_norm"], micro_batches=outs[0]["micro_batches"],
-               seconds=seconds, tokens_per_s=tokens / max(seconds, 1e-9), step=outs[0]["step"], ranks=len(outs))
+               row_chunks=outs[0].get("row_chunks", 1), seconds=seconds, tokens_per_s=tokens / max(seconds, 1e-9),
+               step=outs[0]["step"], ranks=len(outs))
     return out
 
 
@@ -578,7 +633,8 @@ class LearnerGroup:
     answer rank 0's result.
 
     Args:
-        cfg: the run's config (``cluster.learner_ranks``, ``learner_gpus``, ``micro_batch_tokens``).
+        cfg: the run's config (``cluster.learner_ranks``, ``learner_gpus``, ``micro_batch_tokens``,
+            ``learner_rows_per_chunk``).
         use_gpu: give each rank ``cluster.learner_gpus`` GPUs (else CPU, gloo).
         num_threads: torch CPU threads of each rank (0: torch's default).
         env: environment variables of the rank processes (:func:`learner_env`).
@@ -627,7 +683,8 @@ class LearnerGroup:
         return self._all("init_engine", addr, port)
 
     def _train_step(self, groups: list[TrainGroup]):
-        shares = plan_step(groups, self.world_size, self.cfg.cluster.micro_batch_tokens)
+        c = self.cfg.cluster
+        shares = plan_step(groups, self.world_size, c.micro_batch_tokens, c.learner_rows_per_chunk)
         refs = [a.train_step.remote(s) for a, s in zip(self.actors, shares)]
         return refs[0] if len(refs) == 1 else _merge_stats.remote(*refs)
 

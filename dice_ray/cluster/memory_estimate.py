@@ -27,8 +27,11 @@ has an estimator (stages 2 and 3, 16-bit) its number is reported beside the brea
 (:func:`deepspeed_model_states`), and the two agree (``tests/test_plan.py``). With ``rl.beta > 0`` each rank also
 holds the frozen KL reference: a whole copy of the policy in its dtype, not partitioned.
 
-**Learner activations** (:func:`learner_activations`): the learner holds the autograd graph of a whole
-micro-batch (with ``cluster.gradient_checkpointing``: of one group, recomputed in the backward pass). For SDAR a
+**Learner activations** (:func:`learner_activations`): the learner holds the autograd graph of one backward: a
+row chunk of every group of a micro-batch (with ``cluster.gradient_checkpointing``: of one group's chunk,
+recomputed in the backward pass). A row chunk is ``cluster.learner_rows_per_chunk`` of a group's G samples (0: all
+G; :func:`chunk_rows`); every pass below runs with its rows (the prompt's with one row, re-encoded a chunk), so
+what follows counts C = the chunk's rows where it says G. For SDAR a
 group is scored in the ``x_t ‖ x_0`` layout: one pass over the prompt (1 row), one over the clean responses
 (G rows x R), and one per noisy state (G rows x R each; TraceRL: ``model.block_size`` states with dynamic
 remasking, ``sampling.steps_per_block`` with static; coupled: 2). LLaDA / Dream run one full forward of
@@ -360,9 +363,17 @@ def _pass_bytes(shape: ModelShape, rows: int, queries: int, keys: int) -> int:
     return shape.layers * per_layer + rows * queries * shape.hidden * b
 
 
+def chunk_rows(cfg: DiceConfig) -> int:
+    """Rows (samples) of a group the learner scores in one backward: ``cluster.learner_rows_per_chunk``, at most
+    ``rl.num_generations`` (0: the whole group)."""
+    G = cfg.rl.num_generations
+    return min(G, cfg.cluster.learner_rows_per_chunk or G)
+
+
 def group_activations(cfg: DiceConfig, shape: ModelShape, prompt: int) -> tuple[int, str]:
-    """Autograd memory (bytes) of scoring one group of G responses of R tokens, and the line explaining it."""
-    G, R, V = cfg.rl.num_generations, cfg.sampling.max_new_tokens, shape.vocab
+    """Autograd memory (bytes) of scoring one row chunk of a group (:func:`chunk_rows` of the G responses of R
+    tokens; the whole group without ``cluster.learner_rows_per_chunk``), and the line explaining it."""
+    G, R, V = chunk_rows(cfg), cfg.sampling.max_new_tokens, shape.vocab
     n = scoring_states(cfg, shape)
     if cfg.rl.logprob_estimator == "diffu_grpo":  # one forward, the whole response masked
         rows, T = (G, prompt + R) if shape.family == "sdar" else (1, prompt + R)
@@ -378,6 +389,9 @@ def group_activations(cfg: DiceConfig, shape: ModelShape, prompt: int) -> tuple[
         what = f"{n} full state(s) x {G}x({prompt}+{R}) tokens"
     scored = G * R
     logits = scored * V * 4 + math.ceil(scored / n) * V * 6 + scored * shape.hidden * shape.dtype_bytes
+    if G < cfg.rl.num_generations:
+        what = (f"a row chunk of {G} of {cfg.rl.num_generations} rows (cluster.learner_rows_per_chunk="
+                f"{cfg.cluster.learner_rows_per_chunk}, the prompt re-encoded a chunk): {what}")
     return passes + logits, what
 
 
@@ -391,14 +405,16 @@ def groups_per_micro_batch(cfg: DiceConfig, prompt: int) -> int:
 
 
 def learner_activations(cfg: DiceConfig, shape: ModelShape, prompt: int) -> tuple[int, str]:
-    """Autograd memory (bytes) the learner holds at once: the groups of a micro-batch (``cluster.micro_batch_tokens``,
-    a group counting G x (prompt + R)), or one group with ``cluster.gradient_checkpointing``."""
+    """Autograd memory (bytes) the learner holds at once: a row chunk (:func:`chunk_rows`) of each group of a
+    micro-batch (``cluster.micro_batch_tokens``, a group counting G x (prompt + R)), or of one group with
+    ``cluster.gradient_checkpointing``."""
     one, what = group_activations(cfg, shape, prompt)
     budget, group_tokens = cfg.cluster.micro_batch_tokens, cfg.rl.num_generations * (prompt + cfg.sampling.max_new_tokens)
     k = groups_per_micro_batch(cfg, prompt)
     why = ("gradient checkpointing: one group" if cfg.cluster.gradient_checkpointing
            else f"{k} group(s) a micro-batch of {budget} tokens (a group counts {group_tokens})")
-    return k * one, f"{why}; a group: {what}, R = sampling.max_new_tokens"
+    of = "of each group a backward holds" if chunk_rows(cfg) < cfg.rl.num_generations else "a group:"
+    return k * one, f"{why}; {of} {what}, R = sampling.max_new_tokens"
 
 
 def learner_estimate(cfg: DiceConfig, shape: ModelShape, prompt: int, gpus_per_node: int, nodes: int,

@@ -30,6 +30,7 @@ from dice_ray.cluster.memory_estimate import (
     GIB,
     Estimate,
     ModelShape,
+    chunk_rows,
     groups_per_micro_batch,
     learner_estimate,
     model_shape,
@@ -367,13 +368,19 @@ def _hint(plan: Plan, role: Role, room: int) -> str:
             hints.append(f"its activations ({_g(fixed)} GiB) are those of {k} groups a micro-batch "
                          f"(cluster.micro_batch_tokens={c.micro_batch_tokens} counts a group as G x (prompt + response) "
                          "tokens; the learner scores each in several passes): lower cluster.micro_batch_tokens (0: one "
-                         "group a micro-batch) or set cluster.gradient_checkpointing=true")
+                         "group a micro-batch), set cluster.gradient_checkpointing=true, or score fewer rows a backward "
+                         "(cluster.learner_rows_per_chunk)")
         if fixed + ref >= room:
             if k == 1:
+                rows = chunk_rows(cfg)
+                held = (f"a whole group, {cfg.rl.num_generations} samples" if rows == cfg.rl.num_generations
+                        else f"a row chunk of {rows} of a group's {cfg.rl.num_generations} samples")
+                fix = ("lower cluster.learner_rows_per_chunk (rows of a group a backward; 1 the least), "
+                       "sampling.max_new_tokens or rl.num_generations" if rows > 1
+                       else "lower sampling.max_new_tokens")
                 hints.append(f"its activations and runtime alone ({_g(fixed)} GiB: the learner holds the autograd graph "
-                             f"of a whole group, {cfg.rl.num_generations} samples x sampling.max_new_tokens="
-                             f"{cfg.sampling.max_new_tokens}, and neither ZeRO nor cluster.gradient_checkpointing splits "
-                             "a group) leave no room: lower rl.num_generations or sampling.max_new_tokens"
+                             f"of {held} x sampling.max_new_tokens={cfg.sampling.max_new_tokens}, and ZeRO does not "
+                             f"split it) leave no room: {fix}"
                              + (f"; rl.beta=0 drops the KL reference ({_g(ref)} GiB a rank)" if ref else ""))
         else:
             for ranks in range(1, 65):
@@ -467,7 +474,10 @@ def render(plan: Plan) -> str:
                   color_system=None)
     con.print(f"plan: {shape.family} policy, {param_count(shape.params)} parameters ({shape.dtype_bytes * 8}-bit), "
               f"{plan.cfg.rl.prompts_per_step} prompts x {plan.cfg.rl.num_generations} samples a step, prompt "
-              f"{plan.prompt} + {plan.cfg.sampling.max_new_tokens} new tokens", markup=False)
+              f"{plan.prompt} + {plan.cfg.sampling.max_new_tokens} new tokens"
+              + (f", the learner scores {chunk_rows(plan.cfg)} of a group's samples a backward "
+                 f"(cluster.learner_rows_per_chunk)" if chunk_rows(plan.cfg) < plan.cfg.rl.num_generations else ""),
+              markup=False)
     con.print(f"capacity: {cap.source}", markup=False)
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("role", "actors x GPU", "where", "weights", "grads", "optim", "act", "KV", "other", "GiB/GPU",

@@ -46,6 +46,12 @@ counts the sampler's steps over the whole response: the state at step ``s`` show
 ``coupled`` masks its two complementary parts of the whole response (DiffuCoder's own setting, on Dream);
 ``diffu_grpo`` masks the whole canvas (d1's own setting, on LLaDA). R need not be a multiple of ``block_size``
 there (responses end at their ``<|eos|>``); ``block_size`` is unused.
+
+Rows of a group are scored independently (each attends the shared prompt, its own response and the suffix), so a
+group can be scored in row chunks (``response_logprobs(..., rows=slice)``, the learner's
+``cluster.learner_rows_per_chunk``): each chunk runs every pass, the prompt's included, with its own rows, and its
+autograd graph (the training :class:`~dice_ray.policy.model.KVCache` it builds included) is its own; the prompt is
+encoded once a chunk, and its gradient is the sum over the chunks.
 """
 
 from __future__ import annotations
@@ -449,6 +455,7 @@ def response_logprobs(
     canvas_len: int | None = None,
     suffix_ids: torch.Tensor | None = None,
     span_lens: torch.Tensor | None = None,
+    rows: slice | None = None,
 ) -> torch.Tensor:
     """Per-token log-probs of a group's responses with the chosen estimator (``rl.logprob_estimator``).
 
@@ -472,13 +479,33 @@ def response_logprobs(
             None or empty: none, the behaviour without a suffix. SDAR: must be empty (its prompt holds the scaffold).
         span_lens: LongTensor[G, N], LLaDA / Dream, ``tracerl`` only (the others score states the sampler never
             saw): each row's span length at every step (see :func:`tracerl_logprobs`); None: ``canvas_len``.
+        rows: score only these rows of the group (a row chunk of the learner, ``cluster.learner_rows_per_chunk``;
+            a slice of ``range(G)``), every pass (the prompt's too) run with those rows only; None: all G. What is
+            drawn or sized for the group stays the group's: the coupled mask is drawn for ``[G, R]`` and cut, the
+            padded length R and ``canvas_len`` are the group's (the learner passes the group's), so a row's
+            log-probs are those the whole group's call gives it (up to floating-point rounding), whatever chunk
+            it is scored in.
 
     Returns:
-        FloatTensor[G, R] (fp32) log-probs; 0 where ``response_mask`` is False. Differentiable.
+        FloatTensor[G, R] (fp32) log-probs, or [rows, R] for ``rows``; 0 where ``response_mask`` is False.
+        Differentiable.
 
     Raises:
-        ValueError: an unknown ``estimator``, or bad input (see the estimator's function).
+        ValueError: an unknown ``estimator``, an empty or stepped ``rows``, or bad input (see the estimator's
+            function).
     """
+    if rows is not None:
+        G = response_ids.shape[0] if response_ids.dim() == 2 else 0
+        start, stop, step = rows.indices(G)
+        if step != 1 or stop <= start:
+            raise ValueError(f"rows: must be a non-empty slice of consecutive rows of the group's {G}, got {rows}")
+        coupled = coupled_mask(tuple(response_ids.shape), seed)[rows] if estimator == "coupled" else None
+        response_ids, unmask_step, response_mask = response_ids[rows], unmask_step[rows], response_mask[rows]
+        if span_lens is not None:
+            span_lens = span_lens[rows]
+        if coupled is not None:
+            return coupled_logprobs(model, prompt_ids, response_ids, response_mask, block_size, mask_id, coupled,
+                                    canvas_len=canvas_len, suffix_ids=suffix_ids)
     if estimator == "tracerl":
         return tracerl_logprobs(model, prompt_ids, response_ids, unmask_step, response_mask, block_size, mask_id,
                                 canvas_len=canvas_len, suffix_ids=suffix_ids, span_lens=span_lens)

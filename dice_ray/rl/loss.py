@@ -15,12 +15,16 @@ import torch
 
 @dataclass(frozen=True)
 class LossStats:
-    """Diagnostics of one loss evaluation (plain floats, for metrics)."""
+    """Diagnostics of one loss evaluation (plain floats, for metrics).
+
+    ``clip_fraction``, ``kl`` and ``ratio_mean`` are means over the ``tokens`` counted (the mask's True entries).
+    """
 
     loss: float
     clip_fraction: float
     kl: float
     ratio_mean: float
+    tokens: int = 0
 
 
 def clipped_policy_loss(
@@ -31,6 +35,7 @@ def clipped_policy_loss(
     epsilon: float = 0.2,
     beta: float = 0.0,
     ref_logprobs: torch.Tensor | None = None,
+    num_sequences: int | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """PPO-clip + optional k3 KL, averaged over each sequence's tokens, then over sequences (GRPO).
 
@@ -42,12 +47,16 @@ def clipped_policy_loss(
         epsilon: clip range of the ratio pi_theta / pi_behaviour.
         beta: k3 KL coefficient; needs ``ref_logprobs`` when > 0.
         ref_logprobs: float [B, R], log-probs under the frozen reference policy.
+        num_sequences: the sequences the mean over sequences divides by: None (default) the B given; a group's
+            size G when these B rows are one chunk of it (a row chunk of the learner): the loss is then the
+            chunk's part of the group's loss, ``sum over its rows of the per-token mean / G``, and the losses
+            of a group's chunks sum to the loss of the whole group.
 
     Returns:
         (scalar loss to minimise, :class:`LossStats`).
 
     Raises:
-        ValueError: shapes disagree, or ``beta > 0`` without ``ref_logprobs``.
+        ValueError: shapes disagree, ``beta > 0`` without ``ref_logprobs``, or ``num_sequences < B``.
     """
     if logprobs.shape != behaviour_logprobs.shape or logprobs.shape != mask.shape:
         raise ValueError(
@@ -58,6 +67,9 @@ def clipped_policy_loss(
         raise ValueError(f"advantages must be [B]={logprobs.shape[0]}, got {tuple(advantages.shape)}")
     if beta > 0 and ref_logprobs is None:
         raise ValueError("beta > 0 needs ref_logprobs")
+    if num_sequences is not None and num_sequences < logprobs.shape[0]:
+        raise ValueError(f"num_sequences={num_sequences}: must be >= the {logprobs.shape[0]} rows given (a chunk's "
+                         "group holds at least its rows)")
     m = mask.float()
     adv = advantages.float().unsqueeze(1)
     ratio = torch.exp(logprobs - behaviour_logprobs.detach())
@@ -70,7 +82,8 @@ def clipped_policy_loss(
         kl = torch.exp(log_r) - log_r - 1.0
         per_token = per_token + beta * kl
     tokens = m.sum(dim=1).clamp_min(1.0)
-    loss = ((per_token * m).sum(dim=1) / tokens).mean()
+    per_sequence = (per_token * m).sum(dim=1) / tokens
+    loss = per_sequence.mean() if num_sequences is None else per_sequence.sum() / num_sequences
     with torch.no_grad():
         n = m.sum().clamp_min(1.0)
         clip_frac = (((ratio - 1.0).abs() > epsilon).float() * m).sum() / n
@@ -79,5 +92,25 @@ def clipped_policy_loss(
             clip_fraction=float(clip_frac),
             kl=float((kl * m).sum() / n),
             ratio_mean=float((ratio * m).sum() / n),
+            tokens=int(m.sum()),
         )
     return loss, stats
+
+
+def merge_chunk_stats(parts: list[LossStats]) -> LossStats:
+    """The diagnostics of a whole group from those of its row chunks (each evaluated with ``num_sequences`` = the
+    group's size): the losses summed (each is its chunk's share of the group's), the token means weighted by
+    each chunk's tokens, as one evaluation over the whole group gives them.
+
+    Raises:
+        ValueError: no parts.
+    """
+    if not parts:
+        raise ValueError("merge_chunk_stats: no chunk stats")
+    n = sum(p.tokens for p in parts)
+
+    def mean(key: str) -> float:
+        return sum(getattr(p, key) * p.tokens for p in parts) / n if n else 0.0
+
+    return LossStats(loss=sum(p.loss for p in parts), clip_fraction=mean("clip_fraction"), kl=mean("kl"),
+                     ratio_mean=mean("ratio_mean"), tokens=n)
