@@ -94,3 +94,41 @@ def test_sft_on_two_gloo_ranks_writes_the_one_rank_weights(tmp_path, capsys, ray
     assert max(float((w1[k] - w0[k]).abs().max()) for k in w1) > 1e-3, "the steps should move the weights"
     diff = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
     assert diff < 1e-5, f"2 ranks differ from 1 rank by {diff}"
+
+
+@pytest.mark.slow
+def test_warm_start_on_two_learner_ranks_trains_the_one_rank_weights(tmp_path, ray_local):
+    from dice_ray.cluster.learner import LearnerGroup, learner_env
+    from dice_ray.config import load_config
+
+    ray = ray_local
+
+    def weights(actor):
+        return ray.get(actor.__ray_call__.remote(lambda self: {k: v.clone() for k, v in self.policy.model.state_dict().items()}))
+
+    def group(ranks: int, cache: str):
+        cfg = load_config(None, [*SMALL, "sft.steps=4", f"sft.cache_dir={tmp_path / cache}", f"cluster.learner_ranks={ranks}"])
+        return LearnerGroup(cfg, use_gpu=False, num_threads=1, env=learner_env(False))
+
+    one, two = group(1, "one"), group(2, "two")
+    r1, r2 = ray.get([one.warm_start.remote(PAIRS), two.warm_start.remote(PAIRS)])
+    assert r1["steps"] == r2["steps"] == 4 and not r1["cache_hit"] and not r2["cache_hit"]
+    assert r1["cache_key"] == r2["cache_key"]  # the rank count is no part of the key
+    assert r2["final_loss"] == pytest.approx(r1["final_loss"], rel=1e-5)
+    w1, w2a, w2b = weights(one.actors[0]), weights(two.actors[0]), weights(two.actors[1])
+    start = DiffusionPolicy.from_config(one.cfg.model).state_dict()
+    assert max(float((w1[k] - start[k]).abs().max()) for k in w1) > 1e-3, "the warm start should move the weights"
+    for w in (w2a, w2b):
+        diff = max(float((w1[k] - w[k]).abs().max()) for k in w1)
+        assert diff < 1e-5, f"2 ranks differ from 1 rank by {diff}"
+    assert (tmp_path / "two" / r2["cache_key"] / "model.safetensors").is_file()  # rank 0 wrote the entry
+
+    # a cache hit: rank 0 loads, and init_engine hands its weights to rank 1
+    three = group(2, "two")
+    r3 = ray.get(three.warm_start.remote(PAIRS))
+    assert r3["cache_hit"] and r3["final_loss"] == pytest.approx(r2["final_loss"])
+    ray.get(three.init_engine.remote())
+    w3 = weights(three.actors[1])
+    assert max(float((w3[k] - w2a[k]).abs().max()) for k in w3) < 1e-6
+    for g in (one, two, three):
+        g.shutdown()
