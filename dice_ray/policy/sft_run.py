@@ -1,5 +1,6 @@
 """One masked-diffusion SFT run (any family) as a resumable state, :class:`SFTRun`: weights, AdamW moments, lr
-schedule, data order, mask RNG; stepped by plain torch or through a one-process DeepSpeed engine.
+schedule, data order, mask RNG; stepped by plain torch or through a DeepSpeed engine, on one rank or data-parallel on
+several.
 
 Optimiser: AdamW (betas 0.9, 0.98), gradient-norm clipping, linear warm-up
 and cosine decay to ``min_lr_ratio`` (a ``LambdaLR``; :mod:`dice_ray.policy.sft_optim`), ``gradient_accumulation_steps``
@@ -64,7 +65,8 @@ class SFTRun:
 
     Raises:
         ValueError: ``pairs`` is empty or a pair is too long (see :func:`~dice_ray.policy.sft_batches.tokenize_pairs`).
-        RuntimeError: ``use_deepspeed`` in a process that belongs to a group of more than one rank.
+        RuntimeError: ``use_deepspeed`` without ``data_parallel`` in a process that belongs to a group of more than
+            one rank, or ``data_parallel`` in a process in no group.
     """
 
     def __init__(self, policy: DiffusionPolicy, pairs: list[tuple[str, ...]], cfg: SFTConfig, seed: int,
