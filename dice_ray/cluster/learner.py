@@ -290,14 +290,20 @@ class Learner:
             sock.bind(("", 0))
             return ray.util.get_node_ip_address(), sock.getsockname()[1]
 
-    def warm_start(self, pairs: list[tuple[str, ...]]) -> dict:
-        """Masked-diffusion SFT warm start (cached by content hash); before :meth:`init_engine`."""
+    def warm_start(self, pairs: list[tuple[str, ...]], master_addr: str | None = None,
+                   master_port: int | None = None) -> dict:
+        """Masked-diffusion SFT warm start (cached by content hash); before :meth:`init_engine`. Given a
+        rendezvous (several ranks), every rank joins the learner's group here and trains its shard of each batch."""
         from dataclasses import asdict
 
+        from dice_ray.policy.deepspeed_setup import init_rank_group
         from dice_ray.policy.sft_warm_start import warm_start
 
-        report = warm_start(self.policy, pairs, self.cfg.sft, seed=self.cfg.sft_seed,
-                            log=lambda line: print(line, flush=True))  # reaches the driver's console
+        parallel = master_addr is not None and self.world_size > 1
+        if parallel:
+            init_rank_group(self.rank, self.world_size, master_addr, master_port)
+        log = (lambda line: print(line, flush=True)) if self.rank == 0 else None  # reaches the driver's console
+        report = warm_start(self.policy, pairs, self.cfg.sft, seed=self.cfg.sft_seed, log=log, data_parallel=parallel)
         self.warm_started = True
         return asdict(report)
 
@@ -311,7 +317,7 @@ class Learner:
         SDPA on a GPU) and, with ``cluster.learner_compile``, compiled decoder layers
         (:func:`dice_ray.policy.compiled.compile_layers`; ``compiled_layers`` counts them, 0 without).
 
-        With several ranks, every rank first takes rank 0's weights (only rank 0 ran the warm start), so the
+        With several ranks, every rank first takes rank 0's weights (a warm-start cache hit loads on rank 0 only), so the
         KL reference and the engine start from the same policy everywhere.
 
         Args:
@@ -627,8 +633,9 @@ class LearnerGroup:
     On GPUs the ranks are Ray actors in one placement group (a bundle of ``cluster.learner_gpus`` GPUs a
     rank, packed on as few nodes as possible); on CPU plain actors (gloo). The group answers the calls the
     driver makes on a learner actor handle (``group.train_step.remote(batch)`` gives one ObjectRef), so
-    the driver loop is the same for one rank or many: ``warm_start`` runs on rank 0 (``init_engine`` hands
-    its weights to the others); ``train_step`` splits the batch with :func:`plan_step` and merges the
+    the driver loop is the same for one rank or many: ``warm_start`` runs on every rank, data-parallel (each
+    rank a shard of each SFT batch; a cache hit loads on rank 0 only, and ``init_engine`` hands rank 0's weights
+    to the others); ``train_step`` splits the batch with :func:`plan_step` and merges the
     ranks' stats (:func:`merge_rank_stats`); ``save`` / ``load`` / ``init_engine`` run on every rank and
     answer rank 0's result.
 
@@ -668,7 +675,7 @@ class LearnerGroup:
             Learner.options(runtime_env={"env_vars": env or {}}, **o).remote(cfg, i, n, num_threads)
             for i, o in enumerate(opts)
         ]
-        self.warm_start = _Call(lambda pairs: self.actors[0].warm_start.remote(pairs))
+        self.warm_start = _Call(self._warm_start)
         self.init_engine = _Call(self._init_engine)
         self.train_step = _Call(self._train_step)
         self.save = _Call(lambda ckpt_dir, tag: self._all("save", ckpt_dir, tag))
@@ -677,6 +684,12 @@ class LearnerGroup:
     def _all(self, method: str, *args):
         refs = [getattr(a, method).remote(*args) for a in self.actors]
         return refs[0] if len(refs) == 1 else _first.remote(*refs)
+
+    def _warm_start(self, pairs):
+        if self.world_size == 1:
+            return self.actors[0].warm_start.remote(pairs)
+        addr, port = ray.get(self.actors[0].rendezvous.remote())  # every rank trains a shard of each batch
+        return self._all("warm_start", pairs, addr, port)
 
     def _init_engine(self):
         addr, port = ray.get(self.actors[0].rendezvous.remote())

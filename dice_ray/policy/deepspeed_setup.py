@@ -80,22 +80,59 @@ def init_single_process_group() -> str:
     return backend
 
 
+def init_rank_group(rank: int, world_size: int, master_addr: str, master_port: int) -> str:
+    """Make this process rank ``rank`` of a ``world_size``-rank ``torch.distributed`` group (gloo on CPU, NCCL on
+    GPU) at the rendezvous ``master_addr:master_port``, as ``Learner.init_engine`` joins the learner's group; the
+    environment as :func:`init_single_process_group` sets it. A process already in a group of that size keeps it.
+
+    Returns:
+        the group's backend.
+
+    Raises:
+        RuntimeError: this process already belongs to a group of another size.
+    """
+    import torch.distributed as dist
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser(DEEPSPEED_OPS_DIR))
+    if dist.is_initialized():
+        if dist.get_world_size() != world_size:
+            raise RuntimeError(f"this process is rank {dist.get_rank()} of a torch.distributed group of "
+                               f"{dist.get_world_size()}, not of {world_size}")
+        return dist.get_backend()
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK="0")
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    return backend
+
+
 def deepspeed_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                     scheduler: torch.optim.lr_scheduler.LRScheduler, cfg: SFTConfig, bf16: bool):
+                     scheduler: torch.optim.lr_scheduler.LRScheduler, cfg: SFTConfig, bf16: bool,
+                     data_parallel: bool = False):
     """A one-process DeepSpeed engine around ``model`` with the client AdamW and lr schedule.
 
     ZeRO stage ``cfg.zero_stage``, ``gradient_clipping`` ``cfg.max_grad_norm``, ``gradient_accumulation_steps``
     as configured (``engine.backward`` divides each batch's loss by it; ``engine.step`` steps the optimizer and
     the scheduler at the accumulation boundary only), bf16 (fp32 master weights in DeepSpeed's optimizer) when
-    ``bf16``. Joins (or makes) the one-rank group of :func:`init_single_process_group` first.
+    ``bf16``. Joins (or makes) the one-rank group of :func:`init_single_process_group` first; with
+    ``data_parallel`` the group this process already belongs to (:func:`init_rank_group`: one engine a rank,
+    gradients averaged over the ranks).
 
     Returns:
         the ``deepspeed.DeepSpeedEngine`` (its module is ``model``, moved to the accelerator).
 
     Raises:
-        RuntimeError: this process belongs to a group of more than one rank.
+        RuntimeError: without ``data_parallel``, this process belongs to a group of more than one rank; with it,
+            to no group.
     """
-    init_single_process_group()
+    import torch.distributed as dist
+
+    if not data_parallel:
+        init_single_process_group()
+    elif not dist.is_initialized():
+        raise RuntimeError("data_parallel: join the ranks' group first (init_rank_group)")
     ds_config = {
         "train_micro_batch_size_per_gpu": cfg.batch_size,
         "gradient_accumulation_steps": cfg.gradient_accumulation_steps,

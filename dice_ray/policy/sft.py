@@ -1,7 +1,9 @@
 """``dice-ray sft`` / ``jobs/sft.py`` (:func:`run_sft`): the warm start's training on a task spec's pairs as a command.
 
 One process, world size 1, through a DeepSpeed engine (:class:`~dice_ray.policy.sft_run.SFTRun` with ``use_deepspeed``:
-ZeRO stage ``sft.zero_stage``, bf16 when ``model.dtype`` is bfloat16; gloo on CPU, NCCL on GPU), with DeepSpeed
+ZeRO stage ``sft.zero_stage``, bf16 when ``model.dtype`` is bfloat16; gloo on CPU, NCCL on GPU) -- or, with
+``cluster.learner_ranks`` N > 1, N data-parallel DeepSpeed ranks (Ray actors, one GPU each where there are GPUs;
+each rank a shard of every batch, gradients averaged: the steps 1 rank takes, within float rounding), with DeepSpeed
 checkpoints, ``--resume`` and per-step metrics; its output folder is a saved policy (:meth:`DiffusionPolicy.save`) that
 ``dice-ray train model.path=OUT`` starts RL from. At ZeRO stage 0 in float32 its weights equal the warm
 start's (:mod:`dice_ray.policy.sft_warm_start`) for the same pairs, config and seed, bit for bit (DeepSpeed's fp32
@@ -11,6 +13,7 @@ clipping and one-rank gradient all-reduce change no value; the tests check it).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -77,16 +80,32 @@ def _checkpoints(out: Path) -> list[Path]:
 
 def _save_checkpoint(run: SFTRun, out: Path, key: str, keep: int) -> Path:
     """``out/checkpoints/step_NNNNNN/`` (:meth:`SFTRun.save`, written to a temporary folder and renamed);
-    older ones beyond ``keep`` deleted."""
+    older ones beyond ``keep`` deleted. With several ranks every rank writes its part of the DeepSpeed
+    checkpoint into one temporary folder (``.step_NNNNNN.ranks``; the ranks share ``out``'s file system) and
+    rank 0 renames it."""
     ckpt = out / "checkpoints"
-    ckpt.mkdir(parents=True, exist_ok=True)
     final = ckpt / f"step_{run.step:06d}"
-    tmp = Path(tempfile.mkdtemp(dir=ckpt, prefix=f".{final.name}."))
-    run.save(tmp, {"key": key})
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    for old in [p.parent for p in _checkpoints(out)][:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    if run.world_size == 1:
+        ckpt.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=ckpt, prefix=f".{final.name}."))
+        run.save(tmp, {"key": key})
+    else:
+        import torch.distributed as dist
+
+        tmp = ckpt / f".{final.name}.ranks"
+        if run.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        run.save(tmp, {"key": key})
+        dist.barrier()
+    if run.rank == 0:
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        for old in [p.parent for p in _checkpoints(out)][:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    if run.world_size > 1:
+        dist.barrier()
     return final
 
 
@@ -147,11 +166,94 @@ def run_sft(
         pydantic.ValidationError: a bad config key or value.
     """
     with _stdout_to_stderr():
+        ranks = _ranks(out, config_path, overrides, resume)
+        if ranks > 1:
+            return _run_sft_ranks(ranks, data, out, config_path, overrides, resume, log)
         return _run_sft(data, out, config_path, overrides, resume, log)
 
 
-def _run_sft(data, out, config_path, overrides, resume, log) -> dict:
-    """:func:`run_sft`'s body (its stdout sent to stderr)."""
+def _ranks(out, config_path, overrides, resume) -> int:
+    """``cluster.learner_ranks`` of the config the run will load (1 where it cannot be read: :func:`_run_sft`
+    then says why)."""
+    try:
+        path = Path(out).expanduser() / SFT_CONFIG_FILE if resume else config_path
+        return load_config(path, list(overrides or [])).cluster.learner_ranks
+    except Exception:
+        return 1
+
+
+class _SFTRank:
+    """One rank of a ``dice-ray sft`` run on several ranks (a Ray actor: :func:`_run_sft_ranks`)."""
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size = rank, world_size
+
+    def rendezvous(self) -> tuple[str, int]:
+        """This node's IP and a free port on it (the rendezvous rank 0 serves)."""
+        import socket
+
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return ray.util.get_node_ip_address(), sock.getsockname()[1]
+
+    def run(self, addr: str, port: int, *args) -> dict:
+        from dice_ray.policy.deepspeed_setup import init_rank_group
+
+        init_rank_group(self.rank, self.world_size, addr, port)
+        log = (lambda line: print(line, file=sys.stderr, flush=True)) if self.rank == 0 else (lambda line: None)
+        with _stdout_to_stderr():
+            return _run_sft(*args, log, rank=self.rank, world_size=self.world_size)
+
+
+def _run_sft_ranks(n: int, data, out, config_path, overrides, resume, log) -> dict:
+    """:func:`_run_sft` on ``n`` data-parallel DeepSpeed ranks, Ray actors (the Ray cluster of ``RAY_ADDRESS``, else
+    a local one started here): one GPU a rank in a packed placement group where this machine has a GPU (gloo on
+    CPU otherwise). Rank 0 writes the run folder; returns its summary."""
+    import os
+
+    import ray
+
+    from dice_ray.config import DEEPSPEED_OPS_DIR
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(include_dashboard=False, log_to_driver=True)
+    use_gpu = torch.cuda.is_available()
+    env = {"TORCH_EXTENSIONS_DIR": os.path.expanduser(DEEPSPEED_OPS_DIR)} | ({} if use_gpu else {"DS_ACCELERATOR": "cpu"})
+    pg = None
+    opts: list[dict] = [{"num_gpus": 0}] * n
+    try:
+        if use_gpu:
+            from ray.util.placement_group import placement_group
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            pg = placement_group([{"GPU": 1}] * n, strategy="PACK")
+            ray.get(pg.ready())
+            opts = [{"num_gpus": 1, "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                pg, placement_group_bundle_index=i)} for i in range(n)]
+        actor = ray.remote(num_cpus=0)(_SFTRank)
+        ranks = [actor.options(runtime_env={"env_vars": env}, **o).remote(i, n) for i, o in enumerate(opts)]
+        log(f"{n} ranks (cluster.learner_ranks={n}), {'NCCL' if use_gpu else 'gloo'}")
+        addr, port = ray.get(ranks[0].rendezvous.remote())
+        args = (data, str(Path(out).expanduser().resolve()), config_path, list(overrides or []), resume)
+        outs = ray.get([r.run.remote(addr, port, *args) for r in ranks])
+        for r in ranks:
+            ray.kill(r)
+        return outs[0]
+    finally:
+        if pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(pg)
+        if started:
+            ray.shutdown()
+
+
+def _run_sft(data, out, config_path, overrides, resume, log, rank: int = 0, world_size: int = 1) -> dict:
+    """:func:`run_sft`'s body (its stdout sent to stderr); ``rank`` of ``world_size`` data-parallel ranks (their
+    ``torch.distributed`` group joined already; rank 0 writes the run folder)."""
     t0 = time.perf_counter()
     out = Path(out).expanduser().resolve()
     overrides = list(overrides or [])
@@ -188,12 +290,17 @@ def _run_sft(data, out, config_path, overrides, resume, log) -> dict:
     policy = DiffusionPolicy.from_config(cfg.model)
     # the warm start's key, and the ZeRO stage: a resume must find the checkpoint layout it wrote
     key = f"{sft_cache_key(policy, pairs, cfg.sft, cfg.sft_seed)}-zero{cfg.sft.zero_stage}"
+    if world_size > 1:  # ZeRO's checkpoint is partitioned by rank: a resume keeps the rank count
+        key += f"-ranks{world_size}"
     if torch.cuda.is_available():
         policy.to("cuda")
     try:
-        run = SFTRun(policy, pairs, cfg.sft, cfg.sft_seed, use_deepspeed=True)
+        run = SFTRun(policy, pairs, cfg.sft, cfg.sft_seed, use_deepspeed=True, data_parallel=world_size > 1)
     except ValueError as e:  # a pair too long for the model
         raise SFTInputError(f"--data {data}: {e} (raise model.max_position_embeddings or cap tasks.max_tasks)") from None
+    if world_size > 1:  # every rank past the checks above before rank 0 writes the folder
+        torch.distributed.barrier()
+    lead = rank == 0
     metrics = out / SFT_METRICS_FILE
     resumed_from = None
     if resume:
@@ -210,17 +317,18 @@ def _run_sft(data, out, config_path, overrides, resume, log) -> dict:
         else:
             log("no checkpoint yet: starting again from step 0")
         resumed_from = run.step
-        kept = [ln for ln in (metrics.read_text().splitlines() if metrics.exists() else [])
-                if ln.strip() and json.loads(ln)["step"] <= run.step]
-        metrics.write_text("".join(ln + "\n" for ln in kept))
-    else:
+        if lead:
+            kept = [ln for ln in (metrics.read_text().splitlines() if metrics.exists() else [])
+                    if ln.strip() and json.loads(ln)["step"] <= run.step]
+            metrics.write_text("".join(ln + "\n" for ln in kept))
+    elif lead:
         out.mkdir(parents=True, exist_ok=True)
         (out / SFT_CONFIG_FILE).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         run_file.write_text(json.dumps({"data": data, "key": key, "pairs": len(pairs)}, indent=1))
         metrics.write_text("")
 
     log(f"training {policy.num_parameters()} parameters, {cfg.sft.steps} steps at most, batch {cfg.sft.batch_size}")
-    with torch_threads(cfg.sft.num_threads), metrics.open("a") as f:
+    with torch_threads(cfg.sft.num_threads), (metrics.open("a") if lead else open(os.devnull, "w")) as f:
         while not run.finished:
             rec = run.train_step()
             f.write(json.dumps(rec) + "\n")
@@ -232,14 +340,18 @@ def _run_sft(data, out, config_path, overrides, resume, log) -> dict:
                 log(f"checkpoint {_save_checkpoint(run, out, key, cfg.keep_checkpoints)}")
     policy.model.eval()
     _save_checkpoint(run, out, key, cfg.keep_checkpoints)
-    policy.save(out)
+    if lead:
+        policy.save(out)
     summary = {
         "out": str(out), "data": data, "pairs": len(pairs), "steps": run.step,
         "final_loss": run.losses[-1][1] if run.losses else None, "stopped_early": run.stopped,
         "seconds": time.perf_counter() - t0, "resumed_from": resumed_from,
         "train_command": f"dice-ray train model.path={out}",
     }
-    (out / SFT_SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
+    if world_size > 1:
+        summary["ranks"] = world_size
+    if lead:
+        (out / SFT_SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
     return summary
 
 

@@ -117,8 +117,17 @@ def masked_diffusion_loss(
     return torch.zeros(len(items), dtype=torch.float32, device=device).index_add(0, row, ce * weight[row])
 
 
+def _shard_rows(batch: int, shard: tuple[int, int]) -> tuple[list[int], float]:
+    """Rank ``r`` of ``w``'s rows of a batch of ``batch`` items (``r, r + w, ...``) and its loss weight: 1, or 0 for a
+    rank with no row (it runs row 0 at weight 0, so that it still takes part in the gradient all-reduce)."""
+    rank, world = shard
+    rows = list(range(rank, batch, world))
+    return (rows, 1.0) if rows else ([0], 0.0)
+
+
 def _bidirectional_loss(
-    policy: DiffusionPolicy, items: list[tuple[list[int], ...]], generator: torch.Generator, complementary: bool
+    policy: DiffusionPolicy, items: list[tuple[list[int], ...]], generator: torch.Generator, complementary: bool,
+    shard: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, int]:
     """:func:`diffusion_loss` for LLaDA / Dream: draw ``t`` and the masks item by item, then
     :func:`masked_diffusion_loss` (both copies in one forward), mean over the items (and the two copies)."""
@@ -129,9 +138,15 @@ def _bidirectional_loss(
         masks.append(torch.rand(len(r), generator=generator) < t)
         ts.append(t)
     t = torch.stack(ts)
+    scale = None
+    if shard is not None:  # every item drawn above (the same draws on every rank); this rank's items scored
+        rows, weight = _shard_rows(len(items), shard)
+        scale = weight * shard[1] / (len(items) * (2 if complementary else 1))
+        items, masks, t = [items[i] for i in rows], [masks[i] for i in rows], t[rows]
     if complementary:
         items, masks, t = items + items, masks + [~m for m in masks], torch.cat([t, 1.0 - t])
-    loss = masked_diffusion_loss(policy, items, masks, t).mean()
+    per_item = masked_diffusion_loss(policy, items, masks, t)
+    loss = per_item.mean() if scale is None else per_item.sum() * scale
     return loss, int(sum(int(m.sum()) for m in masks))
 
 
@@ -140,6 +155,7 @@ def diffusion_loss(
     items: list[tuple[list[int], ...]],
     generator: torch.Generator,
     complementary: bool = True,
+    shard: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, int]:
     """Masked-diffusion SFT loss of a batch for the policy's family (see the module doc).
 
@@ -155,15 +171,19 @@ def diffusion_loss(
         generator: CPU torch.Generator drawing the masks (and ``t``).
         complementary: add the complementary noisy copy (DiffuCoder coupled sampling; LLaDA / Dream: weighted
             ``1 / (1 - t)``, the two copies averaged).
+        shard: ``(rank, world_size)`` of a data-parallel group: the masks (and ``t``) are drawn for the whole
+            batch, as one rank draws them, but only this rank's items (``rank, rank + world_size, ...``) run; the
+            loss is their share of the batch's loss times ``world_size``, so the mean of the ranks' gradients (what
+            DeepSpeed's all-reduce takes) is the one-rank gradient of the whole batch. None: the whole batch.
 
     Returns:
-        (scalar fp32 loss, differentiable; number of masked target tokens).
+        (scalar fp32 loss, differentiable; number of masked target tokens, this rank's with ``shard``).
 
     Raises:
         ValueError: an SDAR batch holding an infill triple (SDAR keeps the scaffold in its prompt).
     """
     if getattr(policy, "family", "sdar") in BIDIRECTIONAL:
-        return _bidirectional_loss(policy, items, generator, complementary)
+        return _bidirectional_loss(policy, items, generator, complementary, shard)
     if any(len(it) != 2 for it in items):
         raise ValueError("items: SDAR trains (prompt_ids, target_ids) pairs; it keeps the scaffold in its prompt")
     model, bs, mask_id = policy.model, policy.block_size, policy.mask_id
@@ -180,6 +200,15 @@ def diffusion_loss(
     if complementary:
         masks.append(~masks[0])
     C = len(masks)
+    scale = None
+    if shard is not None:  # masks drawn for the whole batch above; this rank's rows run, the batch's mean kept
+        n_all = int((torch.cat(masks, 1) & valid.repeat(1, C)).sum())
+        rows, weight = _shard_rows(B, shard)
+        scale = weight * shard[1] / max(n_all, 1)
+        idx = torch.tensor(rows, device=device)
+        P, resp, valid, masks = P[idx], resp[idx], valid[idx], [m[idx] for m in masks]
+        B, Pm = len(rows), int(P.max())
+        prompt = prompt[idx, :Pm]  # these rows' prompt padding (never attended)
 
     ar_p, ar_r = torch.arange(Pm, device=device), torch.arange(Rm, device=device)
     p_valid = ar_p[None] < P[:, None]  # [B, Pm] real prompt keys
@@ -204,5 +233,8 @@ def diffusion_loss(
     h = forward_hidden(model, noisy, pos.repeat(1, C), m_noisy, cache, keep=0)
     sel = torch.cat(masks, 1) & valid.repeat(1, C)
     logits = token_logits(model, h[sel], mask_id)
-    loss = F.cross_entropy(logits, resp.repeat(1, C)[sel])
+    if scale is None:
+        loss = F.cross_entropy(logits, resp.repeat(1, C)[sel])
+    else:
+        loss = F.cross_entropy(logits, resp.repeat(1, C)[sel], reduction="sum") * scale
     return loss, int(sel.sum())

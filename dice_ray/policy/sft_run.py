@@ -1,5 +1,6 @@
 """One masked-diffusion SFT run (any family) as a resumable state, :class:`SFTRun`: weights, AdamW moments, lr
-schedule, data order, mask RNG; stepped by plain torch or through a one-process DeepSpeed engine.
+schedule, data order, mask RNG; stepped by plain torch or through a DeepSpeed engine, on one rank or data-parallel on
+several.
 
 Optimiser: AdamW (betas 0.9, 0.98), gradient-norm clipping, linear warm-up
 and cosine decay to ``min_lr_ratio`` (a ``LambdaLR``; :mod:`dice_ray.policy.sft_optim`), ``gradient_accumulation_steps``
@@ -49,6 +50,12 @@ class SFTRun:
         use_deepspeed: step through :func:`deepspeed_engine` (ZeRO stage ``cfg.zero_stage``, bf16 when the
             policy's ``model_cfg.dtype`` is bfloat16; makes this process a one-rank ``torch.distributed``
             group). False: plain ``torch.optim.AdamW`` with ``torch.nn.utils.clip_grad_norm_``.
+        data_parallel: this process is one rank of the ``torch.distributed`` group it already belongs to
+            (:func:`~dice_ray.policy.deepspeed_setup.init_rank_group`): every rank draws the same data order and
+            masks, runs its shard of each batch (``diffusion_loss(shard=...)``) and the gradients are averaged
+            (by the DeepSpeed engine, or on the plain path an all-reduce before clipping), so N ranks take the
+            steps one rank takes on the same batches (within float rounding). Every rank must start from the same
+            weights. A group of one rank runs the one-rank path.
 
     Attributes:
         step: optimizer steps taken.
@@ -58,11 +65,14 @@ class SFTRun:
 
     Raises:
         ValueError: ``pairs`` is empty or a pair is too long (see :func:`~dice_ray.policy.sft_batches.tokenize_pairs`).
-        RuntimeError: ``use_deepspeed`` in a process that belongs to a group of more than one rank.
+        RuntimeError: ``use_deepspeed`` without ``data_parallel`` in a process that belongs to a group of more than
+            one rank, or ``data_parallel`` in a process in no group.
     """
 
     def __init__(self, policy: DiffusionPolicy, pairs: list[tuple[str, ...]], cfg: SFTConfig, seed: int,
-                 use_deepspeed: bool = False):
+                 use_deepspeed: bool = False, data_parallel: bool = False):
+        import torch.distributed as dist
+
         if not pairs:
             raise ValueError("pairs: need at least one (prompt, target) pair")
         self.policy, self.cfg = policy, cfg
@@ -73,9 +83,11 @@ class SFTRun:
                                      weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_at(s, cfg) / cfg.learning_rate)
         self.engine = None
+        self.rank, self.world_size = (dist.get_rank(), dist.get_world_size()) if data_parallel else (0, 1)
+        self._shard = (self.rank, self.world_size) if self.world_size > 1 else None
         if use_deepspeed:
             bf16 = policy.model_cfg.dtype == "bfloat16"
-            self.engine = deepspeed_engine(policy.model, self.opt, self.sched, cfg, bf16)
+            self.engine = deepspeed_engine(policy.model, self.opt, self.sched, cfg, bf16, data_parallel)
         self.step = 0
         self.stopped = False
         self.losses: list[tuple[int, float]] = []
@@ -116,7 +128,7 @@ class SFTRun:
         total, tokens = 0.0, 0
         for _ in range(accum):
             batch = self._next_batch()
-            loss, _ = diffusion_loss(self.policy, batch, self.gen, cfg.complementary_mask)
+            loss, _ = diffusion_loss(self.policy, batch, self.gen, cfg.complementary_mask, shard=self._shard)
             if engine is not None:
                 engine.backward(loss)  # divides by gradient_accumulation_steps
                 engine.step()  # clip, AdamW and schedule at the accumulation boundary only
@@ -124,6 +136,17 @@ class SFTRun:
                 (loss / accum).backward()
             total += loss.item()
             tokens += sum(sum(map(len, item)) for item in batch)
+        if self._shard is not None:  # the batches' loss: the mean of the ranks' weighted shares
+            import torch.distributed as dist
+
+            if engine is None:  # the ranks' mean gradient (DeepSpeed's engine averages its own)
+                for p in model.parameters():
+                    if p.grad is not None:
+                        dist.all_reduce(p.grad)
+                        p.grad.div_(self.world_size)
+            summed = torch.tensor([total], dtype=torch.float64)
+            dist.all_reduce(summed)
+            total = float(summed) / self.world_size
         if engine is None:
             clip_grad_norm(model.parameters(), cfg.max_grad_norm)
             self.opt.step()
@@ -174,7 +197,8 @@ class SFTRun:
         folder.mkdir(parents=True, exist_ok=True)
         if self.engine is not None:
             self.engine.save_checkpoint(str(folder), tag=DS_TAG, save_latest=False)
-        torch.save({**(extra or {}), **self.state_dict()}, folder / STATE_FILE)
+        if self.rank == 0:  # every rank holds the same state (data order, masks, losses)
+            torch.save({**(extra or {}), **self.state_dict()}, folder / STATE_FILE)
 
     def load(self, folder: Path) -> dict:
         """Restore a run written by :meth:`save` on the same path (plain / DeepSpeed, same ZeRO stage).

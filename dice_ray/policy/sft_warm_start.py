@@ -2,9 +2,11 @@
 (:class:`~dice_ray.policy.sft_run.SFTRun`), cached by content hash.
 
 It runs inside the Learner actor, before its DeepSpeed engine, on
-the plain torch path: the learner joins its own ``torch.distributed`` group (its world size, its backend)
-only afterwards, in ``Learner.init_engine``, and DeepSpeed keeps the groups it saw for the life of the
-process, so a one-rank group made here could be neither replaced nor torn down. Results are cached under
+the plain torch path: with one rank the learner joins its own ``torch.distributed`` group (its world size, its
+backend) only afterwards, in ``Learner.init_engine``, and DeepSpeed keeps the groups it saw for the life of the
+process, so a one-rank group made here could be neither replaced nor torn down. With ``cluster.learner_ranks`` N > 1
+every rank joins the learner's group first (``Learner.warm_start``) and trains its shard of each batch
+(``data_parallel``), the gradients all-reduced: the same weights as one rank, within float rounding. Results are cached under
 ``cfg.cache_dir / <key>`` where the key hashes the pairs, the model config, the tokenizer, the initial
 weights, the SFT config (less bookkeeping and engine-only fields) and the seed; a second call with the same
 inputs loads the weights instead of training.
@@ -99,7 +101,7 @@ def _progress_line(run: SFTRun, steps: int, elapsed_s: float, since_step1_s: flo
 
 
 def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, ...]], cfg: SFTConfig, seed: int,
-               log: Callable[[str], None] | None = None) -> SFTReport:
+               log: Callable[[str], None] | None = None, data_parallel: bool = False) -> SFTReport:
     """Masked-diffusion SFT of ``policy`` (in place) on (prompt, target) pairs (LLaDA / Dream also (before,
     middle, after) infill triples, :func:`~dice_ray.policy.sft_batches.tokenize_pairs`), cached by content hash.
 
@@ -112,6 +114,11 @@ def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, ...]], cfg: SFTCo
     Args:
         log: called with a progress line every ``cfg.log_every`` steps or :data:`PROGRESS_EVERY_S`, whichever
             comes first (not on a cache hit).
+        data_parallel: this process is one rank of the ``torch.distributed`` group it belongs to (the learner's
+            ranks, ``cluster.learner_ranks``, joined by ``Learner.warm_start``): every rank trains its shard of each
+            batch, gradients averaged by an all-reduce (:class:`SFTRun` ``data_parallel``: the weights one rank
+            trains, within float rounding). Rank 0 decides a cache hit, loads or writes the entry; on a hit the
+            other ranks keep their weights (``Learner.init_engine`` hands them rank 0's). Same cache key as one rank.
 
     Returns:
         :class:`SFTReport` (steps, final loss, seconds, cache_hit).
@@ -127,14 +134,27 @@ def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, ...]], cfg: SFTCo
         return SFTReport(0, float("nan"), time.perf_counter() - t0, False, "", len(pairs))
     key = sft_cache_key(policy, pairs, cfg, seed)
     entry = Path(cfg.cache_dir).expanduser() / key
-    if (entry / "model.safetensors").is_file() and (entry / "report.json").is_file():
+    hit = (entry / "model.safetensors").is_file() and (entry / "report.json").is_file()
+    rank = 0
+    if data_parallel:
+        import torch.distributed as dist
+
+        data_parallel = dist.is_initialized() and dist.get_world_size() > 1
+        if data_parallel:  # rank 0's view of the cache decides, for every rank
+            rank, decided = dist.get_rank(), [hit]
+            dist.broadcast_object_list(decided, src=0)
+            hit = bool(decided[0])
+            if hit and rank:
+                policy.model.eval()
+                return SFTReport(0, float("nan"), time.perf_counter() - t0, True, key, len(pairs))
+    if hit:
         load_model(policy.model, str(entry / "model.safetensors"))
         policy.model.eval()
         saved = json.loads((entry / "report.json").read_text())
         return SFTReport(0, saved["final_loss"], time.perf_counter() - t0, True, key, len(pairs),
                          [tuple(x) for x in saved["losses"]])
 
-    run = SFTRun(policy, pairs, cfg, seed)
+    run = SFTRun(policy, pairs, cfg, seed, data_parallel=data_parallel)
     last_line, step1_end = t0, None
     try:
         with torch_threads(cfg.num_threads):
@@ -154,6 +174,8 @@ def warm_start(policy: DiffusionPolicy, pairs: list[tuple[str, ...]], cfg: SFTCo
     model = policy.model
     final = run.losses[-1][1]
     steps_done = run.losses[-1][0]
+    if rank:  # rank 0 writes the cache entry
+        return SFTReport(steps_done, final, time.perf_counter() - t0, False, key, len(pairs), run.losses)
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{key}."))
     save_model(model, str(tmp / "model.safetensors"))
