@@ -131,14 +131,40 @@ def _int_constant(node: ast.AST) -> int | None:
     return None
 
 
-def _shape_constant_node(tree: ast.Module) -> ast.Assign | None:
-    """The first module-level ``NAME = <int >= 1>`` (a literal or arithmetic on literals: ``M = 256 * 8``) that
-    ``get_inputs`` reads and nothing else at module level does; None when there is none."""
-    consts: list[ast.Assign] = []
+def _constant_names(node: ast.stmt) -> list[tuple[str, ast.expr]]:
+    """``(name, value)`` of a module-level ``NAME = value`` or of the names of a literal tuple unpacked into names
+    (``batch_size, in_channels = 128, 3``, as 53 KernelBench level-2/3 references write their sizes), in order."""
+    if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+        return []
+    target, value = node.targets[0], node.value
+    if isinstance(target, ast.Name):
+        return [(target.id, value)]
+    if (isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts)
+            and all(isinstance(t, ast.Name) for t in target.elts)
+            and not any(isinstance(v, ast.Starred) for v in value.elts)):
+        return [(t.id, v) for t, v in zip(target.elts, value.elts)]  # type: ignore[attr-defined]
+    return []
+
+
+def _shape_constant_node(tree: ast.Module) -> tuple[str, ast.expr] | None:
+    """The first module-level ``NAME = <int >= 1>`` (a literal or arithmetic on literals: ``M = 256 * 8``; or a name
+    of a literal tuple unpacked into names: ``batch_size, dim = 16, 16384``) that ``get_inputs`` reads and nothing
+    else at module level does, as ``(name, value expression)``, a name bound on its own line first; None when there is
+    none."""
+    consts: list[tuple[str, ast.expr]] = []
+    single: set[str] = set()  # bound by NAME = value
+    bound: dict[str, int] = {}
     for node in tree.body:
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                and (_int_constant(node.value) or 0) >= 1):
-            consts.append(node)
+        for name, value in _constant_names(node):
+            if (_int_constant(value) or 0) >= 1:
+                consts.append((name, value))
+                if isinstance(node.targets[0], ast.Name):  # type: ignore[attr-defined]
+                    single.add(name)
+        for t in node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, (ast.AnnAssign, ast.AugAssign)) else []:
+            for n in ast.walk(t):
+                if isinstance(n, ast.Name):
+                    bound[n.id] = bound.get(n.id, 0) + 1
     inside: set[str] = set()
     outside: set[str] = set()
     for node in tree.body:
@@ -147,11 +173,10 @@ def _shape_constant_node(tree: ast.Module) -> ast.Assign | None:
             inside |= names
         else:
             outside |= names
-    for node in consts:
-        name = node.targets[0].id  # type: ignore[union-attr]
-        if name in inside and name not in outside:
-            return node
-    return None
+    found = [(name, value) for name, value in consts if name in inside and name not in outside and bound.get(name) == 1]
+    # a name of its own line first (what the shape trial doubled before tuple-unpacked sizes were read), then the
+    # first name of an unpacked tuple
+    return next((f for f in found if f[0] in single), found[0] if found else None)
 
 
 @functools.lru_cache(maxsize=256)
@@ -159,7 +184,8 @@ def shape_constant(reference_src: str) -> tuple[str, int] | None:
     """The size constant of a reference that can change without changing the model.
 
     That is the first module-level ``NAME = <int >= 1>`` (a literal, or arithmetic on literals such as
-    KernelBench's ``M = 256 * 8``) that ``get_inputs`` reads and nothing else in the module does (so ``Model`` and ``get_init_inputs``, hence the weights, are
+    KernelBench's ``M = 256 * 8``, or a name of a literal tuple unpacked into names, ``batch_size, dim = 16, 16384``)
+    that ``get_inputs`` reads and nothing else in the module does (so ``Model`` and ``get_init_inputs``, hence the weights, are
     unchanged).  The verifier's shape trial doubles it (:mod:`dice_ray.verify.trials.correctness_trials`); loaders halve
     it to fit a memory budget (:func:`scale_down_inputs`, KernelBench#146).  Parses only.
 
@@ -171,7 +197,7 @@ def shape_constant(reference_src: str) -> tuple[str, int] | None:
         node = _shape_constant_node(parse_python(reference_src))
     except (SyntaxError, ValueError):
         return None
-    return None if node is None else (node.targets[0].id, _int_constant(node.value))  # type: ignore[union-attr, return-value]
+    return None if node is None else (node[0], _int_constant(node[1]))  # type: ignore[return-value]
 
 
 def scale_down_inputs(reference_src: str, max_elements: int) -> str | None:
@@ -201,7 +227,7 @@ def scale_down_inputs(reference_src: str, max_elements: int) -> str | None:
         return reference_src
     if node is None:
         return None
-    lit = node.value  # a literal, or arithmetic on literals (256 * 8): written back as one literal
+    lit = node[1]  # a literal, or arithmetic on literals (256 * 8): written back as one literal
     start, end = SourcePositions(reference_src).span(lit)
     value, src = _int_constant(lit), reference_src
     while static_input_elements(src) > max_elements:

@@ -8,8 +8,9 @@ of DICE's ``kernel_infilling_evaluation.json`` has this shape).  The verifier ne
 
 1. reads the call statically (:func:`extract_specs`, :mod:`ast`, once a candidate:
    :class:`~dice_ray.verify.candidate.candidate.Candidate`): every argument must be a string
-   literal, a list/tuple/dict of them, a name bound once at module top level to one, an
-   f-string of those, or a ``+`` of those; anything else is ``unsupported-format``
+   literal, a list/tuple/dict of them, a name bound once at module top level to one (also as an
+   element of a tuple unpacked into names: ``BLOCK, ITEMS = 256, 4``), an f-string of those, a
+   ``+`` of those, or negation and bounded arithmetic on numbers (``64 * 1024``); anything else is ``unsupported-format``
    (:class:`UnsupportedFormat`, a ``compile_error``), its message naming the argument;
 2. builds each :class:`InlineSpec` with :class:`dice_ray.verify.candidate.inline_build.InlineBuilder` in the
    verifier's process (content-hash cache, parallel, resource-limited compilers), after
@@ -229,8 +230,30 @@ def is_inline(src: str | ast.Module) -> bool:
     return False
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _power(a: Any, b: Any) -> Any:
+    if abs(b) > 64 or abs(a) > 2**32:
+        raise ValueError("power too large")
+    return a**b
+
+
+def _shift(a: Any, b: Any) -> Any:
+    if not (isinstance(a, int) and isinstance(b, int)) or not 0 <= b <= 64:
+        raise ValueError("shift")
+    return a << b
+
+
+#: arithmetic on numbers a constant argument may use (``64 * 1024``, ``2 ** 10``, ``1 << 20``), bounded
+_ARITHMETIC = {ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b, ast.FloorDiv: lambda a, b: a // b,
+               ast.Div: lambda a, b: a / b, ast.Mod: lambda a, b: a % b, ast.Pow: _power, ast.LShift: _shift}
+
+
 class _Resolver:
-    """Values of module-level constant expressions (literals, names bound once, ``+``, f-strings)."""
+    """Values of module-level constant expressions (literals, names bound once, also as an element of a tuple
+    unpacked into names, ``+``, f-strings, negation and bounded arithmetic on numbers)."""
 
     def __init__(self, tree: ast.Module):
         self.bindings: dict[str, list[ast.stmt]] = {}
@@ -248,11 +271,24 @@ class _Resolver:
             if any(k is None for k in node.keys):
                 raise UnsupportedFormat(f"{what}: a ** in a dict literal is not a constant", what)
             return {self.value(k, what, before): self.value(v, what, before) for k, v in zip(node.keys, node.values)}
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            operand = self.value(node.operand, what, before)
+            if _number(operand):
+                return -operand if isinstance(node.op, ast.USub) else operand
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
             left, right = self.value(node.left, what, before), self.value(node.right, what, before)
+            if _number(left) and _number(right):
+                return left + right
             if type(left) is not type(right) or not isinstance(left, (str, list)):
                 raise UnsupportedFormat(f"{what}: '+' of {type(left).__name__} and {type(right).__name__}", what)
             return left + right
+        if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:  # GRID_CAP = 64 * 1024
+            left, right = self.value(node.left, what, before), self.value(node.right, what, before)
+            if _number(left) and _number(right):
+                try:
+                    return _ARITHMETIC[type(node.op)](left, right)
+                except (ArithmeticError, ValueError):
+                    pass
         if isinstance(node, ast.JoinedStr):
             parts = []
             for v in node.values:
@@ -280,15 +316,30 @@ class _Resolver:
         stmt = stmts[0]
         if stmt.lineno >= before:
             raise UnsupportedFormat(f"{what}: the name {name!r} is assigned after the load_inline call", what)
-        if not isinstance(stmt, (ast.Assign, ast.AnnAssign)) or stmt.value is None or not all(
-            isinstance(t, ast.Name) for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
-        ):
+        value = _bound_value(stmt, name)
+        if value is None:
             raise UnsupportedFormat(f"{what}: the name {name!r} is not bound by a plain assignment", what)
         self.active.add(name)
         try:
-            return self.value(stmt.value, what, before)
+            return self.value(value, what, before)
         finally:
             self.active.discard(name)
+
+
+def _bound_value(stmt: ast.stmt, name: str) -> ast.AST | None:
+    """The expression a plain top-level assignment binds ``name`` to: ``name = value`` (every target a name), or its
+    element of a literal tuple unpacked into names (``D, H, W = 16, 32, 32``); None otherwise."""
+    if not isinstance(stmt, (ast.Assign, ast.AnnAssign)) or stmt.value is None:
+        return None
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+    if all(isinstance(t, ast.Name) for t in targets):
+        return stmt.value
+    if len(targets) == 1 and isinstance(targets[0], (ast.Tuple, ast.List)) and isinstance(stmt.value, (ast.Tuple, ast.List)) \
+            and len(targets[0].elts) == len(stmt.value.elts):
+        for t, v in zip(targets[0].elts, stmt.value.elts):
+            if isinstance(t, ast.Name) and t.id == name and not isinstance(v, ast.Starred):
+                return v
+    return None
 
 
 def _assigned_names(stmt: ast.stmt) -> list[str]:
@@ -449,6 +500,22 @@ def spec_from_call(args: tuple, kwargs: dict[str, Any], var: str | None = None, 
     )
 
 
+def _misplaced_call(tree: ast.Module, call: ast.Call) -> str:
+    """Why a ``load_inline`` call is not read, and where to move it: the verifier builds every extension before the
+    module runs, from the calls it reads at module top level."""
+    where = ""
+    for stmt in tree.body:
+        for outer in ast.walk(stmt):
+            if isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(n is call for n in ast.walk(outer)):
+                where = f" inside {outer.name}()"  # the innermost one is found last
+    if where:
+        return (f"load_inline is called{where}: the verifier builds each extension before the module runs, from a "
+                "call at module top level; move it there, as `ext = load_inline(...)` with its sources as module-level "
+                "strings, and call ext.<function>(...) in forward (self.ext = ext in __init__ also works)")
+    return ("load_inline must be called once per extension, as `name = load_inline(...)` at module top level (not "
+            "inside an expression, a loop or a condition)")
+
+
 def extract_specs(src: str | ast.Module, *, allow_vendor_libraries: bool = False) -> list[InlineSpec]:
     """Read every ``load_inline`` call of a candidate statically (never executes it), from its text or its parse
     tree (:attr:`Candidate.tree <dice_ray.verify.candidate.candidate.Candidate.tree>`: read once a candidate).
@@ -483,8 +550,7 @@ def extract_specs(src: str | ast.Module, *, allow_vendor_libraries: bool = False
         if not is_call:
             continue
         if id(node) not in top_calls:
-            raise UnsupportedFormat("load_inline must be called once per extension, as `name = load_inline(...)` "
-                                    "at module top level", "load_inline", getattr(node, "lineno", None))
+            raise UnsupportedFormat(_misplaced_call(tree, node), "load_inline", getattr(node, "lineno", None))
         var, line = top_calls[id(node)]
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
             raise UnsupportedFormat("load_inline arguments: *args / **kwargs are not supported", "arguments", line)

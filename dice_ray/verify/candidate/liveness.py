@@ -24,6 +24,11 @@ Live code, found from the module's own text only:
 Nothing can reach a function without mentioning its name, except the ways the static rules refuse in
 live code (``globals()``, ``getattr``, dunder attributes, ``sys.modules``), so a dead body never runs.
 An import is dead when the names it binds are mentioned only in dead code (or nowhere).
+
+Live code runs at one of two times (:func:`construction_code`): when ``ModelNew`` is built (``__init__`` and what
+only it calls: nn.Conv2d's own ``reset_parameters()`` pattern, ``_make_layer()`` helpers) or at run time
+(``forward`` and everything else).  The static rules judge construction code as ``__init__`` (torch may be used
+freely there) and everything else as run-time code.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from dataclasses import dataclass, field
 
 from dice_ray.pysource import parse_python
 
-__all__ = ["DeadCode", "dead_code", "strip_dead_imports"]
+__all__ = ["Construction", "DeadCode", "construction_code", "dead_code", "strip_dead_imports"]
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
@@ -220,3 +225,222 @@ def strip_dead_imports(src: str, allowed: Callable[[str, tuple[str, ...]], bool]
         head, tail = lines[first][:start], lines[last][end:]
         lines[first:last + 1] = [head + text + tail] + ["\n"] * (last - first)
     return "".join(lines)
+
+
+# -- construction code: what runs only while ModelNew is built ----------------------------------------------------
+
+#: decorators that leave a function's body running when, and only when, it is called (``@torch.no_grad()``
+#: ``reset_parameters``); any other decorator keeps a function run-time code (the rules refuse it anyway)
+_PASS_THROUGH_DECORATORS = frozenset({"staticmethod", "classmethod", "no_grad", "inference_mode"})
+#: callees that consume a generator expression handed to them at once (``nn.Sequential(*(Block(c) for c in cs))``,
+#: ``nn.ModuleList(Block(c) for c in cs)``); a generator kept (``self.g = (f() for _ in ...)``) runs later
+_CONSUMERS = frozenset({"list", "tuple", "set", "frozenset", "dict", "sorted", "sum", "min", "max", "any", "all",
+                        "Sequential", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict", "join", "extend",
+                        "cat", "stack"})
+
+
+@dataclass(frozen=True)
+class Construction:
+    """When live code runs (:func:`construction_code`).
+
+    Attributes:
+        functions: ``id()`` of the ``FunctionDef`` nodes that run only while ``ModelNew`` is built: the
+            ``__init__`` of every class no run-time code builds, and every function or method reachable only from
+            those (judged by the static rules as ``__init__`` is).
+        why_runtime: for a function that is called from construction code but is run-time code all the same,
+            ``id()`` of its node -> why (``"called from forward (line 40)"``), and for the ``__init__`` of a class
+            run-time code builds, why (``"Helper is used from forward (line 40)"``), for the rules' messages.
+    """
+
+    functions: frozenset[int] = frozenset()
+    why_runtime: dict[int, str] = field(default_factory=dict)
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                out.add(id(first.value))
+    return out
+
+
+def _decorator_name(dec: ast.AST) -> str:
+    target = dec.func if isinstance(dec, ast.Call) else dec
+    return target.attr if isinstance(target, ast.Attribute) else target.id if isinstance(target, ast.Name) else ""
+
+
+def _eager(genexp: ast.GeneratorExp, parent: dict[int, ast.AST]) -> bool:
+    """Whether a generator expression is consumed where it stands: star-unpacked, or handed to a consumer."""
+    up = parent.get(id(genexp))
+    if isinstance(up, ast.Starred):
+        return True
+    if isinstance(up, ast.Call) and genexp in up.args:
+        f = up.func
+        name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+        return name in _CONSUMERS
+    return False
+
+
+def construction_code(tree: ast.Module, dead: DeadCode, reserved: frozenset[str] = frozenset()) -> Construction:
+    """Which live functions run only while ``ModelNew`` is built: construction code, judged like ``__init__``.
+
+    A name is followed wherever it is mentioned (a ``Name``, an attribute name, a string that is the name and not a
+    docstring), as :func:`dead_code` follows it; mentions in dead code do not count.  A mention's time is that of
+    the code around it: a function's body runs when the function does, a lambda's or a kept generator
+    expression's whenever it is called or advanced (run time), module and class bodies while the module loads.
+
+    * The ``__init__`` of a class is construction code unless run-time code mentions the class (builds it:
+      ``Helper()`` in forward) or a subclass of it that run-time code builds; ``ModelNew`` is built by the verifier.
+    * A function or method (of any class, or a module-level or nested ``def``) is construction code when every
+      live mention of its name is a call (``self.reset_parameters()``, ``helper(m)``) in the body of construction
+      code, and the name is not one torch or the run time calls on its own (``reserved``: ``forward``,
+      ``nn.Module``'s methods; any dunder), not a string's value (``getattr(self, "name")``), not a generator or
+      ``async`` and has no decorator but :data:`_PASS_THROUGH_DECORATORS`.  A method called from both
+      ``__init__`` and ``forward``, handed to ``register_forward_hook`` or ``self.apply`` (a value, not a call), or
+      called in a lambda stays run-time code.
+
+    Args:
+        tree: the module.
+        dead: its :func:`dead_code`.
+        reserved: names the run time may call without the module mentioning them (the static rules pass
+            ``nn.Module``'s methods and ``forward``).
+
+    Returns:
+        A :class:`Construction`.  Parses nothing, runs nothing.
+    """
+    parent: dict[int, ast.AST] = {}
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parent[id(child)] = node
+    skipped = set(dead.blocks) | set(dead.imports)
+    for node in ast.walk(tree):
+        if id(node) in dead.bodies and isinstance(node, _DEFS):
+            skipped.update(id(s) for s in node.body)
+
+    # each live mention: (name, node, the function whose body holds it or None, lazy in between)
+    mentions: dict[str, list[tuple[ast.AST, ast.AST | None, bool]]] = {}
+
+    def walk(node: ast.AST, fn: ast.AST | None, lazy: bool) -> None:
+        if id(node) in skipped:
+            return
+        if isinstance(node, ast.Name):
+            mentions.setdefault(node.id, []).append((node, fn, lazy))
+        elif isinstance(node, ast.Attribute):
+            mentions.setdefault(node.attr, []).append((node, fn, lazy))
+        if isinstance(node, (*_DEFS, ast.Lambda)):
+            header = _def_header(node) if isinstance(node, _DEFS) else [*node.args.defaults, *[
+                d for d in node.args.kw_defaults if d is not None]]
+            for h in header:
+                walk(h, fn, lazy)
+            for stmt in (node.body if isinstance(node, _DEFS) else [node.body]):
+                walk(stmt, node, False)
+            return
+        if isinstance(node, ast.ClassDef):
+            for part in [*node.decorator_list, *node.bases, *node.keywords, *node.body]:
+                walk(part, fn, lazy)
+            return
+        if isinstance(node, ast.GeneratorExp) and not _eager(node, parent):
+            walk(node.generators[0].iter, fn, lazy)  # evaluated where the expression stands, the rest when advanced
+            walk(node.elt, fn, True)
+            for i, gen in enumerate(node.generators):
+                for part in [gen.target, *([gen.iter] if i else []), *gen.ifs]:
+                    walk(part, fn, True)
+            return
+        for child in ast.iter_child_nodes(node):
+            walk(child, fn, lazy)
+
+    walk(tree, None, False)
+    # a string naming a function (getattr(self, "reset_parameters")): reached where the rules cannot follow; a name
+    # built from pieces is the getattr rule's (python_rules: its name may not be or begin a method's)
+    docstrings = _docstrings(tree)
+    words = {node.value.strip() for node in ast.walk(tree) if isinstance(node, ast.Constant)
+             and isinstance(node.value, str) and id(node) not in docstrings and node.value.strip().isidentifier()}
+
+    classes: dict[str, list[ast.ClassDef]] = {}
+    defs: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            classes.setdefault(node.name, []).append(node)
+        elif isinstance(node, _DEFS) and node.name != "__init__":
+            defs.setdefault(node.name, []).append(node)
+    inits = {id(n): cls.name for cls in (c for cs in classes.values() for c in cs) for n in cls.body
+             if isinstance(n, ast.FunctionDef) and n.name == "__init__"}
+
+    def eligible(name: str) -> bool:
+        fns = defs[name]
+        return (not (name.startswith("__") and name.endswith("__")) and name not in reserved and name not in classes
+                and name not in words and all(
+                    isinstance(f, ast.FunctionDef) and all(_decorator_name(d) in _PASS_THROUGH_DECORATORS
+                                                           for d in f.decorator_list)
+                    and not any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in _own_nodes(f)) for f in fns))
+
+    candidates = {name for name in defs if eligible(name) and mentions.get(name)}
+    cons = {id(n) for name in candidates for n in defs[name]} | set(inits)  # shrinks to the answer
+    runtime_classes: set[str] = set()
+    why: dict[str, str] = {}  # function name -> why it is run-time code
+    built: dict[str, str] = {}  # class name -> why run-time code may build it
+    inside: dict[int, set[str]] = {}  # function id -> the names mentioned in its body (it holds them: fn)
+    for name, found in mentions.items():
+        for _, fn, _ in found:
+            if fn is not None:
+                inside.setdefault(id(fn), set()).add(name)
+    bases = {c.name: {b.id for b in c.bases if isinstance(b, ast.Name)} for cs in classes.values() for c in cs}
+
+    def where(node: ast.AST, fn: ast.AST | None, lazy: bool) -> str:
+        line = getattr(node, "lineno", "?")
+        if lazy or isinstance(fn, ast.Lambda):
+            return f"in a lambda or a kept generator expression (line {line})"
+        return f"from {getattr(fn, 'name', 'module level')} (line {line})" if fn is not None else \
+            f"at module or class level (line {line})"
+
+    def leave(ids: list[int]) -> list[str]:
+        """Functions that are run-time code after all: out of cons; the names their bodies mention, to check again."""
+        cons.difference_update(ids)
+        return [n for i in ids for n in inside.get(i, ())]
+
+    # a worklist: a name is checked again when a function that mentions it leaves construction code
+    todo = sorted(set(mentions) & (candidates | set(classes)))
+    while todo:
+        name = todo.pop()
+        if name in candidates:
+            for node, fn, lazy in mentions[name]:
+                up = parent.get(id(node))
+                called = isinstance(up, ast.Call) and up.func is node
+                if not (called and fn is not None and not lazy and id(fn) in cons):
+                    candidates.discard(name)
+                    why[name] = (f"called {where(node, fn, lazy)}" if called else
+                                 f"used {where(node, fn, lazy)} other than by a call")
+                    todo += leave([id(n) for n in defs[name]])
+                    break
+        if name in classes and name not in runtime_classes:
+            bad = next(((node, fn, lazy) for node, fn, lazy in mentions.get(name, [])
+                        if fn is not None and (lazy or id(fn) not in cons)), None)
+            sub = next((c for c in sorted(runtime_classes) if name in bases.get(c, ())), None)
+            if bad is not None or sub is not None:
+                runtime_classes.add(name)
+                built[name] = (f"{name} is used {where(*bad)}" if bad is not None else
+                               f"{name} is a base of {sub}, which run-time code builds")
+                todo += leave([i for i, cls in inits.items() if cls == name])
+                todo += sorted(bases.get(name, ()))  # its bases' __init__ run when it is built
+    functions = {id(n) for name in candidates for n in defs[name]}
+    functions |= {i for i, cls in inits.items() if cls not in runtime_classes}
+    # why a function construction code calls is run-time code all the same (for the rules' messages)
+    why_runtime = {id(n): why[name] for name in why for n in defs[name]
+                   if any(isinstance(parent.get(id(m)), ast.Call) and parent[id(m)].func is m and id(f) in functions
+                          and not lazy for m, f, lazy in mentions.get(name, []))}
+    why_runtime.update({i: built[cls] for i, cls in inits.items() if cls in built})
+    return Construction(frozenset(functions), why_runtime)
+
+
+def _own_nodes(fn: ast.AST) -> list[ast.AST]:
+    """The nodes of a function's body, not those of functions, lambdas or classes nested in it."""
+    out, stack = [], list(fn.body)
+    while stack:
+        n = stack.pop()
+        out.append(n)
+        if not isinstance(n, (*_DEFS, ast.Lambda, ast.ClassDef)):
+            stack.extend(ast.iter_child_nodes(n))
+    return out

@@ -1,7 +1,8 @@
 """What a candidate may import and call: the allow-lists the static rules and the worker's import guard share.
 
-* Imports: only :data:`ALLOWED_IMPORTS` (``torch``, ``torch.nn``, ``torch.nn.functional``, ``math``, ``typing``,
-  ``__future__``, ``dice_ray.launch`` for :data:`ALLOWED_LAUNCH_NAMES`); the load_inline format also
+* Imports: only :data:`ALLOWED_IMPORTS` (``torch``, ``torch.nn`` and its ``init``, ``modules.utils``, ``parameter``,
+  ``torch.nn.functional``, ``math``, ``typing``, ``itertools``, ``collections``, ``numbers``, ``__future__``,
+  ``dice_ray.launch`` for :data:`ALLOWED_LAUNCH_NAMES`; each entry's reason beside it); the load_inline format also
   ``torch.utils.cpp_extension``'s ``load_inline`` (:func:`import_allowed`).  Read by the static rules
   (:mod:`dice_ray.verify.rules.python_rules`) and, at run time, by the worker's import guard
   (:mod:`dice_ray.verify.trials.import_guard`).
@@ -11,11 +12,48 @@
 
 from __future__ import annotations
 
-__all__ = ["ALLOWED_IMPORTS", "ALLOWED_LAUNCH_NAMES", "ALLOWED_TENSOR_METHODS", "ALLOWED_TORCH_CALLS", "import_allowed"]
+__all__ = ["ALLOWED_IMPORTS", "ALLOWED_LAUNCH_NAMES", "ALLOWED_TENSOR_METHODS", "ALLOWED_TORCH_CALLS", "CALLABLE_ARGUMENTS",
+           "import_allowed"]
 
+#: Modules a candidate may import: an explicit list, each entry for a reason.  Not "whatever the task's reference
+#: imports": a reference is trusted code and may import ``os``, ``numpy`` (files: ``np.load``, ``np.ctypeslib``) or
+#: ``einops`` (torch ops under other names); a module is on the list only when nothing in it reaches files,
+#: processes, threads, the network, ``ctypes``, ``importlib`` or code in strings, and its functions that call a
+#: callable they are handed are judged like ``map`` in run-time code (:data:`CALLABLE_ARGUMENTS`).
 ALLOWED_IMPORTS: frozenset[str] = frozenset(
-    {"torch", "torch.nn", "torch.nn.functional", "math", "typing", "__future__", "dice_ray.launch"}
+    {
+        "torch", "torch.nn", "torch.nn.functional",  # what the task is written in; compute calls judged by where
+        "dice_ray.launch",  # the fast format's loader (only ALLOWED_LAUNCH_NAMES)
+        "__future__",  # annotations
+        "math",  # scalar math on Python numbers
+        "typing",  # annotations (its string-evaluating helpers are refused: rule dynamic-code)
+        # submodules of torch.nn that KernelBench solutions import for weight set-up: the functions nn.init runs are
+        # torch ops, judged by where they run (allowed in __init__ and what only __init__ calls, refused at run
+        # time), as through ``nn.init``; modules.utils holds the tuple helpers nn.Conv*d use (_single, _pair,
+        # _triple, _quadruple: ``tuple(repeat(x, n))``); parameter holds nn.Parameter itself
+        "torch.nn.init", "torch.nn.modules.utils", "torch.nn.parameter",
+        # pure helpers of the standard library that KernelBench references import (level3 SwinMLP: itertools.repeat,
+        # collections.abc.Iterable in its _ntuple): iterators and containers, no I/O; itertools' functions that
+        # call what they are handed (starmap, accumulate...) are CALLABLE_ARGUMENTS; a counter kept on self
+        # (itertools.count) and advanced at run time is rule forward-state (next(self.c))
+        "itertools", "collections", "collections.abc",
+        "numbers",  # abstract number types (isinstance(k, numbers.Integral)): classes only
+    }
 )
+#: Not on the list, though pure-looking: ``functools`` (``partial``/``reduce`` call what they are handed where the
+#: rules cannot follow, ``lru_cache``/``cache`` are caches across calls), ``operator`` (``attrgetter``/
+#: ``methodcaller`` are getattr by a string, ``setitem``/``iadd`` mutate state unseen, ``call`` calls anything,
+#: ``matmul`` is ``@``), ``dataclasses`` (its decorator is not an allowed one; reaches ``sys``/``inspect``), none
+#: of which a KernelBench reference imports.
+
+#: Import-rooted functions of the allowed modules that call a callable they are handed, and where it is: positional
+#: indices and keyword names.  In run-time code what is handed must be something the rules see, as for ``map``
+#: (rule forward-module-call: ``itertools.starmap(self.conv, args)`` calls a submodule unseen).
+CALLABLE_ARGUMENTS: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {
+    "itertools.starmap": ((0,), ()), "itertools.accumulate": ((1,), ("func",)),
+    "itertools.filterfalse": ((0,), ()), "itertools.takewhile": ((0,), ()), "itertools.dropwhile": ((0,), ()),
+    "itertools.groupby": ((1,), ("key",)), "collections.defaultdict": ((0,), ("default_factory",)),
+}
 ALLOWED_LAUNCH_NAMES: frozenset[str] = frozenset({"load_cuda", "KernelModule", "CompileError"})
 ALLOWED_TORCH_CALLS: frozenset[str] = frozenset(
     f"torch.{n}"
@@ -23,6 +61,9 @@ ALLOWED_TORCH_CALLS: frozenset[str] = frozenset(
         "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
         "Size", "device", "finfo", "iinfo", "is_tensor", "numel", "no_grad", "inference_mode", "tensor",
         "cuda.current_device", "cuda.is_available", "cuda.device_count",
+        # tuple helpers of nn.Conv*d (``tuple(repeat(x, n))`` unless x is iterable): no tensor, no op
+        "nn.modules.utils._single", "nn.modules.utils._pair", "nn.modules.utils._triple",
+        "nn.modules.utils._quadruple",
     )
 )
 ALLOWED_TENSOR_METHODS: frozenset[str] = frozenset(

@@ -10,18 +10,29 @@ mode, input mutation, output type) are enforced by the trials (:mod:`dice_ray.ve
 Decisions (documented so prompts can state them):
 
 * Imports: only :data:`~dice_ray.verify.rules.allowlist.ALLOWED_IMPORTS` (``torch``, ``torch.nn``, ``torch.nn.functional``,
-  ``math``, ``typing``, ``__future__``, ``dice_ray.launch`` for :data:`ALLOWED_LAUNCH_NAMES`).
-  ``torch.nn.functional`` may be imported (``__init__`` may use anything in torch to build
-  parameters that match the reference) but its compute functions are refused in run-time code.
+  ``torch.nn.init`` / ``modules.utils`` / ``parameter``, ``math``, ``typing``, ``itertools``, ``collections``,
+  ``numbers``, ``__future__``, ``dice_ray.launch`` for :data:`ALLOWED_LAUNCH_NAMES`; each entry's reason is beside
+  it).  ``torch.nn.functional`` and ``torch.nn.init`` may be imported (``__init__`` may use anything in torch to
+  build parameters that match the reference) but their functions are refused in run-time code; itertools'
+  functions that call what they are handed are judged as ``map`` is (``CALLABLE_ARGUMENTS``).
 * Code that never runs is not judged (:mod:`dice_ray.verify.candidate.liveness`): a function nothing live calls (a
   copy of ``get_inputs``), an ``if __name__ == "__main__":`` block, the imports only they use.
-* "Run-time code" is every other function and lambda except ``__init__`` methods: there only
-  :data:`ALLOWED_TORCH_CALLS` (allocation, meta queries) and :data:`ALLOWED_TENSOR_METHODS`
-  (views, sizes, pointers, in-place fills) may be called on torch; ``@`` is refused; submodules
-  (``self.conv(x)``) and ``.forward`` may not be called.
+* Construction code is ``__init__`` (of a class no run-time code builds) and every function or method reachable
+  only from it (``self.reset_parameters()``, ``self._make_layer()``: :func:`~dice_ray.verify.candidate.liveness.
+  construction_code`); torch may be used freely there.  "Run-time code" is every other function and lambda (a
+  method also called from forward, handed to a hook or named in a string among them): there only
+  :data:`ALLOWED_TORCH_CALLS` (allocation, meta queries, ``torch.Tensor()`` with no data) and
+  :data:`ALLOWED_TENSOR_METHODS` (views, sizes, pointers, in-place fills) may be called on torch; a cast is
+  judged as the ``.to`` it is (``x.float()`` is ``x.to(torch.float32)``: left to the run-time op check; a cast to
+  any other dtype the rules read, ``.half()``, ``.long()``, ``.to(torch.float16)``, is refused); ``@`` is refused;
+  submodules (``self.conv(x)``) and ``.forward`` may not be called; ``next()`` may not advance an iterator kept on
+  ``self`` (a call counter).
+* ``getattr`` only as ``getattr(self or self.<attr>, name)`` reading a parameter, buffer or submodule: ``name`` a
+  constant string or one beginning with a constant no method or torch attribute name begins with
+  (``"weight_ih_l" + suffix``), its value never called; the worker's ``getattr`` checks it again.
 * No state across calls: run-time code may not assign ``self.<x>``, use ``global``/``nonlocal``,
   mutate module-level containers or use mutable default arguments; module top level holds only
-  imports, defs, classes and constant (or ``load_cuda(...)``) assignments.
+  imports, defs, classes and constant (or ``load_cuda(...)``) assignments (``D, H, W = 16, 32, 32`` too).
 * No way out through attributes, ``__init__`` included: an import-rooted path that reaches a module
   outside the allow-list (``torch.os``, ``typing.sys``: ``forbidden-import``) or a torch internal,
   torch's file I/O (``torch.load``/``save``/``from_file``: ``file-access``), a module used as a value
@@ -69,9 +80,9 @@ import re
 import types
 
 from dice_ray.verify.candidate.candidate import Candidate
-from dice_ray.verify.candidate.liveness import DeadCode
+from dice_ray.verify.candidate.liveness import DeadCode, construction_code
 from dice_ray.verify.rules.allowlist import (ALLOWED_IMPORTS, ALLOWED_LAUNCH_NAMES, ALLOWED_TENSOR_METHODS,
-                                             ALLOWED_TORCH_CALLS, import_allowed)
+                                             ALLOWED_TORCH_CALLS, CALLABLE_ARGUMENTS, import_allowed)
 from dice_ray.verify.rules.catalog import StaticReport, Violation
 
 __all__ = ["check_python"]
@@ -103,6 +114,11 @@ _MUTATORS = frozenset({"append", "extend", "insert", "update", "setdefault", "po
 _ALLOWED_DUNDERS = frozenset({"__init__", "__name__"})
 _ALLOWED_DECORATORS = frozenset({"staticmethod", "classmethod", "property", "torch.no_grad", "torch.inference_mode"})
 _STR_METHODS = frozenset({"format", "replace", "strip", "lstrip", "rstrip", "join", "upper", "lower"})
+#: tensor methods that are ``.to(<dtype>)`` under another name (``x.float()`` is ``x.to(torch.float32)``), judged as
+#: that ``.to`` is (:meth:`_Checker.check_cast`); on ``self`` (a module: it converts every parameter in place) they
+#: stay refused, as ``self.<any module method>()`` is
+_CAST_METHODS = {"float": "float32", "double": "float64", "half": "float16", "bfloat16": "bfloat16", "long": "int64",
+                 "int": "int32", "short": "int16", "char": "int8", "byte": "uint8", "bool": "bool"}
 
 
 
@@ -161,6 +177,33 @@ def _module_method_names() -> frozenset[str]:
             for k in inspect.getmro(v):
                 out.update(n for n in vars(k) if n.startswith("_") and not n.startswith("__"))
     return frozenset(out - ALLOWED_TENSOR_METHODS - _tensor_compute_methods())
+
+
+@functools.cache
+def _torch_attribute_names() -> frozenset[str]:
+    """Every attribute name of ``torch.Tensor``, ``nn.Parameter`` and the module classes of ``torch.nn`` (methods and
+    properties, private ones too: ``sum``, ``forward``, ``reset_parameters``, ``flatten_parameters``...)."""
+    import inspect
+
+    import torch
+    import torch.nn as nn
+
+    out = set(dir(torch.Tensor)) | set(dir(nn.Parameter))
+    for v in vars(nn).values():
+        if inspect.isclass(v) and issubclass(v, nn.Module):
+            out.update(dir(v))
+    return frozenset(out)
+
+
+@functools.cache
+def _reserved_names() -> frozenset[str]:
+    """Method names torch or the run time may call on a candidate's module without its code mentioning them
+    (``forward``, every attribute of ``nn.Module``: ``extra_repr``, ``_apply``, ``_load_from_state_dict``...; a
+    candidate's classes derive only from nn.Module): never construction code
+    (:func:`~dice_ray.verify.candidate.liveness.construction_code`)."""
+    import torch.nn as nn
+
+    return frozenset(dir(nn.Module)) | {"forward"}
 
 
 _UNKNOWN = object()
@@ -273,7 +316,13 @@ def _module_escape(dotted: str) -> tuple[str, str] | None:
 
 
 def _root(node: ast.AST) -> ast.AST:
+    """The name an attribute, item or call path starts from (``self`` for ``self.w.view(-1)[0]``, and for
+    ``getattr(self, "w")``: the object getattr reads)."""
     while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+                and node.args):
+            node = node.args[0]
+            continue
         node = node.func if isinstance(node, ast.Call) else node.value
     return node
 
@@ -302,9 +351,24 @@ class _Checker(ast.NodeVisitor):
         self.scopes: list[set[str]] = [_bound_names(tree)]
         self.kernel_calls_in_runtime = 0
         self.dead = dead  # never runs: not judged (dice_ray.verify.candidate.liveness)
+        # what runs only while ModelNew is built (__init__ and what only it calls): judged as __init__ is
+        self.construction = construction_code(tree, dead, _reserved_names())
+        self.functions: list[ast.AST] = []  # the functions (and lambdas) being visited, innermost last
+        # __init__ of classes run-time code builds: run-time code, but its stores on self fill a new object
+        self.fresh_inits: set[int] = set()
 
     # -- helpers ---------------------------------------------------------------------------------
     def add(self, rule: str, message: str, node: ast.AST | None) -> None:
+        fn = self.functions[-1] if self.functions else None
+        why = self.construction.why_runtime.get(id(fn)) if self.runtime_depth else None
+        if why is not None and rule in ("forward-torch-op", "forward-state", "forward-module-call"):
+            if id(fn) in self.fresh_inits:  # the __init__ of a class run-time code builds
+                message += (f"; this __init__ runs at run time: {why} (build it in ModelNew.__init__ and keep it, or "
+                            "do this work in a kernel)")
+            else:  # a method __init__ calls that is run-time code all the same
+                name = getattr(fn, "name", "?")
+                message += (f"; {name}() is run-time code although __init__ calls it: it is also {why} (only what "
+                            "__init__ alone calls is construction code: keep the run-time use out of it)")
         self.report.violations.append(Violation(rule, message, getattr(node, "lineno", None)))
 
     def dotted(self, node: ast.AST) -> str | None:
@@ -329,6 +393,33 @@ class _Checker(ast.NodeVisitor):
                 and node.attr in self.kernel_attrs):
             return f"self.{node.attr}"
         return None
+
+    def state_rooted(self, node: ast.AST) -> bool:
+        """Whether ``node`` is rooted at ``self``, a module-level name or a name bound to ``self``'s (state kept
+        across calls)."""
+        root = _root(node)
+        return isinstance(root, ast.Name) and (root.id == "self" or root.id in self.module_names
+                                               or self.bound_to_self(root.id))
+
+    def check_cast(self, node: ast.Call, f: ast.Attribute) -> None:
+        """``x.to(...)``, ``x.type(...)`` and the casts of :data:`_CAST_METHODS` (``x.float()`` is
+        ``x.to(torch.float32)``), judged alike in run-time code.  A cast to float32, the dtype of a task's tensors,
+        changes nothing on them and is left to the run-time op check (which refuses the aten ``_to_copy`` of a real
+        conversion), as ``.to(device)`` and ``.to(<a dtype the rules cannot read>)`` are; a cast to any other dtype
+        the rules read (``.half()``, ``.long()``, ``.to(torch.float16)``) converts, an elementwise torch op outside
+        the candidate's kernels: refused here (rule forward-torch-op; the kernel can read or write that type)."""
+        if f.attr in _CAST_METHODS:
+            dtype, spelled = _CAST_METHODS[f.attr], f".{f.attr}()"
+        else:
+            dtype, spelled = None, f".{f.attr}(...)"
+            for arg in [*node.args, *(k.value for k in node.keywords if k.arg == "dtype")]:
+                found = _dtype_name(self.dotted(arg) if not isinstance(arg, ast.Constant) else arg.value)
+                dtype = found or dtype
+        if dtype is not None and dtype != "float32":
+            self.add("forward-torch-op", f"casts to torch.{dtype} with {spelled} in run-time code ({spelled} is "
+                     f".to(torch.{dtype}): a conversion, an elementwise torch op outside the kernels; let the kernel "
+                     f"read or write {dtype} itself; only casts to float32, a task's dtype, are left to the run-time "
+                     "check)", node)
 
     def bound_to_self(self, name: str) -> bool:
         """Whether ``name`` is bound somewhere to a value rooted at ``self`` (``c = self.calls``, ``v = self.w.view(-1)``)."""
@@ -407,12 +498,13 @@ class _Checker(ast.NodeVisitor):
                 self.module_names.add(node.name)
         top_count: dict[str, int] = {}
         for node in self.tree.body:
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                self.top_values[node.targets[0].id] = node.value
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                self.top_values.update(_unpacked(node.targets[0], node.value))  # N = 1; D, H, W = 16, 32, 32
             for t in (node.targets if isinstance(node, ast.Assign) else
                       [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []):
-                if isinstance(t, ast.Name):
-                    top_count[t.id] = top_count.get(t.id, 0) + 1
+                for n in ast.walk(t):  # every name bound, unpacked ones too: a name bound twice has no one value
+                    if isinstance(n, ast.Name):
+                        top_count[n.id] = top_count.get(n.id, 0) + 1
         for name, n in top_count.items():
             if n > 1:
                 self.top_values.pop(name, None)
@@ -666,7 +758,13 @@ class _Checker(ast.NodeVisitor):
                 or self.loader_argument_list(node.value, [t.id for t in targets])  # type: ignore[attr-defined]
             ):
                 return
-            self.add("module-state", "top-level assignment of a non-constant (state shared across calls)", node)
+            # D, H, W = 16, 32, 32 (KernelBench references' style): a literal tuple of constants unpacked into names
+            if node.value is not None and all(_unpacked(t, node.value) and all(
+                    self.constantish(v) for v in _unpacked(t, node.value).values()) for t in targets):
+                return
+            self.add("module-state", "top-level assignment of a non-constant (state shared across calls): module top "
+                     "level may bind names only to constants (N = 1024; D, H, W = 16, 32, 32), load_inline/load_cuda "
+                     "results, imports, defs and classes; keep other values in ModelNew (set in __init__)", node)
             return
         if isinstance(node, ast.If) and "__name__" in ast.unparse(node.test):
             return
@@ -747,12 +845,18 @@ class _Checker(ast.NodeVisitor):
         direct_class, self.direct_class = self.direct_class, None
         if not isinstance(node, ast.Lambda):
             self.check_decorators(node)
-        is_init = not isinstance(node, ast.Lambda) and node.name == "__init__" and direct_class is not None
+        # construction code (__init__ of a class no run-time code builds, and what only such code calls:
+        # liveness.construction_code) is judged as __init__; everything else, lambdas included, as run-time code
+        is_init = not isinstance(node, ast.Lambda) and id(node) in self.construction.functions
+        if not is_init and not isinstance(node, ast.Lambda) and node.name == "__init__" and direct_class is not None:
+            self.fresh_inits.add(id(node))
         runtime = 0 if is_init else 1
         self.runtime_depth += runtime
         self.init_depth += 1 - runtime
         self.scopes.append(_bound_names(node))
+        self.functions.append(node)
         self.generic_visit(node)
+        self.functions.pop()
         self.scopes.pop()
         self.init_depth -= 1 - runtime
         self.runtime_depth -= runtime
@@ -782,8 +886,14 @@ class _Checker(ast.NodeVisitor):
     def visit_Name(self, node: ast.Name) -> None:
         if node.id == "Model":
             self.add("reference-model", "uses the name Model (the reference class)", node)
+        elif node.id == "getattr" and not any(node.id in scope for scope in self.scopes) and self.reads_attribute(node):
+            pass  # getattr(self.lstm, "weight_ih_l" + suffix): a parameter read by name
         elif node.id in _FORBIDDEN_BUILTINS and not any(node.id in scope for scope in self.scopes):
-            self.add(_FORBIDDEN_BUILTINS[node.id], f"uses {node.id}", node)
+            hint = (" (only getattr(self or self.<submodule>, name) reading a parameter, buffer or submodule may be used: "
+                    "the name a constant string, or a '+' / f-string beginning with one that no method or torch "
+                    "attribute name begins with, the value not called; else write self.<name>)"
+                    if node.id == "getattr" else "")
+            self.add(_FORBIDDEN_BUILTINS[node.id], f"uses {node.id}{hint}", node)
         elif node.id.startswith("__") and node.id not in _ALLOWED_DUNDERS:
             self.add("dynamic-code", f"uses the dunder name {node.id}", node)
         elif (node.id in self.aliases and isinstance(node.ctx, ast.Load) and not _dice_ray_use_ok(self.aliases[node.id])
@@ -807,12 +917,58 @@ class _Checker(ast.NodeVisitor):
                 getattr(node, "parent", None), (ast.Attribute, ast.alias)):
             self.check_torch_value(self.aliases[node.id], node)
 
-    @staticmethod
-    def self_ok(node: ast.Name) -> bool:
-        """``self.<attr>`` or ``super(Class, self)``: the uses of ``self`` the rules follow."""
+    def reads_attribute(self, node: ast.Name) -> bool:
+        """``getattr(obj, name)`` called where ``obj`` is ``self`` or a public attribute path of it (``self.lstm``)
+        and ``name`` a constant string, or a ``+`` / f-string whose constant beginning (``"weight_ih_l" + suffix``)
+        no name of a method (the candidate's, nn.Module's, torch.Tensor's), frame, file or kernel attribute begins
+        with, and whose value is not called: a parameter, buffer or submodule read by name, as ``self.lstm.<name>``
+        would be (every other rule judges the value as it judges that attribute; the worker's getattr refuses a
+        private name and a function or method value: :func:`dice_ray.verify.trials.import_guard.read_attribute`)."""
+        call = getattr(node, "parent", None)
+        if not (isinstance(call, ast.Call) and call.func is node and len(call.args) == 2 and not call.keywords):
+            return False
+        obj, name = call.args
+        while isinstance(obj, ast.Attribute) and not obj.attr.startswith("_"):
+            obj = obj.value
+        if not (isinstance(obj, ast.Name) and obj.id == "self"):
+            return False
+        user = getattr(call, "parent", None)
+        if isinstance(user, ast.Call) and user.func is call:
+            return False  # getattr(self, "forward")(x)
+        text, exact = self.static_str(name), True
+        if text is None:
+            text, exact = self.static_prefix(name), False
+        if not text or not (text if exact else text + "x").isidentifier() or text.startswith("_"):
+            return False
+        forbidden = (self.own_methods | _reserved_names() | _torch_attribute_names() | _INTROSPECTION_ATTRS
+                     | _FILE_IO_ATTRS | _STRING_EVAL_NAMES | self.kernel_attrs | self.kernel_fn_attrs
+                     | {"pin_memory", "format", "format_map"})
+        return text not in forbidden if exact else not any(n.startswith(text) for n in forbidden)
+
+    def static_prefix(self, node: ast.AST) -> str | None:
+        """The constant beginning of a ``+`` of strings or an f-string (``"weight_ih_l" + suffix``,
+        ``f"conv{i}"``), or None."""
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            whole = self.static_str(node.left)
+            return whole if whole is not None else self.static_prefix(node.left)
+        if isinstance(node, ast.JoinedStr):
+            out = ""
+            for v in node.values:
+                text = self.static_str(v) if not isinstance(v, ast.FormattedValue) else None
+                if text is None:
+                    break
+                out += text
+            return out or None
+        return None
+
+    def self_ok(self, node: ast.Name) -> bool:
+        """``self.<attr>``, ``super(Class, self)`` or ``getattr(self, name)`` read as :meth:`reads_attribute`
+        allows: the uses of ``self`` the rules follow."""
         parent = getattr(node, "parent", None)
         return (isinstance(parent, ast.Attribute) and parent.value is node) or (
-            isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id == "super")
+            isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id == "super") or (
+            isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id == "getattr"
+            and parent.args[:1] == [node] and self.reads_attribute(parent.func))
 
     def is_called(self, node: ast.AST) -> bool:
         parent = getattr(node, "parent", None)
@@ -992,6 +1148,9 @@ class _Checker(ast.NodeVisitor):
             has_attr = any(isinstance(n, ast.Attribute) for n in _target_chain(t))
             if name is not None and (name in self.aliases or self.kernel_holder(root) or name in ("time", "builtins")):
                 self.add("patching", f"assigns to {ast.unparse(t)} (a module or kernel module)", node)
+            elif self.runtime_depth and name == "self" and self.functions and id(self.functions[-1]) in self.fresh_inits \
+                    and isinstance(t, ast.Attribute) and t.value is root:
+                pass  # self.x = x in the __init__ of an object run-time code builds: a field of a new object
             elif self.runtime_depth and name is not None and (
                     name == "self" or name in self.module_names or name in self.local_classes):
                 self.add("forward-state", f"run-time code assigns {ast.unparse(t)} (state across calls)", node)
@@ -1024,6 +1183,14 @@ class _Checker(ast.NodeVisitor):
         handed = [k.value for k in node.keywords if k.arg == "key"]
         if (fname in ("map", "filter") and node.args) or (fname == "iter" and len(node.args) == 2):
             handed.append(node.args[0])  # builtins that call their first argument
+        if d in CALLABLE_ARGUMENTS:  # itertools.starmap(f, ...), itertools.accumulate(xs, f)...
+            positions, keywords = CALLABLE_ARGUMENTS[d]
+            handed += [node.args[i] for i in positions if i < len(node.args)]
+            handed += [k.value for k in node.keywords if k.arg in keywords and k.arg != "key"]
+        if fname == "next" and node.args and self.state_rooted(node.args[0]):
+            self.add("forward-state", f"run-time code advances {ast.unparse(node.args[0])}, an iterator kept across calls "
+                     "(a call counter: itertools.count(), iter(range(...)) on self); iterate what the call is given "
+                     "instead", node)
         for h in handed:
             if not self.callee_known(h) or (isinstance(h, ast.Attribute) and not self.is_kernel_ref(h)
                                             and self.dotted(h) is None and not self.is_method_ref(h)):
@@ -1034,10 +1201,14 @@ class _Checker(ast.NodeVisitor):
                      "(only builtins, the candidate's functions and classes, imports and kernels may be called)", node)
             return
         if d is not None:
+            if d == "torch.Tensor" and _tensor_allocation(node):
+                return  # torch.Tensor() / torch.Tensor(0) / torch.Tensor(n, m): an empty or uninitialised tensor
             if (d == "torch" or d.startswith("torch.")) and d not in ALLOWED_TORCH_CALLS and not _GLOBAL_SETTERS.match(d):
-                self.add("forward-torch-op", f"calls {d} in run-time code (only allocation and metadata calls may run "
-                         "there, torch.empty, torch.zeros_like, torch.cuda.current_device...: rules.ALLOWED_TORCH_CALLS)",
-                         node)
+                hint = (" (torch.Tensor(data) copies values: torch.tensor(data) or torch.empty(sizes) allocate)"
+                        if d == "torch.Tensor" else "")
+                self.add("forward-torch-op", f"calls {d} in run-time code{hint} (only allocation and metadata calls may run "
+                         "there, torch.empty, torch.zeros_like, torch.cuda.current_device...: rules.ALLOWED_TORCH_CALLS; "
+                         "compute belongs in a kernel, weight set-up in __init__)", node)
             return
         if self.is_kernel_ref(f):
             self.kernel_calls_in_runtime += 1  # a kernel launch (self.k(...), table[i](...), k(...))
@@ -1050,6 +1221,11 @@ class _Checker(ast.NodeVisitor):
         if isinstance(f.value, ast.Name) and f.value.id in self.local_classes and f.attr not in \
                 self.class_methods.get(f.value.id, set()):
             self.add("forward-module-call", f"calls {ast.unparse(f)}, a class attribute (a torch op or submodule)", node)
+            return
+        if (f.attr in ("to", "type") or (f.attr in _CAST_METHODS and not (isinstance(f.value, ast.Name)
+                                                                         and f.value.id == "self"))) \
+                and f.attr not in self.own_methods:
+            self.check_cast(node, f)
             return
         if f.attr not in self.own_methods and (f.attr in _module_method_names() or f.attr.startswith("_")):
             self.add("forward-module-call", f"calls .{f.attr}() in run-time code (a torch.nn.Module method or a "
@@ -1070,6 +1246,57 @@ class _Checker(ast.NodeVisitor):
             return
         if f.attr in _tensor_compute_methods() and not (f.attr == "cpu" and _read_by_item(node)):
             self.add("forward-torch-op", f"calls the tensor method .{f.attr}() in run-time code", node)
+
+
+def _unpacked(target: ast.AST, value: ast.AST | None) -> dict[str, ast.AST]:
+    """``{name: value}`` of an assignment's target and value when each name gets one expression of the source:
+    ``N = 4`` and the unpacking of a tuple or list literal of the same length (``D, H, W = 16, 32, 32``,
+    ``(a, b), c = (1, 2), 3``); empty otherwise (a starred name, a value unpacked at run time)."""
+    if isinstance(target, ast.Name) and value is not None:
+        return {target.id: value}
+    if not (isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List))
+            and len(target.elts) == len(value.elts)):
+        return {}
+    out: dict[str, ast.AST] = {}
+    for t, v in zip(target.elts, value.elts):
+        if isinstance(t, ast.Starred) or isinstance(v, ast.Starred):
+            return {}
+        inner = _unpacked(t, v)
+        if not inner:
+            return {}
+        out.update(inner)
+    return out
+
+
+def _dtype_name(value: object) -> str | None:
+    """The dtype a ``.to`` / ``.type`` argument names (``torch.float16`` -> ``"float16"``, ``"torch.cuda.HalfTensor"``
+    -> ``"float16"``), or None."""
+    import torch
+
+    if isinstance(value, str) and value.startswith("torch.") and not value.endswith("Tensor"):
+        obj = _lookup(value)
+        return str(obj).removeprefix("torch.") if isinstance(obj, torch.dtype) else None
+    if isinstance(value, str):
+        legacy = {"Half": "float16", "BFloat16": "bfloat16", "Double": "float64", "Float": "float32", "Long": "int64",
+                  "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool"}
+        kind = value.rsplit(".", 1)[-1].removesuffix("Tensor")
+        return legacy.get(kind)
+    return None
+
+
+def _tensor_allocation(call: ast.Call) -> bool:
+    """``torch.Tensor()`` (an empty tensor: a missing bias's placeholder), ``torch.Tensor(0)`` or
+    ``torch.Tensor(n, m)`` with sizes (``x.size(0)``, ``x.shape[1]``, int literals): an allocation as ``torch.empty``
+    is.  ``torch.Tensor(data)`` (a list, a tensor, a name the rules cannot size) is not."""
+    def size(a: ast.AST) -> bool:
+        if isinstance(a, ast.Constant):
+            return type(a.value) is int
+        if isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and a.func.attr in ("size", "numel", "dim"):
+            return True
+        return (isinstance(a, ast.Subscript) and isinstance(a.value, ast.Attribute) and a.value.attr == "shape") or (
+            isinstance(a, ast.BinOp) and size(a.left) and size(a.right))
+
+    return all(size(a) for a in call.args) and all(k.arg == "device" for k in call.keywords)
 
 
 def _read_by_item(call: ast.Call) -> bool:

@@ -1,7 +1,8 @@
 """The import guard: what a candidate's module may import and call while it runs in the worker.
 
 The candidate's module runs with restricted builtins (:func:`candidate_builtins`: no ``open``, ``eval``,
-``getattr``...) and an ``__import__`` that holds its own ``import`` statements to the allow-list
+``setattr``..., ``getattr`` only reading a tensor, submodule or plain value by a public name: :func:`read_attribute`)
+and an ``__import__`` that holds its own ``import`` statements to the allow-list
 (:func:`dice_ray.verify.rules.allowlist.import_allowed`, the static rules' own): :func:`guarded_import` for the
 fast format, :func:`inline_guarded_import` for the load_inline format (``torch.utils.cpp_extension``'s
 ``load_inline`` allowed).  A refused import is rule ``forbidden-import`` (:class:`RuleBroken`).  C code
@@ -20,7 +21,7 @@ from typing import Any, Callable
 from dice_ray.verify.rules.allowlist import import_allowed
 from dice_ray.verify.trials.outcome import RuleBroken
 
-__all__ = ["candidate_builtins", "guarded_import", "inline_guarded_import"]
+__all__ = ["candidate_builtins", "guarded_import", "inline_guarded_import", "read_attribute"]
 
 _IMPORT_NAME = dis.opmap["IMPORT_NAME"]
 
@@ -44,14 +45,38 @@ _REMOVED_BUILTINS = ("open", "eval", "exec", "compile", "getattr", "setattr", "d
                      "breakpoint", "input", "help", "memoryview", "exit", "quit")
 
 
+def read_attribute(obj: Any, name: Any) -> Any:
+    """The guarded candidate's ``getattr``: the one form the static rules allow
+    (:meth:`~dice_ray.verify.rules.python_rules._Checker.reads_attribute`: ``getattr(self.lstm, "weight_ih_l" +
+    suffix)``, two arguments, a parameter, buffer or submodule read by name), checked again where it runs: a public
+    name, and a tensor, module or plain value (no function, method, class or module: a value to call).  Rule
+    ``dynamic-code`` otherwise."""
+    import types
+
+    import torch
+
+    if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+        raise RuleBroken("dynamic-code", f"getattr of {name!r}: only a public attribute name may be read")
+    value = getattr(obj, name)
+    if isinstance(value, (torch.Tensor, torch.nn.Module, int, float, bool, str, type(None))):
+        return value
+    if isinstance(value, (tuple, list)) and all(isinstance(v, (int, float, bool, str, torch.Tensor)) for v in value):
+        return value
+    kind = "a module" if isinstance(value, types.ModuleType) else type(value).__name__
+    raise RuleBroken("dynamic-code", f"getattr(..., {name!r}) gives {kind}: only tensors, submodules and plain values "
+                     "may be read by name")
+
+
 def candidate_builtins(guarded: bool, importer: Callable[..., Any] | None = None) -> dict[str, Any]:
     """The builtins a candidate's module runs with: all of them, or when ``guarded`` (the static rules on)
-    without :data:`_REMOVED_BUILTINS` and with :func:`guarded_import`; ``importer`` replaces ``__import__``
-    whether guarded or not (the load_inline format's :func:`inline_guarded_import`)."""
+    without :data:`_REMOVED_BUILTINS`, with :func:`read_attribute` as ``getattr`` and with :func:`guarded_import`;
+    ``importer`` replaces ``__import__`` whether guarded or not (the load_inline format's
+    :func:`inline_guarded_import`)."""
     b = dict(vars(builtins))
     if guarded:
         for n in _REMOVED_BUILTINS:
             b.pop(n, None)
+        b["getattr"] = read_attribute
         b["__import__"] = guarded_import
     if importer is not None:
         b["__import__"] = importer

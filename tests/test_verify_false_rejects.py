@@ -1,0 +1,324 @@
+"""Honest code the static rules once refused (tests/corpus/honest/PENDING.md's kinds), accepted now, and the cheats
+next to each that stay refused.
+
+Each kind: what public KernelBench solutions write (accepted), then the near misses (refused, by the rule named).
+The honest corpus (tests/corpus/honest/, test_honest_corpus.py) holds a whole solution of each kind.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from _verify_sources import HONEST, mutate
+from dice_ray.verify.candidate.candidate import Candidate
+from dice_ray.verify.candidate.inline_spec import UnsupportedFormat, extract_specs
+from dice_ray.verify.candidate.liveness import construction_code, dead_code
+from dice_ray.verify.rules.allowlist import import_allowed
+from dice_ray.verify.rules.check import check_candidate
+
+FWD = "        return y\n"
+INIT = "        super().__init__()\n"
+INLINE = (Path(__file__).resolve().parent / "corpus" / "honest" / "linear_relu_init_helper.py").read_text()
+
+
+def in_forward(code: str, src: str = HONEST) -> str:
+    """``src`` with ``code`` (indented 8) before forward's ``return y``."""
+    return mutate(FWD, "".join(f"        {ln}\n" for ln in code.splitlines()) + FWD, src)
+
+
+def in_init(code: str, src: str = HONEST) -> str:
+    """``src`` with ``code`` (indented 8) after ``super().__init__()``."""
+    return mutate(INIT, INIT + "".join(f"        {ln}\n" for ln in code.splitlines()), src)
+
+
+def with_methods(methods: str, src: str = HONEST) -> str:
+    """``src`` with ``methods`` (indented 4) before forward."""
+    return mutate("    def forward(self, x):", "".join(f"    {ln}\n" if ln else "\n" for ln in methods.splitlines())
+                  + "\n    def forward(self, x):", src)
+
+
+def at_top(code: str, src: str = HONEST) -> str:
+    return mutate("import torch\n", f"import torch\n{code}\n", src)
+
+
+def ok(src: str) -> None:
+    report = check_candidate(src)
+    assert report.ok, [str(v) for v in report.violations]
+
+
+def refused(src: str, rule: str, *words: str) -> str:
+    """The first violation of ``rule`` whose message holds ``words`` (asserting there is one)."""
+    found = [str(v) for v in check_candidate(src).violations]
+    hits = [v for v in found if v.startswith(f"[{rule}]") and all(w in v for w in words)]
+    assert hits, f"expected {rule} with {words}, got {found}"
+    return hits[0]
+
+
+# -- 1. construction code: what only __init__ reaches -----------------------------------------------------------
+RESET = """def reset_parameters(self):
+    nn.init.kaiming_uniform_(self.w, a=5 ** 0.5)
+    with torch.no_grad():
+        self.w.copy_(torch.randn(4, 4))
+"""
+
+
+def test_a_method_only_init_calls_is_construction_code():
+    """nn.Conv2d's reset_parameters() pattern, a chain of init-only methods, a _make_layer() builder, a decorated
+    one, a nested def, a module-level helper and a helper class built in __init__: judged as __init__ is."""
+    ok(in_init("self.w = nn.Parameter(torch.empty(4, 4))\nself.reset_parameters()", with_methods(RESET)))
+    chain = with_methods("@torch.no_grad()\ndef reset_parameters(self):\n    self._weights()\n\n"
+                         "def _weights(self):\n    nn.init.xavier_uniform_(self.w)\n    self.w.mul_(2)\n\n"
+                         "def _make_layer(self, n):\n    return nn.Sequential(*(nn.Conv2d(n, n, 3) for _ in range(2)))\n")
+    ok(in_init("self.w = nn.Parameter(torch.empty(4, 4))\nself.reset_parameters()\nself.layer = self._make_layer(4)",
+               chain))
+    nested = in_init("def fill(t):\n    nn.init.normal_(t)\n    return t\nself.w = nn.Parameter(fill(torch.empty(4)))")
+    ok(nested)
+    helper = mutate("class ModelNew", "def make_weight(n):\n    return nn.Parameter(torch.randn(n, n).relu())\n\n\n"
+                    "class Block(nn.Module):\n    def __init__(self, n):\n        super().__init__()\n"
+                    "        self.w = nn.Parameter(torch.empty(n))\n        self.reset()\n\n"
+                    "    def reset(self):\n        nn.init.ones_(self.w)\n\n\nclass ModelNew",
+                    in_init("self.w = make_weight(4)\nself.blocks = nn.ModuleList(Block(4) for _ in range(2))"))
+    ok(helper)
+
+
+def test_a_method_run_time_code_reaches_stays_run_time_code():
+    """Called from forward too, handed to a hook (a value), called in a lambda or a kept generator, named in a string
+    (getattr), a generator, a name nn.Module has, reached from __call__: judged as run-time code."""
+    base = with_methods(RESET)
+    both = in_forward("self.reset_parameters()", in_init("self.w = nn.Parameter(torch.empty(4, 4))\n"
+                                                         "self.reset_parameters()", base))
+    msg = refused(both, "forward-torch-op", "kaiming_uniform_", "also called from forward")
+    assert "only what __init__ alone calls is construction code" in msg
+    hooked = in_init("self.w = nn.Parameter(torch.empty(4, 4))\nself.reset_parameters()\n"
+                     "self.register_forward_pre_hook(self.reset_parameters)", base)
+    refused(hooked, "forward-torch-op", "kaiming_uniform_", "other than by a call")
+    lam = in_init("self.w = nn.Parameter(torch.empty(4, 4))\nself.reset_parameters()\n"
+                  "self.h = self.register_forward_hook(lambda m, i, o: self.reset_parameters())", base)
+    refused(lam, "forward-torch-op", "in a lambda")
+    kept = in_init("self.w = nn.Parameter(torch.empty(4, 4))\nself.g = (self.reset_parameters() for _ in range(9))", base)
+    refused(kept, "forward-torch-op", "kaiming_uniform_")
+    named = in_forward("h = hasattr(self, 'reset_parameters')", in_init("self.w = nn.Parameter(torch.empty(4, 4))\n"
+                                                                          "self.reset_parameters()", base))
+    refused(named, "forward-torch-op", "kaiming_uniform_")
+    gen = with_methods("def weights(self):\n    yield torch.randn(4).relu()\n",
+                       in_init("self.g = self.weights()", in_forward("w = next(iter([1]))")))
+    refused(gen, "forward-torch-op", "torch.randn")
+    reserved = with_methods("def extra_repr(self):\n    return str(torch.ones(1).sum())\n",
+                            in_init("s = self.extra_repr()"))
+    refused(reserved, "forward-torch-op")
+    dunder_call = mutate("class ModelNew", "class Filler:\n    def __init__(self):\n        self.fill()\n\n"
+                         "    def fill(self):\n        return torch.randn(3).relu()\n\n"
+                         "    def __call__(self):\n        return self.fill()\n\n\nclass ModelNew", in_init("self.f = Filler()"))
+    refused(dunder_call, "forward-torch-op", "torch.randn", "also called from __call__")
+
+
+def test_a_class_run_time_code_builds_runs_its_init_at_run_time():
+    """Helper(x) in forward: its __init__ (and what only it calls) is run-time code, its stores on self fill a new
+    object (tests/corpus/cheats/lazy_output.py's shape stays free of static rules)."""
+    helper = "class H:\n    def __init__(self, t):\n        self.t = t\n        self.y = torch.relu(t)\n\n\nclass ModelNew"
+    src = mutate("class ModelNew", helper, in_forward("y = H(y).y"))
+    msg = refused(src, "forward-torch-op", "torch.relu", "this __init__ runs at run time", "H is used from forward")
+    assert "forward-state" not in {v.rule for v in check_candidate(src).violations}
+    built_once = mutate("class ModelNew", helper, in_init("self.h = H(torch.ones(2))"))
+    ok(built_once)
+    sub = mutate("class ModelNew", helper.replace("class ModelNew", "class G(H):\n    pass\n\n\nclass ModelNew"),
+                 in_forward("g = G(y)"))
+    refused(sub, "forward-torch-op", "torch.relu", "H is a base of G")
+    assert msg
+
+
+def test_construction_code_sets():
+    tree = ast.parse(with_methods("def a(self):\n    self.b()\n\ndef b(self):\n    return 1\n\ndef c(self):\n    return 2\n",
+                                  in_init("self.a()", in_forward("n = self.c()"))))
+    cons = construction_code(tree, dead_code(tree), frozenset({"forward"}))
+    named = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    assert {id(named[k]) for k in ("__init__", "a", "b")} <= cons.functions
+    assert id(named["c"]) not in cons.functions and id(named["forward"]) not in cons.functions
+
+
+# -- 2. casts: .float() is .to(torch.float32) ----------------------------------------------------------------------
+def test_float_cast_is_to_float32():
+    ok(in_forward("z = y.float()\nz = y.to(torch.float32)\nz = y.to(dtype=torch.float32)\nz = y.to(y.device)"))
+    for code, dtype in (("z = y.half()", "float16"), ("z = y.to(torch.float16)", "float16"),
+                        ("z = y.double()", "float64"), ("z = y.bfloat16()", "bfloat16"),
+                        ("z = y.to(dtype=torch.bfloat16)", "bfloat16"), ("z = y.long()", "int64"),
+                        ("z = y.to(torch.int64)", "int64"), ("z = y.type(torch.cuda.HalfTensor)", "float16"),
+                        ("z = y.to('cuda', torch.half)", "float16")):
+        refused(in_forward(code), "forward-torch-op", f"torch.{dtype}")
+    refused(in_forward("z = self.float()"), "forward-module-call")  # a module cast converts every parameter
+    refused(in_forward("f = y.float"), "forward-torch-op", "as a value")
+    refused(in_forward("z = y.float().sum()"), "forward-torch-op", ".sum()")
+
+
+# -- 3. torch.Tensor() as an allocation ---------------------------------------------------------------------------
+def test_empty_torch_tensor_is_an_allocation():
+    ok(in_forward("b = torch.Tensor()\nb = torch.Tensor(0)\nb = torch.Tensor(y.size(0), 4)\nb = torch.Tensor(y.shape[0])"))
+    refused(in_forward("b = torch.Tensor([1.0, 2.0])"), "forward-torch-op", "torch.tensor(data)")
+    refused(in_forward("b = torch.Tensor(y)"), "forward-torch-op", "torch.Tensor")
+    refused(in_forward("b = torch.Tensor(n)"), "forward-torch-op", "torch.Tensor")  # a name the rules cannot size
+    refused(in_forward("b = torch.Tensor(2).add(1)"), "forward-torch-op", ".add()")
+
+
+# -- 4. module constants unpacked from a tuple ----------------------------------------------------------------------
+def test_tuple_unpacked_constants_are_constants():
+    ok(at_top("D, H, W = 16, 32, 32\na, b = (1, 2)\n(c, d), e = (1, -2), 3 * 4\nM = 256 * 8\nLOW, HIGH = -1.5, 2 ** 3"))
+    for code in ("a, b = torch.randn(2), 1", "a, *rest = 1, 2, 3", "a, b = [], {}", "a, b = divmod(7, 2)",
+                 "a, b = c = 1, 2\nc.x = 3"):
+        refused(at_top(code), "module-state") if "c.x" not in code else refused(at_top(code), "patching")
+    # a name bound twice has no one value: a format template rebound by an unpacking is not a constant string
+    tmpl = at_top("T = '{0}'\nT, U = '{0.__globals__}', 1", in_forward("s = T.format(y)"))
+    refused(tmpl, "dynamic-code", "not a constant string")
+
+
+def test_load_inline_reads_tuple_unpacked_and_arithmetic_constants():
+    src = mutate('linear_relu_cpp = "', 'BLOCK, HALF = 16, 16 // 2\nNEG = -1.5\nCAP = 64 * 1024\n'
+                 'linear_relu_cpp = f"// {BLOCK} {HALF} {NEG} {CAP}\\n" + "', INLINE)
+    assert check_candidate(src).ok, [str(v) for v in check_candidate(src).violations]
+    spec = extract_specs(src)[0]
+    assert spec.cpp_sources[0].startswith("// 16 8 -1.5 65536\n")
+    with pytest.raises(UnsupportedFormat):
+        extract_specs(mutate("BLOCK, HALF = 16, 16 // 2", "BLOCK, HALF = divmod(32, 2)", src))
+
+
+REF_TUPLE = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.relu(x)
+
+
+batch_size, dim = 1_048_576, 1024  # as 53 KernelBench level-2/3 references write their sizes
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return [dim]
+"""
+
+
+def test_a_reference_sizes_its_inputs_with_tuple_unpacked_constants():
+    """A reference whose only size constant is tuple-unpacked is scaled (and shape-trialled), not refused; a name bound
+    on its own line still comes first, and a name bound twice is no size constant."""
+    from dice_ray.tasks.loaders import load_tasks
+    from dice_ray.tasks.task import scale_down_inputs, shape_constant, static_input_elements
+
+    assert shape_constant(REF_TUPLE) == ("batch_size", 2**20) and static_input_elements(REF_TUPLE) == 2**30
+    assert scale_down_inputs(REF_TUPLE, 2**20) == REF_TUPLE.replace("1_048_576", "1024")
+    single = REF_TUPLE.replace("batch_size, dim = 1_048_576, 1024", "height, width = 64, 64\nbatch_size = 16\ndim = 4")
+    assert shape_constant(single.replace("randn(batch_size, dim)", "randn(batch_size, dim, height, width)")) == \
+        ("batch_size", 16)
+    assert shape_constant(REF_TUPLE.replace("\n\ndef get_inputs", "\nbatch_size = 8\n\ndef get_inputs")) is None
+    import json
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "big.jsonl").write_text(json.dumps({"reference": REF_TUPLE, "id": 0}))
+        report = load_tasks(f"jsonl:{Path(d) / 'big.jsonl'}")
+    assert [t.task_id for t in report.tasks] == ["jsonl-big/0"] and report.scaled[0].constant == "batch_size"
+
+
+# -- 5. imports: torch's helpers and the pure helpers the references import -----------------------------------------
+def test_helper_imports_are_allowed():
+    for module, names in (("torch.nn.modules.utils", ("_pair", "_triple")), ("torch.nn.init", ()), ("itertools", ()),
+                          ("collections.abc", ()), ("collections", ("OrderedDict",)), ("numbers", ()),
+                          ("torch.nn.parameter", ("Parameter",))):
+        assert import_allowed(module, names), module
+    ok(at_top("from torch.nn.modules.utils import _pair\nfrom itertools import repeat\nimport collections.abc\n"
+              "import numbers\nimport torch.nn.init as init",
+              in_forward("k = _pair(3)\nr = tuple(repeat(1, 2))\nq = isinstance(k, collections.abc.Iterable)\n"
+                         "i = isinstance(n, numbers.Integral)",
+                         in_init("self.w = nn.Parameter(torch.empty(4, 4))\ninit.kaiming_uniform_(self.w)"))))
+
+
+@pytest.mark.parametrize("code,use,rule", [
+    ("import os", "os.getpid()", "forbidden-import"),
+    ("import functools", "functools.reduce(max, [1, 2])", "forbidden-import"),
+    ("import operator", "operator.attrgetter('x')", "forbidden-import"),
+    ("import numpy as np", "np.zeros(1)", "forbidden-import"),
+    ("from einops import rearrange", "rearrange(y, 'a b -> b a')", "forbidden-import"),
+    ("import torch.nn.init as init", "init.normal_(y)", "forward-torch-op"),  # judged by where it runs
+    ("import torch.nn.init as init", "w = init.warnings", "forbidden-import"),  # no module behind it
+    ("import collections", "s = collections._sys", "dynamic-code"),
+    ("import itertools", "z = list(itertools.starmap(self.act, [(y,)]))", "forward-module-call"),
+    ("import itertools", "z = list(itertools.accumulate([y, y], torch.add))", "forward-torch-op"),
+    ("import collections", "d = collections.defaultdict(self.act)", "forward-module-call"),
+])
+def test_near_miss_imports_stay_refused(code, use, rule):
+    refused(at_top(code, in_forward(use)), rule)
+
+
+def test_a_counter_kept_on_self_is_state():
+    """itertools.count() (or iter(range(...))) kept on self and advanced in forward counts calls."""
+    src = at_top("import itertools", in_forward("k = next(self.calls)", in_init("self.calls = itertools.count()")))
+    refused(src, "forward-state", "advances self.calls")
+    refused(in_forward("k = next(self.it)", in_init("self.it = iter(range(10 ** 9))")), "forward-state")
+    ok(in_forward("k = next(iter(y.shape))"))
+
+
+# -- 6. getattr reading a parameter by name ---------------------------------------------------------------------------
+WEIGHTS = "self.weight_a = nn.Parameter(torch.ones(4))\nself.weight_b = nn.Parameter(torch.ones(4))"
+
+
+def test_getattr_reading_a_parameter_by_name():
+    ok(in_forward("w = getattr(self, 'weight_a')\nv = getattr(self, 'weight_' + 'b').contiguous()\n"
+                  "u = [getattr(self, 'weight_' + s) for s in ('a', 'b')]\nt = getattr(self, f'weight_{n % 2}')",
+                  in_init(WEIGHTS)))
+
+
+@pytest.mark.parametrize("use,rule", [
+    ("f = getattr(torch, 'relu')", "dynamic-code"),
+    ("f = getattr(y, 'sum')", "dynamic-code"),
+    ("f = getattr(self, 'forward')", "dynamic-code"),
+    ("f = getattr(self.act, 'forward')", "dynamic-code"),
+    ("z = getattr(self, 'weight_a')(y)", "dynamic-code"),  # its value called
+    ("f = getattr(self, 's' + 'um')", "dynamic-code"),  # a prefix torch's names begin with
+    ("f = getattr(self, 're' + name)", "dynamic-code"),  # 'relu', 'reshape'...
+    ("f = getattr(self, name)", "dynamic-code"),
+    ("f = getattr(self, '_modules')", "dynamic-code"),
+    ("f = getattr(self, 'weight_a', None)", "dynamic-code"),
+    ("f = getattr(self, 'helper')", "dynamic-code"),  # a method of the candidate
+    ("f = getattr(self, 'weight_a')\nz = f(y)", "forward-module-call"),
+    ("getattr(self, 'weight_a').add_(1)", "forward-state"),
+    ("s = getattr", "dynamic-code"),
+])
+def test_getattr_near_misses_stay_refused(use, rule):
+    src = with_methods("def helper(self):\n    return 1\n", in_init(WEIGHTS, in_forward(use)))
+    refused(src, rule)
+
+
+def test_worker_getattr_reads_only_tensors_modules_and_plain_values():
+    import torch
+
+    from dice_ray.verify.trials.import_guard import candidate_builtins, read_attribute
+    from dice_ray.verify.trials.outcome import RuleBroken
+
+    lin = torch.nn.Linear(2, 2)
+    assert read_attribute(lin, "weight") is lin.weight and read_attribute(lin, "in_features") == 2
+    for name in ("forward", "_parameters", "__class__", "training_not_there"):
+        with pytest.raises((RuleBroken, AttributeError)):
+            read_attribute(lin, name)
+    with pytest.raises(RuleBroken):
+        read_attribute(torch, "nn")
+    assert candidate_builtins(True)["getattr"] is read_attribute and "setattr" not in candidate_builtins(True)
+
+
+# -- 7. load_inline inside __init__: a message that says where to move it --------------------------------------------
+def test_load_inline_in_init_says_where_to_move_it():
+    load = INLINE[INLINE.index("fused = load_inline("):INLINE.index("class ModelNew")]
+    src = mutate(load, "", INLINE)
+    src = mutate(INIT, INIT + "        self.fused = " + load.split("= ", 1)[1].replace("\n", "\n        ").rstrip() + "\n",
+                 src)
+    src = mutate("fused.linear_relu", "self.fused.linear_relu", src)
+    v = check_candidate(src).first()
+    assert v.rule == "unsupported-format" and "inside __init__()" in v.message and "move it there" in v.message
+    assert Candidate.from_source(src).spec_error is not None
