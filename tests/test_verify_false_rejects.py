@@ -211,7 +211,7 @@ def test_a_reference_sizes_its_inputs_with_tuple_unpacked_constants():
     """A reference whose only size constant is tuple-unpacked is scaled (and shape-trialled), not refused; a name bound
     on its own line still comes first, and a name bound twice is no size constant."""
     from dice_ray.tasks.loaders import load_tasks
-    from dice_ray.tasks.task import scale_down_inputs, shape_constant, static_input_elements
+    from dice_ray.tasks.sizing import scale_down_inputs, shape_constant, static_input_elements
 
     assert shape_constant(REF_TUPLE) == ("batch_size", 2**20) and static_input_elements(REF_TUPLE) == 2**30
     assert scale_down_inputs(REF_TUPLE, 2**20) == REF_TUPLE.replace("1_048_576", "1024")
