@@ -155,3 +155,20 @@ def coupled_expectation_and_draws(model, prompt, resp, block_size: int, mask_id:
             for s in range(seeds)
         ]).double()
     return expect, draws
+
+
+def saved_activation_bytes(model: torch.nn.Module, fn) -> int:
+    """Bytes of the tensors autograd keeps for the backward while ``fn()`` runs (each storage counted once, at its
+    largest), the model's parameters left out: what a memory estimate of activations must match."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in params:
+            saved[s.data_ptr()] = max(saved.get(s.data_ptr(), 0), s.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(saved.values())

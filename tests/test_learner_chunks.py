@@ -22,7 +22,7 @@ from dice_ray.config import DiceConfig, ModelConfig, RLConfig, SamplingConfig, l
 from dice_ray.policy.logprobs import ESTIMATORS, response_logprobs
 from dice_ray.policy.policy import DiffusionPolicy
 from dice_ray.rl.loss import LossStats, clipped_policy_loss, merge_chunk_stats
-from _helpers import HANG_S, TINY_FAMILY_SHAPE, PlainEngine
+from _helpers import HANG_S, TINY_FAMILY_SHAPE, PlainEngine, saved_activation_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_NEW = 16  # LLaDA / Dream infill spans grow 4 -> 16 (block_size 4)
@@ -375,19 +375,9 @@ def test_activation_estimate_of_a_chunk_matches_what_autograd_keeps(family, est)
     gen = torch.Generator().manual_seed(0)
     prompt, response = torch.randint(10, 200, (P,), generator=gen), torch.randint(10, 200, (G, R), generator=gen)
     steps = torch.arange(R).remainder(mc.block_size) if family == "sdar" else torch.arange(R)
-    params = {p.untyped_storage().data_ptr() for p in policy.model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        if s.data_ptr() not in params:
-            saved[s.data_ptr()] = max(saved.get(s.data_ptr(), 0), s.nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        response_logprobs(est, policy.model, prompt, response, steps.expand(G, R).clone(),
-                          torch.ones(G, R, dtype=torch.bool), mc.block_size, policy.mask_id, seed=1, canvas_len=R,
-                          rows=slice(0, rows))
+    saved = saved_activation_bytes(policy.model, lambda: response_logprobs(
+        est, policy.model, prompt, response, steps.expand(G, R).clone(), torch.ones(G, R, dtype=torch.bool),
+        mc.block_size, policy.mask_id, seed=1, canvas_len=R, rows=slice(0, rows)))
     shape = model_shape(cfg.model)
     want, what = group_activations(cfg, shape, P)
     fewer = DiceConfig(model=mc, rl={"num_generations": rows, "logprob_estimator": est}, sampling={"max_new_tokens": R})
@@ -404,7 +394,7 @@ def test_activation_estimate_of_a_chunk_matches_what_autograd_keeps(family, est)
         tokens = P + rows * R * (1 + n) if family == "sdar" else n * rows * (P + R)
     cpu_norm = 2 * h + (q + kv if family == "sdar" else 0)
     want += tokens * (shape.layers * cpu_norm + h) * shape.dtype_bytes
-    got = sum(saved.values())
+    got = saved
     assert abs(want - got) <= 0.15 * got, (want, got)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _helpers import saved_activation_bytes
 from dice_ray.cluster import plan as plan_mod
 from dice_ray.cluster.memory_estimate import (
     GIB,
@@ -310,18 +311,9 @@ def test_activation_estimate_matches_what_autograd_keeps(family, est, kv_heads):
     gen = torch.Generator().manual_seed(0)
     prompt, response = torch.randint(10, 200, (P,), generator=gen), torch.randint(10, 200, (G, R), generator=gen)
     steps = torch.arange(R).remainder(mc.block_size) if family == "sdar" else torch.arange(R)
-    params = {p.untyped_storage().data_ptr() for p in policy.model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        if s.data_ptr() not in params:
-            saved[s.data_ptr()] = max(saved.get(s.data_ptr(), 0), s.nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        response_logprobs(est, policy.model, prompt, response, steps.expand(G, R).clone(),
-                          torch.ones(G, R, dtype=torch.bool), mc.block_size, policy.mask_id, seed=1, canvas_len=R)
+    saved = saved_activation_bytes(policy.model, lambda: response_logprobs(
+        est, policy.model, prompt, response, steps.expand(G, R).clone(), torch.ones(G, R, dtype=torch.bool),
+        mc.block_size, policy.mask_id, seed=1, canvas_len=R))
     shape = model_shape(cfg.model)
     want, _ = group_activations(cfg, shape, P)
     n = scoring_states(cfg, shape)
@@ -333,7 +325,7 @@ def test_activation_estimate_matches_what_autograd_keeps(family, est, kv_heads):
         tokens = P + G * R * (1 + n) if family == "sdar" else n * G * (P + R)
     cpu_norm = 2 * h + (q + kv if family == "sdar" else 0)  # composite RMSNorm: the normalized input, too
     want += tokens * (shape.layers * cpu_norm + h) * shape.dtype_bytes
-    got = sum(saved.values())
+    got = saved
     assert abs(want - got) <= 0.15 * got, (want, got)
 
 
