@@ -353,8 +353,8 @@ def test_compiled_layers_with_compiled_flex_equal_eager_sdpa(fresh_compile):
 
 def test_compile_failure_falls_back_to_eager_once(monkeypatch, capsys):
     def broken(fn, **kw):
-        def run(*a, **k):
-            raise RuntimeError("no compiler here\nmore")
+        def run(*a, **k):  # what Dynamo raises when a backend fails (it wraps the backend's error)
+            raise torch._dynamo.exc.InternalTorchDynamoError("no compiler here\nmore")
         return run
 
     monkeypatch.setattr(torch, "compile", broken)
@@ -367,9 +367,61 @@ def test_compile_failure_falls_back_to_eager_once(monkeypatch, capsys):
     got = response_logprobs("tracerl", model, prompt, resp, steps, rmask, 4, V - 1)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
     err = capsys.readouterr().err
-    assert err.count("torch.compile of the learner's layers failed (RuntimeError: no compiler here)") == 1
+    assert err.count("torch.compile of the learner's layers failed (InternalTorchDynamoError: no compiler here)") == 1
     assert "no compiler here" in compiled_mod.compile_fallback_reason()
     assert "failed earlier" in compile_blocker(model)
+
+
+def test_an_error_of_the_layer_itself_is_not_a_compile_failure(monkeypatch):
+    """An exception that is not Dynamo's (here a ValueError of the layer's math) passes through: nothing falls back."""
+    def failing(fn, **kw):
+        def run(*a, **k):
+            raise ValueError("bad shapes")
+        return run
+
+    monkeypatch.setattr(torch, "compile", failing)
+    for key in ("pre", "post", "head", "broken"):
+        monkeypatch.setitem(compiled_mod._state, key, None)
+    prompt, resp, steps, rmask = _trace()
+    model = _sdar()
+    compile_layers(model)
+    with pytest.raises(ValueError, match="bad shapes"):
+        response_logprobs("tracerl", model, prompt, resp, steps, rmask, 4, V - 1)
+    assert compiled_mod.compile_fallback_reason() is None
+
+
+def test_compiled_layers_under_activation_checkpointing_equal_eager(fresh_compile):
+    """Compiled layers inside non-reentrant ``torch.utils.checkpoint`` (the learner's ``gradient_checkpointing``, the
+    benchmark's ``--grad-ckpt layers``): the recomputation's early stop passes through the compiled regions (it was
+    taken for a compile failure: "target_frame.early_stop is set"); gradients equal the eager model's, nothing
+    falls back."""
+    from torch.utils.checkpoint import checkpoint
+
+    fresh_compile("aot_eager")
+    prompt, resp, steps, rmask = _trace()
+    ref, model = _sdar(), _sdar()
+    compile_layers(model)
+    def checkpointed(fwd):  # the layer checkpointed in the noisy passes (their cache is not written), as the
+        def layer(*args, **kwargs):  # benchmark's --grad-ckpt layers does
+            cache = kwargs.get("block_kv")
+            if cache is not None and cache.keep == 0:
+                return checkpoint(fwd, *args, use_reentrant=False, **kwargs)
+            return fwd(*args, **kwargs)
+        return layer
+
+    for m in (ref, model):
+        for layer in m.model.layers:
+            layer.forward = checkpointed(layer.forward)
+
+    def run(m):
+        lp = response_logprobs("tracerl", m, prompt, resp, steps, rmask, 4, V - 1)
+        (lp * torch.linspace(-1, 1, lp.numel()).view_as(lp)).sum().backward()
+        return _grads(m)
+
+    want, got = run(ref), run(model)
+    assert compiled_mod.compile_fallback_reason() is None
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 # ---- on a GPU: the real kernels, bf16 -----------------------------------------------------------------------------

@@ -184,7 +184,14 @@ def _layer_forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tens
 
 
 def _call(name: str, eager: Callable, *args):
-    """``torch.compile(eager)(*args)`` (compiled once a process), or ``eager(*args)`` once compiling has failed."""
+    """``torch.compile(eager)(*args)`` (compiled once a process), or ``eager(*args)`` once compiling has failed.
+
+    Only a compile failure (Dynamo's ``TorchDynamoException``: an unsupported construct, a backend or Inductor
+    error, which Dynamo wraps in ``BackendCompilerFailed``) falls back. Every other exception passes through
+    unchanged: an out-of-memory error, an error of the layer's own math, and the exception with which
+    ``torch.utils.checkpoint`` ends a recomputation early from inside a region (caught here, it re-ran the layer
+    eagerly mid-recomputation and failed with "target_frame.early_stop is set": the H100 run of
+    ``benchmarks/learner_throughput.py --variants flex+compile`` with ``--grad-ckpt layers``)."""
     if _state["broken"]:
         return eager(*args)
     fn = _state[name]
@@ -192,9 +199,7 @@ def _call(name: str, eager: Callable, *args):
         fn = _state[name] = torch.compile(eager, dynamic=None, backend=_state["backend"])
     try:
         return fn(*args)
-    except torch.OutOfMemoryError:
-        raise
-    except Exception as e:  # noqa: BLE001 - any compile failure: eager from now on, said once
+    except torch._dynamo.exc.TorchDynamoException as e:  # a compile failure: eager from now on, said once
         text = str(e).strip()
         _state["broken"] = f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"[:300]
         print(f"dice-ray: torch.compile of the learner's layers failed ({_state['broken']}); they run eagerly for "
