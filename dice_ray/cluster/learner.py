@@ -29,12 +29,33 @@ group, and each chunk's loss is its rows' per-sequence means divided by G
 (:func:`~dice_ray.rl.loss.clipped_policy_loss`'s ``num_sequences``), so the chunks' losses, and their gradients,
 sum to the group's; the KL reference, the ratio's old log-probs and the coupled masks are per row, the same in
 any chunk. A micro-batch runs :attr:`RankShare.chunks` backwards, the same count on every rank.
+
+Equal collectives (ZeRO-3): every rank runs the same backwards (each may reduce gradients across the ranks), and,
+under ZeRO-3, the same forwards of the engine's module in the same order: DeepSpeed gathers a module's partitioned
+parameters from every rank in each of its forwards (and again in its backward), so a rank making a forward another
+does not waits for a gather nobody joins (a hang, or gloo's "collective mismatch", or parameters of the wrong module).
+How many forwards a log-prob call makes depends on its data (:func:`~dice_ray.policy.logprobs.state_passes`:
+TraceRL one pass a distinct denoising step of the chunk's scored tokens, coupled 2, diffu-GRPO 1, after SDAR's
+prompt and clean passes), and a rank's micro-batches hold different groups. So :func:`plan_step` fixes, for every
+backward of every rank, the slots (one a group of the micro-batch of any rank that holds the most) and each slot's
+passes (the most any rank's chunk there needs: :attr:`RankShare.passes`), and at ZeRO-3 :func:`forward_schedule`
+makes every slot a call on every rank with exactly those passes (``response_logprobs(passes=)``: states that score
+nothing padded in, every pass kept in the autograd graph so the backward visits it too), a padding call where the
+rank has no chunk (one row of its group of fewest tokens, nothing scored, loss weight 0); the ``coupled`` /
+``diffu_grpo`` old log-probs run the same calls without grad. The KL reference (``rl.beta > 0``) is a plain copy
+of the model, no DeepSpeed hooks: its forwards gather nothing and run for real chunks only. A padding pass scores no
+token, so losses and gradients are unchanged; a step's ``padding_forwards`` counts the forwards that scored
+nothing. Under ZeRO 0-2 forwards are no collectives: calls make the passes their data needs, and only a backward in
+which a rank has no chunk gets a padding call. The learner never calls ``engine.forward`` (it runs the module's
+parts), so it tells a ZeRO optimizer where each backward's forwards begin itself (:meth:`Learner._begin_micro_step`):
+without it ZeRO-3 kept only a step's last backward's gradients.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -133,12 +154,18 @@ class RankShare:
     Attributes:
         groups: the groups this rank trains on (a padding-only rank holds one group it weights 0).
         indices: each group's index in the step's batch (seeds the ``coupled`` masks, :func:`estimator_seed`).
-        micro_batches: positions into ``groups``, one list a micro-batch (one backward each).
+        micro_batches: positions into ``groups``, one list a micro-batch, in slot order (chunk ``j`` of its
+            ``s``-th group is slot ``s`` of the micro-batch's ``j``-th backward).
         padded: per micro-batch, True when it only joins the gradient reduction (weight 0).
         scale: weight of each group's loss, ``world_size / total_groups``.
         rows_per_chunk: rows of a group a forward + backward (``cluster.learner_rows_per_chunk``; 0: the whole group).
         chunks: backwards a micro-batch, the same on every rank: the row chunks of the step's largest group
             (chunk ``j`` of every group of a micro-batch goes in its ``j``-th backward).
+        estimator: the log-prob estimator ``passes`` was counted for (``rl.logprob_estimator``).
+        passes: ``passes[m][j][s]``, the same on every rank: the state passes of the log-prob call in slot ``s``
+            of backward ``j`` of micro-batch ``m``, the most any rank's chunk there needs
+            (:func:`~dice_ray.policy.logprobs.state_passes`); 0: no rank has a chunk there. Every backward has a
+            slot above 0. Under ZeRO-3 every rank makes each of these calls (:func:`forward_schedule`).
     """
 
     groups: list[TrainGroup]
@@ -148,6 +175,28 @@ class RankShare:
     scale: float = 1.0
     rows_per_chunk: int = 0
     chunks: int = 1
+    estimator: str = "tracerl"
+    passes: list[list[list[int]]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LogprobCall:
+    """One ``response_logprobs`` call of a backward on the engine's module (:func:`forward_schedule`): its forwards
+    are SDAR's prompt and clean passes and ``passes`` state passes (``diffu_grpo``: one), or LLaDA / Dream's
+    ``passes`` full-attention passes.
+
+    Attributes:
+        group: position into :attr:`RankShare.groups`.
+        rows: the rows of the group scored (a row chunk), or, padding, its first row.
+        passes: ``response_logprobs``' ``passes``, the state passes of the call.
+        real: False for a padding call: it scores no token and its loss is weighted 0 (it only makes the call
+            another rank makes there).
+    """
+
+    group: int
+    rows: slice
+    passes: int
+    real: bool = True
 
 
 def split_across_ranks(tokens: list[int], world_size: int) -> list[list[int]]:
@@ -204,26 +253,45 @@ def pack_micro_batches(indices: list[int], tokens: list[int], budget: int) -> li
 
 
 def plan_step(groups: list[TrainGroup], world_size: int, micro_batch_tokens: int,
-              rows_per_chunk: int = 0) -> list[RankShare]:
+              rows_per_chunk: int = 0, estimator: str = "tracerl") -> list[RankShare]:
     """Split a step's groups across ``world_size`` data-parallel ranks and pack each share into micro-batches.
 
     Every rank gets the same number of micro-batches (the largest share's count): shorter ones are padded with
     zero-weight micro-batches, so each rank takes part in every gradient reduction (ZeRO-2/3 reduce on each
     backward). Each real group's loss is weighted ``world_size / len(groups)``. With ``rows_per_chunk`` (rows of
     a group a backward, :func:`row_chunks`; 0: whole groups) every micro-batch takes as many backwards as the
-    largest group has chunks (:attr:`RankShare.chunks`), on every rank.
+    largest group has chunks (:attr:`RankShare.chunks`), on every rank. :attr:`RankShare.passes` fixes the
+    log-prob calls of every backward for all ranks: a slot per group of the micro-batch that holds the most, and
+    in each the most state passes any rank's chunk there needs under ``estimator``.
 
     Raises:
-        ValueError: no groups, or a bad ``world_size`` / ``micro_batch_tokens`` / ``rows_per_chunk``.
+        ValueError: no groups, or a bad ``world_size`` / ``micro_batch_tokens`` / ``rows_per_chunk`` /
+            ``estimator``.
     """
+    from dice_ray.policy.logprobs import state_passes
+
     if not groups:
         raise ValueError("plan_step: no groups to train on")
     if rows_per_chunk < 0:
         raise ValueError(f"rows_per_chunk must be >= 0, got {rows_per_chunk}")
-    chunks = max(len(row_chunks(g.response_ids.shape[0], rows_per_chunk)) for g in groups)
+    least = state_passes(estimator, torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, 0, dtype=torch.bool))
+    row_slices = [row_chunks(g.response_ids.shape[0], rows_per_chunk) for g in groups]
+    need = [[state_passes(estimator, g.unmask_step[r], g.mask[r]) for r in rs] for g, rs in zip(groups, row_slices)]
+    chunks = max(len(rs) for rs in row_slices)
     tokens = [group_tokens(g) for g in groups]
     packed = [pack_micro_batches(idx, tokens, micro_batch_tokens) for idx in split_across_ranks(tokens, world_size)]
     n_micro = max(len(p) for p in packed)
+    passes = []
+    for m in range(n_micro):
+        held = [p[m] for p in packed if m < len(p)]  # micro-batch m of each rank that has one
+        per_backward = []
+        for j in range(chunks):
+            slot = [max((need[mb[s]][j] for mb in held if s < len(mb) and j < len(need[mb[s]])), default=0)
+                    for s in range(max(len(mb) for mb in held))]
+            if not any(slot):  # no group of the micro-batch has a chunk j: one zero-weight call a rank
+                slot[0] = least
+            per_backward.append(slot)
+        passes.append(per_backward)
     shares = []
     for micro in packed:
         idx = sorted(i for m in micro for i in m) or [0]  # a rank with no group pads with group 0, weight 0
@@ -232,8 +300,52 @@ def plan_step(groups: list[TrainGroup], world_size: int, micro_batch_tokens: int
         padded = [False] * len(batches) + [True] * (n_micro - len(batches))
         batches += [[0]] * (n_micro - len(batches))
         shares.append(RankShare([groups[i] for i in idx], idx, batches, padded, world_size / len(groups),
-                                rows_per_chunk, chunks))
+                                rows_per_chunk, chunks, estimator, passes))
     return shares
+
+
+def forward_schedule(share: RankShare, uniform: bool) -> list[list[list[LogprobCall]]]:
+    """The log-prob calls of a rank's backwards: ``[m][j]``, those of backward ``j`` of micro-batch ``m``, in order.
+
+    Slot ``s`` of a backward holds chunk ``j`` of the micro-batch's ``s``-th group, when the rank has one there,
+    with the plan's passes if ``uniform``, else the fewest its rows take
+    (:func:`~dice_ray.policy.logprobs.state_passes`, at least one pass: a chunk that scores nothing still has a
+    gradient, 0). ``uniform`` (ZeRO-3, where every forward of the engine's module gathers parameters across the
+    ranks): every slot some rank fills
+    (:attr:`RankShare.passes` above 0) holds a call on every rank, padding calls where this one has no chunk;
+    so every rank makes the same calls, with the same passes, in the same order. Otherwise a backward without a
+    chunk of this rank holds one padding call (every rank joins every gradient reduction). A padding call scores
+    nothing of the first row of the rank's group of fewest tokens, its loss weighted 0.
+
+    Raises:
+        ValueError: the plan's passes do not cover its micro-batches and chunks.
+    """
+    from dice_ray.policy.logprobs import state_passes
+
+    if len(share.passes) != len(share.micro_batches) or any(len(p) != share.chunks for p in share.passes):
+        raise ValueError(f"share.passes: must be [micro-batches={len(share.micro_batches)}][chunks={share.chunks}]"
+                         f"[slots] (plan_step's)")
+    least = state_passes(share.estimator, torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, 0, dtype=torch.bool))
+    chunks = [row_chunks(g.response_ids.shape[0], share.rows_per_chunk) for g in share.groups]
+    filler = min(range(len(share.groups)), key=lambda k: (group_tokens(share.groups[k]), k))
+    schedule = []
+    for micro, pad, passes in zip(share.micro_batches, share.padded, share.passes):
+        backwards = []
+        for j, slots in enumerate(passes):
+            calls = []
+            for s, n in enumerate(slots):
+                k = micro[s] if not pad and s < len(micro) else None
+                if k is not None and j < len(chunks[k]):
+                    g, rows = share.groups[k], chunks[k][j]
+                    own = n if uniform else state_passes(share.estimator, g.unmask_step[rows], g.mask[rows])
+                    calls.append(LogprobCall(k, rows, own))
+                elif uniform and n:
+                    calls.append(LogprobCall(filler, slice(0, 1), n, real=False))
+            if not calls:
+                calls.append(LogprobCall(filler, slice(0, 1), least, real=False))
+            backwards.append(calls)
+        schedule.append(backwards)
+    return schedule
 
 
 def estimator_seed(base: int, step: int, group: int) -> int:
@@ -400,26 +512,34 @@ class Learner:
             this rank's loss, clip fraction, KL, ratio mean (means over its group evaluations; a group scored in
             row chunks counts once, its stats merged by :func:`~dice_ray.rl.loss.merge_chunk_stats`), ``groups``
             (that count), tokens, grad norm, micro-batches a epoch, ``row_chunks`` (backwards a micro-batch),
-            seconds, tokens/s, step (:func:`merge_rank_stats` combines ranks).
+            ``padding_forwards`` (forwards of the engine's module that scored nothing: padding calls and passes,
+            :func:`forward_schedule`), seconds, tokens/s, step (:func:`merge_rank_stats` combines ranks).
+
+        Raises:
+            ValueError: the share was planned for another estimator than ``rl.logprob_estimator``.
         """
         from torch.utils.checkpoint import checkpoint
 
         from dice_ray.policy.families import family_of
-        from dice_ray.policy.logprobs import response_logprobs
+        from dice_ray.policy.logprobs import response_logprobs, state_passes
         from dice_ray.rl.loss import clipped_policy_loss, merge_chunk_stats
 
         t0 = time.perf_counter()
-        rl = self.cfg.rl
+        rl, c = self.cfg.rl, self.cfg.cluster
+        dev, est = self.device, rl.logprob_estimator
         share = groups if isinstance(groups, RankShare) else plan_step(
-            groups, 1, self.cfg.cluster.micro_batch_tokens, self.cfg.cluster.learner_rows_per_chunk)[0]
+            groups, 1, c.micro_batch_tokens, c.learner_rows_per_chunk, est)[0]
+        if share.estimator != est:
+            raise ValueError(f"train_step: the share was planned for the {share.estimator!r} estimator, this learner "
+                             f"scores with rl.logprob_estimator={est!r}")
         gs = share.groups
-        chunks = [row_chunks(g.response_ids.shape[0], share.rows_per_chunk) for g in gs]
+        uniform = c.zero_stage == 3  # every forward gathers parameters across the ranks: every rank the same calls
+        schedule = forward_schedule(share, uniform)
         block, mask_id = self.policy.block_size, self.policy.mask_id
         sums = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "ratio_mean": 0.0}
         n_items = 0
         tokens = 0
         self.engine.train()
-        dev, est = self.device, rl.logprob_estimator
         seeds = [estimator_seed(rl.seed, self.step_count, i) for i in share.indices]
         real = sorted({k for m, pad in zip(share.micro_batches, share.padded) if not pad for k in m})
 
@@ -429,55 +549,76 @@ class Learner:
         # block by block and ignores both
         canvas = None if family_of(self.engine.module) in (None, "sdar") else self.cfg.sampling.max_new_tokens
 
-        def logprobs_of(model, g: TrainGroup, seed: int, rows: slice) -> torch.Tensor:
-            """Log-probs [rows, R] of one row chunk of ``g``; the canvas, trace and masks are the whole group's."""
+        def logprobs_of(model, g: TrainGroup, seed: int, rows: slice, passes: int | None = None,
+                        score: bool = True) -> torch.Tensor:
+            """Log-probs [rows, R] of one row chunk of ``g``; the canvas, trace and masks are the whole group's.
+            ``score=False``: a padding call, every token unscored (0), ``passes`` state passes all the same."""
             trace = g.span_lens.to(dev) if g.span_lens.numel() else None
             # tracerl follows the trace; coupled / diffu_grpo score a canvas as long as the group's longest span
             longest = canvas if trace is None else int(g.span_lens.max())
+            mask = g.mask.to(dev) if score else torch.zeros_like(g.mask, device=dev)
             return response_logprobs(est, model, g.prompt_ids.to(dev), g.response_ids.to(dev), g.unmask_step.to(dev),
-                                     g.mask.to(dev), block, mask_id, seed=seed, canvas_len=longest,
-                                     suffix_ids=g.suffix_ids.to(dev), span_lens=trace, rows=rows)
+                                     mask, block, mask_id, seed=seed, canvas_len=longest,
+                                     suffix_ids=g.suffix_ids.to(dev), span_lens=trace, rows=rows, passes=passes)
 
+        def idle(call: LogprobCall) -> int:
+            """Forwards of ``call`` that score nothing: a padding call's all (SDAR's prompt and clean passes too), a
+            real call's passes beyond its rows' need."""
+            if call.real:
+                g = gs[call.group]
+                return call.passes - state_passes(est, g.unmask_step[call.rows], g.mask[call.rows])
+            return call.passes + (2 if canvas is None and est != "diffu_grpo" else 0)
+
+        calls = [call for backwards in schedule for forwards in backwards for call in forwards]
+        padding = rl.ppo_epochs * sum(idle(call) for call in calls)
         old = {k: gs[k].behaviour_logprobs.to(dev) for k in real}
-        if est != "tracerl":  # the ratio's old log-probs: same estimator and masks, pre-update weights (chunk by chunk)
+        if est != "tracerl":  # the ratio's old log-probs: same estimator and masks, pre-update weights, call by call
+            pieces: dict[int, list[torch.Tensor]] = {k: [] for k in real}
             with torch.no_grad():
-                old = {k: torch.cat([logprobs_of(self.engine.module, gs[k], seeds[k], rows) for rows in chunks[k]])
-                       for k in real}
+                for call in calls:
+                    if call.real:
+                        k = call.group
+                        pieces[k].append(logprobs_of(self.engine.module, gs[k], seeds[k], call.rows, call.passes))
+                    elif uniform:  # no reduction waits on a no-grad forward: only ZeRO-3's gathers need it
+                        logprobs_of(self.engine.module, gs[call.group], 0, call.rows, call.passes, score=False)
+                    else:
+                        continue
+                    padding += idle(call)
+            old = {k: torch.cat(pieces[k]) for k in real}
 
-        def chunk_loss(k: int, rows: slice, ref: torch.Tensor | None):
-            """The loss of rows ``rows`` of group ``k``: their share of the group's loss (divided by its G)."""
-            g = gs[k]
-            logprobs = logprobs_of(self.engine.module, g, seeds[k], rows)
+        def call_loss(call: LogprobCall, ref: torch.Tensor | None):
+            """The loss of a call: a real one's rows' share of their group's loss (divided by its G) and their
+            stats; a padding call's 0 (its log-probs times 0, so the backward runs through its forwards) and None."""
+            g, k = gs[call.group], call.group
+            if not call.real:
+                return logprobs_of(self.engine.module, g, 0, call.rows, call.passes, score=False).sum() * 0.0, None
+            logprobs = logprobs_of(self.engine.module, g, seeds[k], call.rows, call.passes)
+            rows = call.rows
             return clipped_policy_loss(logprobs, old[k][rows], g.advantages[rows].to(dev), g.mask[rows].to(dev),
                                        epsilon=rl.epsilon, beta=rl.beta, ref_logprobs=ref,
                                        num_sequences=g.response_ids.shape[0])
 
-        checkpointed = self.cfg.cluster.gradient_checkpointing
         last = len(share.micro_batches) - 1
         for _ in range(rl.ppo_epochs):
             for m, (micro, pad) in enumerate(zip(share.micro_batches, share.padded)):
                 parts: dict[int, list] = {k: [] for k in micro}
-                for j in range(share.chunks):  # chunk j of each group of the micro-batch: one backward
+                for j, forwards in enumerate(schedule[m]):  # chunk j of each group of the micro-batch: one backward
                     self.engine.set_gradient_accumulation_boundary(m == last and j == share.chunks - 1)
+                    self._begin_micro_step()
                     total = None
-                    for k in ([] if pad else micro):
-                        if j >= len(chunks[k]):  # a group with fewer rows than the step's largest
-                            continue
-                        rows = chunks[k][j]
+                    for call in forwards:
                         ref = None
-                        if self.ref_model is not None:
+                        if call.real and self.ref_model is not None:  # a plain module: no collective in its forward
                             with torch.no_grad():
-                                ref = logprobs_of(self.ref_model, gs[k], seeds[k], rows)
-                        if checkpointed:  # the chunk's forward is recomputed in the backward
-                            loss, stats = checkpoint(chunk_loss, k, rows, ref, use_reentrant=False)
+                                ref = logprobs_of(self.ref_model, gs[call.group], seeds[call.group], call.rows)
+                        if c.gradient_checkpointing:  # the call's forwards are recomputed in the backward
+                            loss, stats = checkpoint(call_loss, call, ref, use_reentrant=False)
                         else:
-                            loss, stats = chunk_loss(k, rows, ref)
-                        parts[k].append(stats)
-                        part = loss * share.scale
-                        total = part if total is None else total + part
-                    if total is None:  # zero weight: joins the reduction, changes no gradient
-                        k = micro[0]
-                        total = logprobs_of(self.engine.module, gs[k], seeds[k], chunks[k][0]).sum() * 0.0
+                            loss, stats = call_loss(call, ref)
+                        if call.real:
+                            parts[call.group].append(stats)
+                            loss = loss * share.scale
+                        total = loss if total is None else total + loss
                     self.engine.backward(total, scale_wrt_gas=False)
                 if not pad:
                     for k in micro:
@@ -495,9 +636,20 @@ class Learner:
         seconds = time.perf_counter() - t0
         out = {k: v / max(n_items, 1) for k, v in sums.items()}
         out.update(groups=n_items, tokens=tokens, grad_norm=grad_norm, micro_batches=len(share.micro_batches),
-                   row_chunks=share.chunks, seconds=seconds, tokens_per_s=tokens / max(seconds, 1e-9),
-                   step=self.step_count)
+                   row_chunks=share.chunks, padding_forwards=padding, seconds=seconds,
+                   tokens_per_s=tokens / max(seconds, 1e-9), step=self.step_count)
         return out
+
+    def _begin_micro_step(self) -> None:
+        """Tell a ZeRO optimizer that a micro-step (the forwards of one backward) begins, as DeepSpeed's
+        ``engine.forward`` does first; the learner calls the engine's module's parts (:mod:`dice_ray.policy.logprobs`),
+        never the engine, so it must. ZeRO-3 counts micro-steps there: without it each backward overwrote, instead
+        of adding to, the gradient partitions, and only the step's last backward reached the optimizer. A no-op for
+        an engine without a ZeRO optimizer (ZeRO-0, the tests' plain engines)."""
+        zero = sys.modules.get("deepspeed.runtime.base_optimizer")  # imported with any DeepSpeed engine
+        optimizer = getattr(self.engine, "optimizer", None)
+        if zero is not None and isinstance(optimizer, zero.ZeROOptimizer):
+            optimizer.clear_backward_seen_flag()
 
     def _grad_norm(self) -> float | None:
         """L2 norm of the accumulated gradients before clipping (last PPO epoch); None under ZeRO >= 1,
@@ -594,15 +746,15 @@ class Learner:
 
 def merge_rank_stats(*outs: dict) -> dict:
     """Combine the ranks' :meth:`Learner.train_step` results into the step's: loss, clip fraction, KL and
-    ratio mean weighted by each rank's group evaluations; tokens summed; seconds the slowest rank's; grad
-    norm and step rank 0's (the same on every rank)."""
+    ratio mean weighted by each rank's group evaluations; tokens and padding forwards summed; seconds the slowest
+    rank's; grad norm and step rank 0's (the same on every rank)."""
     n = sum(o["groups"] for o in outs)
     out = {k: sum(o[k] * o["groups"] for o in outs) / max(n, 1) for k in ("loss", "clip_fraction", "kl", "ratio_mean")}
     seconds = max(o["seconds"] for o in outs)
     tokens = sum(o["tokens"] for o in outs)
     out.update(groups=n, tokens=tokens, grad_norm=outs[0]["grad_norm"], micro_batches=outs[0]["micro_batches"],
-               row_chunks=outs[0].get("row_chunks", 1), seconds=seconds, tokens_per_s=tokens / max(seconds, 1e-9),
-               step=outs[0]["step"], ranks=len(outs))
+               row_chunks=outs[0].get("row_chunks", 1),
+               padding_forwards=sum(o.get("padding_forwards", 0) for o in outs), seconds=seconds, tokens_per_s=tokens / max(seconds, 1e-9), step=outs[0]["step"], ranks=len(outs))
     return out
 
 
@@ -697,7 +849,8 @@ class LearnerGroup:
 
     def _train_step(self, groups: list[TrainGroup]):
         c = self.cfg.cluster
-        shares = plan_step(groups, self.world_size, c.micro_batch_tokens, c.learner_rows_per_chunk)
+        shares = plan_step(groups, self.world_size, c.micro_batch_tokens, c.learner_rows_per_chunk,
+                           self.cfg.rl.logprob_estimator)
         refs = [a.train_step.remote(s) for a, s in zip(self.actors, shares)]
         return refs[0] if len(refs) == 1 else _merge_stats.remote(*refs)
 

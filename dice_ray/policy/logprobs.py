@@ -52,6 +52,15 @@ group can be scored in row chunks (``response_logprobs(..., rows=slice)``, the l
 ``cluster.learner_rows_per_chunk``): each chunk runs every pass, the prompt's included, with its own rows, and its
 autograd graph (the training :class:`~dice_ray.policy.model.KVCache` it builds included) is its own; the prompt is
 encoded once a chunk, and its gradient is the sum over the chunks.
+
+How many model calls a call makes depends on the data: one pass per state that scores a token (``tracerl``: one a
+distinct denoising step of the scored tokens, however many the trace has; ``coupled``: the passes whose mask holds a
+scored token; ``diffu_grpo``: none when nothing is scored), after the prompt and clean passes of SDAR. Under ZeRO-3
+every forward of a module gathers its parameters across the learner's ranks, so every rank must make the same calls:
+``passes=n`` (:func:`state_passes` gives the fewest a call accepts) makes a call run exactly ``n`` state passes,
+the states that score nothing padded in after the real ones (an all-masked state, one row of it for LLaDA /
+Dream), the prompt and clean passes always, and keeps every pass in the autograd graph of the output, so that a
+backward visits each of them too; the log-probs are unchanged (a padding pass scores no token).
 """
 
 from __future__ import annotations
@@ -121,9 +130,51 @@ def _suffix(suffix_ids: torch.Tensor | None, shift: int | None, device: torch.de
     return suffix_ids.to(device)
 
 
+def state_passes(estimator: Estimator, unmask_step: torch.Tensor, response_mask: torch.Tensor) -> int:
+    """The fewest state passes ``response_logprobs(estimator, ..., passes=n)`` accepts for these rows: ``tracerl``
+    one a distinct ``unmask_step`` of the scored tokens, at least 1; ``coupled`` 2; ``diffu_grpo`` 1. A call given
+    that many makes the same model calls whatever the family; the learner gives every rank's call in a slot the
+    most any rank's rows there need (ZeRO-3: equal collectives, :func:`dice_ray.cluster.learner.plan_step`).
+
+    Args:
+        estimator: one of :data:`ESTIMATORS`.
+        unmask_step: LongTensor[G, R] (the rows scored, after any ``rows`` cut).
+        response_mask: BoolTensor[G, R], True on the tokens scored.
+
+    Raises:
+        ValueError: an unknown estimator, or the two tensors differ in shape.
+    """
+    if unmask_step.shape != response_mask.shape:
+        raise ValueError(f"unmask_step {tuple(unmask_step.shape)} and response_mask {tuple(response_mask.shape)} "
+                         "must have one shape")
+    if estimator == "tracerl":
+        return max(1, int(torch.unique(unmask_step[response_mask.bool()]).numel()))
+    if estimator == "coupled":
+        return 2
+    if estimator == "diffu_grpo":
+        return 1
+    raise ValueError(f"estimator: must be one of {ESTIMATORS}, got {estimator!r}")
+
+
+def _pad_states(states: list[tuple], passes: int | None, pad: tuple) -> list[tuple]:
+    """The states a call scores in: those scoring a token (``state[1]``, BoolTensor[G, R], has a True), then, given
+    ``passes``, ``pad`` (a state scoring nothing) until there are ``passes``.
+
+    Raises:
+        ValueError: ``passes`` is fewer than the states that score a token.
+    """
+    states = [s for s in states if s[1].any()]
+    if passes is None:
+        return states
+    if passes < len(states):
+        raise ValueError(f"passes: these rows score tokens in {len(states)} states, more than passes={passes}")
+    return states + [pad] * (passes - len(states))
+
+
 def _score_full_states(
     model, prompt_ids: torch.Tensor, suffix_ids: torch.Tensor, response_ids: torch.Tensor,
     states: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], mask_id: int, shift: int,
+    passes: int | None = None,
 ) -> torch.Tensor:
     """Score tokens in states of the span under full attention (LLaDA / Dream), in the sampler's layout.
 
@@ -138,22 +189,28 @@ def _score_full_states(
         states: ``(noisy_ids, score, canvas)``: LongTensor[G, R] and BoolTensor[G, R] as in
             :func:`_score_noisy_states`, and LongTensor[G], each row's canvas length in that state (tokens).
         shift: :func:`~dice_ray.policy.families.logit_shift` of the family (Dream 1, LLaDA 0).
+        passes: None: one forward a state that scores a token; n: exactly n, padded with forwards of row 0's
+            all-masked canvas of R tokens that score nothing (:func:`_pad_states`).
 
     Returns:
-        FloatTensor[G, R] (fp32), log p(token | its state); 0 where no state scores it. Differentiable.
+        FloatTensor[G, R] (fp32), log p(token | its state); 0 where no state scores it. Differentiable (given
+        ``passes``, through every pass).
 
     Raises:
-        ValueError: a scoring row's canvas does not reach a position the state shows or scores.
+        ValueError: a scoring row's canvas does not reach a position the state shows or scores; ``passes`` is fewer
+            than the states that score a token.
     """
     device = response_ids.device
     P = prompt_ids.numel()
     G, R = response_ids.shape
     out = torch.zeros(G, R, dtype=torch.float32, device=device)
     ends = torch.arange(1, R + 1, device=device)  # position + 1
-    for noisy, score, canvas in states:
+    pad = (torch.full_like(response_ids, mask_id), torch.zeros_like(response_ids, dtype=torch.bool),
+           torch.full((G,), R, device=device))
+    for noisy, score, canvas in _pad_states(states, passes, pad):
         rows = score.any(dim=1).nonzero().squeeze(1)
-        if rows.numel() == 0:
-            continue
+        if rows.numel() == 0:  # a padding pass: row 0 alone, scoring nothing
+            rows = torch.zeros(1, dtype=torch.long, device=device)
         lens = canvas[rows].tolist()
         reach = torch.where((noisy[rows] != mask_id) | score[rows], ends, 0).amax(1).tolist()
         short = [(n, r) for n, r in zip(lens, reach) if r > n]
@@ -171,7 +228,7 @@ def _score_full_states(
 
 def _score_noisy_states(
     model, prompt_ids: torch.Tensor, response_ids: torch.Tensor, states: list[tuple[torch.Tensor, torch.Tensor]],
-    block_size: int, mask_id: int,
+    block_size: int, mask_id: int, passes: int | None = None,
 ) -> torch.Tensor:
     """Score tokens in noisy states of the response, each block attending the prompt and clean earlier blocks.
 
@@ -179,15 +236,23 @@ def _score_noisy_states(
         prompt_ids: LongTensor[P]; response_ids: LongTensor[G, R] (same device as the model).
         states: ``(noisy_ids, score)`` pairs, LongTensor[G, R] (``<|mask|>`` where masked) and BoolTensor[G, R]
             (the tokens scored in that state; each token in at most one state).
+        passes: None: one pass a state that scores a token, and none at all (not even the prompt's) when none
+            does; n: the prompt and clean passes and exactly n state passes, padded with all-masked ones that score
+            nothing (:func:`_pad_states`).
 
     Returns:
-        FloatTensor[G, R] (fp32), log p(token | its state); 0 where no state scores it. Differentiable.
+        FloatTensor[G, R] (fp32), log p(token | its state); 0 where no state scores it. Differentiable (given
+        ``passes``, through every pass).
+
+    Raises:
+        ValueError: ``passes`` is fewer than the states that score a token.
     """
     device = response_ids.device
     P = prompt_ids.numel()
     G, R = response_ids.shape
     out = torch.zeros(G, R, dtype=torch.float32, device=device)
-    states = [(ids, score) for ids, score in states if score.any()]
+    states = _pad_states(states, passes, (torch.full_like(response_ids, mask_id),
+                                          torch.zeros_like(response_ids, dtype=torch.bool)))
     if not states:
         return out
     rb, rpos = response_blocks(P, R, block_size)
@@ -221,6 +286,7 @@ def tracerl_logprobs(
     canvas_len: int | None = None,
     suffix_ids: torch.Tensor | None = None,
     span_lens: torch.Tensor | None = None,
+    passes: int | None = None,
 ) -> torch.Tensor:
     """Per-token log-probs of a group's responses in the denoising states that produced them (TraceRL, Wang et al.
     2025).
@@ -252,6 +318,8 @@ def tracerl_logprobs(
             at step ``s`` (:attr:`Rollout.span_lengths`; a grown infill span gets longer while it is decoded);
             N beyond every scored step; entries past a row's last step are unused (0). None: ``canvas_len`` at
             every step.
+        passes: None: one pass a scored step; n (>= :func:`state_passes`): exactly n, the same model calls
+            whatever the trace (see the module docstring).
 
     Returns:
         FloatTensor[G, R] (fp32) log p(token | state at its step); 0 where ``response_mask`` is False.
@@ -262,7 +330,7 @@ def tracerl_logprobs(
             outside ``[0, block_size)``, or a suffix or ``span_lens`` is given (SDAR keeps the scaffold in its
             prompt); LLaDA / Dream: a scored ``unmask_step`` is negative, ``canvas_len < R``, ``span_lens`` is not
             ``[G, N]`` with N beyond the last scored step, or a step's span does not reach a token it shows or
-            scores.
+            scores; ``passes`` is fewer than the scored steps.
     """
     _check(prompt_ids, response_ids, unmask_step=unmask_step, response_mask=response_mask)
     response_mask = response_mask.bool()
@@ -287,7 +355,7 @@ def tracerl_logprobs(
         n_steps = int(unmask_step[response_mask].max()) + 1 if response_mask.any() else 0
         states = [(torch.where(unmask_step < s, response_ids, masked), response_mask & (unmask_step == s))
                   for s in range(n_steps)]
-        return _score_noisy_states(model, prompt_ids, response_ids, states, block_size, mask_id)
+        return _score_noisy_states(model, prompt_ids, response_ids, states, block_size, mask_id, passes)
     G, R = response_ids.shape
     steps = torch.unique(unmask_step[response_mask]).tolist()
     if span_lens is None:
@@ -300,7 +368,7 @@ def tracerl_logprobs(
     shown = response_mask | (unmask_step >= 0)  # scored tokens, and decoded context after the eos (tail)
     states = [(torch.where(shown & (unmask_step < s), response_ids, masked), response_mask & (unmask_step == s), c)
               for s, c in zip(steps, canvas)]
-    return _score_full_states(model, prompt_ids, suffix_ids, response_ids, states, mask_id, shift)
+    return _score_full_states(model, prompt_ids, suffix_ids, response_ids, states, mask_id, shift, passes)
 
 
 def coupled_mask(shape: tuple[int, int], seed: int) -> torch.Tensor:
@@ -332,6 +400,7 @@ def coupled_logprobs(
     mask: torch.Tensor,
     canvas_len: int | None = None,
     suffix_ids: torch.Tensor | None = None,
+    passes: int | None = None,
 ) -> torch.Tensor:
     """Coupled-GRPO log-probs (DiffuCoder, Gong et al. 2025, arXiv 2506.20639) for one given mask and its
     complement.
@@ -345,6 +414,7 @@ def coupled_logprobs(
         model, prompt_ids, response_ids, response_mask, block_size, mask_id, canvas_len, suffix_ids: as in
             :func:`tracerl_logprobs`.
         mask: BoolTensor[G, R], e.g. from :func:`coupled_mask`.
+        passes: None: a pass is skipped when it scores no token; 2: both run, whatever the mask.
 
     Returns:
         FloatTensor[G, R] (fp32) log p(token | the tokens of the other pass visible); 0 where
@@ -352,9 +422,11 @@ def coupled_logprobs(
 
     Raises:
         ValueError: shapes disagree; SDAR: R is not a multiple of ``block_size``, or a suffix is given; LLaDA /
-            Dream: ``canvas_len < R``.
+            Dream: ``canvas_len < R``; ``passes`` other than None or 2.
     """
     _check(prompt_ids, response_ids, response_mask=response_mask, mask=mask)
+    if passes not in (None, 2):
+        raise ValueError(f"passes: the coupled estimator runs 2 passes, got passes={passes}")
     shift = _bidirectional_shift(model)
     if shift is None:
         response_blocks(prompt_ids.numel(), response_ids.shape[1], block_size)
@@ -365,10 +437,10 @@ def coupled_logprobs(
     masked = torch.full_like(response_ids, mask_id)
     if shift is None:
         states = [(torch.where(m, masked, response_ids), response_mask & m) for m in (mask, ~mask)]
-        return _score_noisy_states(model, prompt_ids, response_ids, states, block_size, mask_id)
+        return _score_noisy_states(model, prompt_ids, response_ids, states, block_size, mask_id, passes)
     canvas = torch.full((response_ids.shape[0],), _canvas_len(canvas_len, response_ids.shape[1]), device=device)
     states = [(torch.where(response_mask & ~m, response_ids, masked), response_mask & m, canvas) for m in (mask, ~mask)]
-    return _score_full_states(model, prompt_ids, suffix_ids, response_ids, states, mask_id, shift)
+    return _score_full_states(model, prompt_ids, suffix_ids, response_ids, states, mask_id, shift, passes)
 
 
 def diffu_grpo_logprobs(
@@ -382,6 +454,7 @@ def diffu_grpo_logprobs(
     seed: int = 0,
     canvas_len: int | None = None,
     suffix_ids: torch.Tensor | None = None,
+    passes: int | None = None,
 ) -> torch.Tensor:
     """d1's one-step log-probs (diffu-GRPO, Zhao et al. 2025, arXiv 2504.12216): the whole response masked, one
     forward.
@@ -398,15 +471,18 @@ def diffu_grpo_logprobs(
             probability (one draw shared by the group), from ``seed``; 0 (default) keeps the prompt (the suffix
             always stays clean).
         seed: seeds the prompt mask (CPU generator); unused when ``p_mask_prompt`` is 0.
+        passes: None: no forward when nothing is scored; 1: the forward whatever the mask.
 
     Returns:
-        FloatTensor[G, R] (fp32); 0 where ``response_mask`` is False. Differentiable.
+        FloatTensor[G, R] (fp32); 0 where ``response_mask`` is False. Differentiable (given ``passes``, always).
 
     Raises:
         ValueError: shapes disagree, ``p_mask_prompt`` is outside ``[0, 1]``; SDAR: R is not a multiple of
-            ``block_size``, or a suffix is given; LLaDA / Dream: ``canvas_len < R``.
+            ``block_size``, or a suffix is given; LLaDA / Dream: ``canvas_len < R``; ``passes`` other than None or 1.
     """
     _check(prompt_ids, response_ids, response_mask=response_mask)
+    if passes not in (None, 1):
+        raise ValueError(f"passes: the diffu_grpo estimator runs 1 pass, got passes={passes}")
     if not 0.0 <= p_mask_prompt <= 1.0:
         raise ValueError(f"p_mask_prompt: must lie in [0, 1], got {p_mask_prompt}")
     P = prompt_ids.numel()
@@ -425,7 +501,7 @@ def diffu_grpo_logprobs(
     prompt_ids, response_ids = prompt_ids.to(device), response_ids.to(device)
     response_mask = response_mask.to(device).bool()
     out = torch.zeros(G, R, dtype=torch.float32, device=device)
-    if not response_mask.any():
+    if passes is None and not response_mask.any():
         return out
     if shift is not None:
         seq = torch.cat([prompt_ids, torch.full((C,), mask_id, dtype=torch.long, device=device), suffix_ids])
@@ -456,6 +532,7 @@ def response_logprobs(
     suffix_ids: torch.Tensor | None = None,
     span_lens: torch.Tensor | None = None,
     rows: slice | None = None,
+    passes: int | None = None,
 ) -> torch.Tensor:
     """Per-token log-probs of a group's responses with the chosen estimator (``rl.logprob_estimator``).
 
@@ -485,35 +562,39 @@ def response_logprobs(
             padded length R and ``canvas_len`` are the group's (the learner passes the group's), so a row's
             log-probs are those the whole group's call gives it (up to floating-point rounding), whatever chunk
             it is scored in.
+        passes: None: as many model calls as the data needs (a state that scores nothing is skipped); n: exactly
+            n state passes (>= :func:`state_passes` of the rows scored), the prompt and clean passes of SDAR
+            always, every pass in the output's autograd graph: the same calls for any rows given the same n (the
+            learner's ranks under ZeRO-3). The log-probs are the same either way.
 
     Returns:
         FloatTensor[G, R] (fp32) log-probs, or [rows, R] for ``rows``; 0 where ``response_mask`` is False.
         Differentiable.
 
     Raises:
-        ValueError: an unknown ``estimator``, an empty or stepped ``rows``, or bad input (see the estimator's
-            function).
+        ValueError: an unknown ``estimator``, an empty or stepped ``rows``, ``passes`` below
+            :func:`state_passes`, or bad input (see the estimator's function).
     """
+    mask = coupled_mask(tuple(response_ids.shape), seed) if estimator == "coupled" else None  # the group's
     if rows is not None:
         G = response_ids.shape[0] if response_ids.dim() == 2 else 0
         start, stop, step = rows.indices(G)
         if step != 1 or stop <= start:
             raise ValueError(f"rows: must be a non-empty slice of consecutive rows of the group's {G}, got {rows}")
-        coupled = coupled_mask(tuple(response_ids.shape), seed)[rows] if estimator == "coupled" else None
         response_ids, unmask_step, response_mask = response_ids[rows], unmask_step[rows], response_mask[rows]
         if span_lens is not None:
             span_lens = span_lens[rows]
-        if coupled is not None:
-            return coupled_logprobs(model, prompt_ids, response_ids, response_mask, block_size, mask_id, coupled,
-                                    canvas_len=canvas_len, suffix_ids=suffix_ids)
+        if mask is not None:
+            mask = mask[rows]
+    if passes is not None and passes < (least := state_passes(estimator, unmask_step, response_mask)):
+        raise ValueError(f"passes: {estimator} needs at least {least} state passes for these rows, got {passes}")
     if estimator == "tracerl":
         return tracerl_logprobs(model, prompt_ids, response_ids, unmask_step, response_mask, block_size, mask_id,
-                                canvas_len=canvas_len, suffix_ids=suffix_ids, span_lens=span_lens)
+                                canvas_len=canvas_len, suffix_ids=suffix_ids, span_lens=span_lens, passes=passes)
     if estimator == "coupled":
-        mask = coupled_mask(tuple(response_ids.shape), seed)
         return coupled_logprobs(model, prompt_ids, response_ids, response_mask, block_size, mask_id, mask,
-                                canvas_len=canvas_len, suffix_ids=suffix_ids)
+                                canvas_len=canvas_len, suffix_ids=suffix_ids, passes=passes)
     if estimator == "diffu_grpo":
         return diffu_grpo_logprobs(model, prompt_ids, response_ids, response_mask, block_size, mask_id,
-                                   canvas_len=canvas_len, suffix_ids=suffix_ids)
+                                   canvas_len=canvas_len, suffix_ids=suffix_ids, passes=passes)
     raise ValueError(f"estimator: must be one of {ESTIMATORS}, got {estimator!r}")
