@@ -40,17 +40,21 @@ def spread(items: list, k: int) -> list:
 
 def eval_figures(groups: list[GroupRollout], verdicts: list, tasks: dict) -> dict:
     """Figures of an evaluation's samples: :func:`~dice_ray.cluster.step_record.rates`, ``tasks``, ``compile_only``
-    (no verdict measured more than compiling) and ``computes``: the share of the rewarded candidates whose kernels
+    (no verdict measured more than compiling), ``computes``: the share of the rewarded candidates whose kernels
     match their task's solution up to names (:func:`dice_ray.eval.kernel_match.computes`: not an empty or trivial
-    kernel paid by a compile-only proxy), None when none was rewarded."""
-    from dice_ray.eval.kernel_match import computes
+    kernel paid by a compile-only proxy), None when none was rewarded, and ``slow_share``: of the rewarded
+    candidates that reproduce one of their task's honest solutions, the share that reproduce a slower variant
+    (:func:`dice_ray.eval.kernel_match.slower_variant`; None when no task has variants or none was rewarded)."""
+    from dice_ray.eval.kernel_match import computes, slower_variant
 
     flat = [(g, c) for g in groups for c in g.candidates]
     rewarded = [(g, c) for (g, c), v in zip(flat, verdicts) if v.reward > 0]
     match = [computes(c, tasks[g.request.task_id]) for g, c in rewarded]
+    slow = [s for s in (slower_variant(c, tasks[g.request.task_id]) for g, c in rewarded) if s is not None]
     return {**rates(verdicts), "tasks": len(groups),
             "compile_only": bool(verdicts) and all(v.mode == "compile_only" for v in verdicts),
-            "computes": sum(match) / len(match) if match else None}
+            "computes": sum(match) / len(match) if match else None,
+            "slow_share": sum(slow) / len(slow) if slow else None}
 
 
 @dataclass

@@ -8,6 +8,10 @@ bodies are compared as token sequences (tree-sitter-cuda leaves, comments droppe
 by order of first appearance, except called names (``expf``, ``fmaxf``, ``__shfl_down_sync``) and CUDA's built-in
 variables (``threadIdx``, ...), which keep theirs: ``expf`` for ``tanhf`` is another computation. A share of such
 candidates well below 1 at the end of a compile-only run shows a policy that learned to game the proxy.
+
+With the built-in suite's slower variants in the warm start (``tasks.solution_variants``), :func:`slower_variant`
+tells which of a task's honest solutions a computing candidate reproduces: the share of slower ones is what the
+speedup term of the reward should drive down (``benchmarks/learning.py --speedup-variants``).
 """
 
 from __future__ import annotations
@@ -69,3 +73,13 @@ def computes(candidate_src: str, task: Task) -> bool:
         return False
     mine = kernel_shapes(candidate_src)
     return bool(mine) and mine <= _solution_shapes((task.solution_src, *task.solution_variants))
+
+
+def slower_variant(candidate_src: str, task: Task) -> bool | None:
+    """Whether a candidate reproduces one of ``task``'s slower variants (:attr:`Task.solution_variants`) rather than
+    its solution: True when every kernel of it matches a variant's kernel (:func:`body_shape`) and not every one
+    matches the solution's; False when its kernels are the solution's; None when it does not compute
+    (:func:`computes`) or the task has no variant."""
+    if not task.solution_variants or not computes(candidate_src, task):
+        return None
+    return not kernel_shapes(candidate_src) <= _solution_shapes((task.solution_src,))
