@@ -46,6 +46,11 @@ class CrashingRollout:
                 f.write(f"{version}\n")
         return version
 
+    def set_version(self, version):
+        if self.version >= 0:
+            self.version = version
+        return self.version
+
     def generate(self, requests, g, tasks):
         assert set(tasks) == {r.task_id for r in requests}  # the call carries exactly its requests' tasks
         self.calls += 1
@@ -208,6 +213,34 @@ def test_resync_resends_a_kept_version_or_else_the_last_one(cluster, tmp_path):
     ray.kill(w, no_restart=True)
 
 
+@pytest.mark.slow
+def test_a_step_without_an_update_relabels_the_weights_held_and_sends_nothing(cluster, tmp_path):
+    """relabel: the workers call the weights they hold by the new version (no set_weights, nothing read from the
+    learner); a worker restarted since the last push gets the last pushed weights under the new version; the kept
+    refs cover the new version, so a resync of it is exact."""
+    logs = [tmp_path / f"log{i}" for i in range(2)]
+    workers = [CrashingRollout.remote(str(tmp_path / f"m{i}"), 0, str(logs[i])) for i in range(2)]
+    learner = FakeLearner()
+    sync = WeightSync(learner, workers, "object_store", keep_versions=2)
+    assert sync.relabel(0)["restarts"] == 0  # before any push: a push
+    learner.current = 7  # were the learner read, the workers would now hold "7"
+    report = sync.relabel(1)
+    assert report["relabel"] and report["bytes"] == 0 and report["restarts"] == 0
+    state = lambda w: ray.get(w.__ray_call__.remote(lambda self: (self.version, self.weights)))  # noqa: E731
+    assert [state(w) for w in workers] == [(1, 0), (1, 0)]
+    assert sync.kept[1] == sync.kept[0]
+    ray.kill(workers[1], no_restart=False)  # comes back empty
+    _wait_restarted(workers[1])
+    assert sync.relabel(2)["restarts"] == 1
+    assert [state(w) for w in workers] == [(2, 0), (2, 0)]
+    assert [p.read_text().split() for p in logs] == [["0"], ["0", "2"]]  # set_weights: the first push, the empty one
+    assert sync.resync(0, 1) == 1 and state(workers[0]) == (1, 0)
+    sync.relabel(3, wait=False)  # queued behind rollouts, as the asynchronous trainer does
+    assert ray.get([w.ping.remote() for w in workers]) == [3, 3]
+    for w in workers:
+        ray.kill(w, no_restart=True)
+
+
 class FakeBroadcastLearner:
     """The learner side of the broadcast sync, less the collectives."""
 
@@ -234,6 +267,15 @@ def test_broadcast_forms_a_new_group_for_a_restarted_worker(cluster, tmp_path):
     # a broadcast cannot resend version 1: a new group, the last pushed version, to every worker
     assert sync.resync(1, 1) == 2 and sync.spec.generation == 2
     assert [(tmp_path / f"log{i}").read_text().split() for i in range(2)] == [["0", "1", "2", "2"], ["0", "1", "2", "2"]]
+    # a step without an update: nothing broadcast, unless a worker came back empty (then a new group, a full push)
+    assert sync.relabel(3)["restarts"] == 0 and sync.spec.generation == 2
+    ray.kill(workers[0], no_restart=False)
+    _wait_restarted(workers[0])
+    assert sync.relabel(4)["restarts"] == 1 and sync.spec.generation == 3
+    assert [(tmp_path / f"log{i}").read_text().split()[4:] for i in range(2)] == [["4"], ["4"]]
+    assert ray.get([w.ping.remote() for w in workers]) == [4, 4]
+    with pytest.raises(ValueError, match="wait=False"):
+        sync.relabel(5, wait=False)
     for w in workers:
         ray.kill(w, no_restart=True)
 

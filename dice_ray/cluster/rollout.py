@@ -162,6 +162,14 @@ class RolloutWorker:
         self.version = version
         return version
 
+    def set_version(self, version: int) -> int:
+        """Call the weights held ``version`` (a learner step that changed no weight: nothing to load); returns the
+        version held now, ``-1`` when this process holds none (restarted since the last push: it needs
+        :meth:`set_weights`)."""
+        if self.version >= 0:
+            self.version = version
+        return self.version
+
     def context_tokens(self, items: list[tuple[Task, str]]) -> list[int]:
         """Tokens of the fixed context of each ``(task, phase)`` (:func:`~dice_ray.policy.task_sampling.context_tokens`):
         the trainer leaves out the prompts that would not fit the model with ``sampling.max_new_tokens`` more."""

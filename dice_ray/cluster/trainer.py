@@ -123,7 +123,7 @@ class Trainer(RunSetup):
         if not self.queued_sync:
             pipe.drain_rollouts()  # a broadcast needs every worker, busy with the rollouts ahead: wait for them
         t_sync = time.perf_counter()
-        sync = self._sync_weights(wait=not self.queued_sync)
+        sync = self._sync_weights(wait=not self.queued_sync, changed=flight is not None)
         sync_s = sync["seconds"]
         self.timeline.add("sync", t_sync, time.perf_counter())
         rec = step_record(batch.plan, groups, verdicts, dropped)
@@ -174,11 +174,13 @@ class Trainer(RunSetup):
             return None, adv.num_dropped
         return self.pipeline.submit("learn", [self.learner.train_step.remote(batch)], start=t0), adv.num_dropped
 
-    def _sync_weights(self, wait: bool = True) -> dict:
+    def _sync_weights(self, wait: bool = True, changed: bool = True) -> dict:
         """Push the learner's weights to the rollout workers (:class:`WeightSync`); returns :meth:`WeightSync.push`'s
         report (``seconds``, ``restarts``: workers found restarted and re-sent the weights). ``wait=False``:
-        queued behind the rollouts launched ahead, not waited for (object store only)."""
-        return self.weight_sync.push(self.weights_version, wait=wait)
+        queued behind the rollouts launched ahead, not waited for (object store only). ``changed=False`` (the step
+        made no update): the workers only relabel what they hold (:meth:`WeightSync.relabel`)."""
+        sync = self.weight_sync.push if changed else self.weight_sync.relabel
+        return sync(self.weights_version, wait=wait)
 
     def checkpoint(self, step: int, schedule: dict | None = None) -> None:
         """Save the learner and the scheduler state as ``step_{step:06d}``, copied to ``storage_path`` when set
