@@ -43,6 +43,7 @@ import numpy as np
 import ray
 import torch
 
+from dice_ray.cluster.placement import RolePlacement, learner_placement
 from dice_ray.config import DEEPSPEED_OPS_DIR, DiceConfig
 
 
@@ -616,10 +617,6 @@ def _first(*outs):
     return outs[0]
 
 
-PLACEMENT_TIMEOUT_S = 900
-"""Seconds to wait for the learner's GPU placement group (an autoscaling cluster may add nodes first)."""
-
-
 class _Call:
     """``group.method.remote(*args)`` -> one ObjectRef, as an actor handle's method answers."""
 
@@ -631,7 +628,8 @@ class LearnerGroup:
     """The learner's ``cluster.learner_ranks`` DeepSpeed ranks, driven as one.
 
     On GPUs the ranks are Ray actors in one placement group (a bundle of ``cluster.learner_gpus`` GPUs a
-    rank, packed on as few nodes as possible); on CPU plain actors (gloo). The group answers the calls the
+    rank, packed on as few nodes as possible: :func:`~dice_ray.cluster.placement.learner_placement`); on CPU plain
+    actors (gloo). The group answers the calls the
     driver makes on a learner actor handle (``group.train_step.remote(batch)`` gives one ObjectRef), so
     the driver loop is the same for one rank or many: ``warm_start`` runs on every rank, data-parallel (each
     rank a shard of each SFT batch; a cache hit loads on rank 0 only, and ``init_engine`` hands rank 0's weights
@@ -645,35 +643,23 @@ class LearnerGroup:
         use_gpu: give each rank ``cluster.learner_gpus`` GPUs (else CPU, gloo).
         num_threads: torch CPU threads of each rank (0: torch's default).
         env: environment variables of the rank processes (:func:`learner_env`).
+        placement: where the ranks go (:func:`~dice_ray.cluster.placement.learner_placement`, its owner removes its
+            group); None: the group makes its own from ``cfg`` and ``use_gpu`` and removes it in :meth:`shutdown`.
 
     Raises:
         ValueError: ``use_gpu`` with ``cluster.learner_gpus`` of 0.
+        PlacementTimeout: its own placement group was not placed within ``cluster.placement_timeout_s``.
     """
 
-    def __init__(self, cfg: DiceConfig, use_gpu: bool, num_threads: int = 0, env: dict | None = None):
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        c = cfg.cluster
-        n = c.learner_ranks
-        if use_gpu and not c.learner_gpus:
-            raise ValueError("cluster.learner_gpus must be > 0 for a GPU learner")
-        self.cfg, self.world_size, self.placement_group = cfg, n, None
-        opts: list[dict] = [{"num_gpus": 0}] * n
-        if use_gpu:
-            self.placement_group = placement_group([{"GPU": c.learner_gpus}] * n, strategy="PACK")
-            try:
-                ray.get(self.placement_group.ready(), timeout=PLACEMENT_TIMEOUT_S)
-            except ray.exceptions.GetTimeoutError:
-                raise RuntimeError(
-                    f"cluster.learner_ranks={n} x cluster.learner_gpus={c.learner_gpus}: no placement for the learner's "
-                    f"GPUs after {PLACEMENT_TIMEOUT_S} s (cluster resources {ray.cluster_resources()})"
-                ) from None
-            opts = [{"num_gpus": c.learner_gpus, "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                self.placement_group, placement_group_bundle_index=i)} for i in range(n)]
+    def __init__(self, cfg: DiceConfig, use_gpu: bool, num_threads: int = 0, env: dict | None = None,
+                 placement: RolePlacement | None = None):
+        n = cfg.cluster.learner_ranks
+        self.cfg, self.world_size = cfg, n
+        self._own_placement = placement is None
+        self.placement = learner_placement(cfg, use_gpu) if placement is None else placement
         self.actors = [
-            Learner.options(runtime_env={"env_vars": env or {}}, **o).remote(cfg, i, n, num_threads)
-            for i, o in enumerate(opts)
+            Learner.options(runtime_env={"env_vars": env or {}}, **self.placement.options(i)).remote(cfg, i, n, num_threads)
+            for i in range(n)
         ]
         self.warm_start = _Call(self._warm_start)
         self.init_engine = _Call(self._init_engine)
@@ -724,13 +710,11 @@ class LearnerGroup:
         return [a.broadcast_weights.remote(spec) for a in ranks]
 
     def shutdown(self) -> None:
-        """Kill the ranks and free their placement group."""
+        """Kill the ranks, and remove their placement group when the group made it."""
         for a in self.actors:
             ray.kill(a)
-        if self.placement_group is not None:
-            from ray.util.placement_group import remove_placement_group
-
-            remove_placement_group(self.placement_group)
+        if self._own_placement:
+            self.placement.remove()
 
 
 def _rng_state() -> dict:
