@@ -92,7 +92,8 @@ class RunSetup:
             RolloutWorker.options(
                 **self.rollout_placement.options(i), max_restarts=ROLLOUT_MAX_RESTARTS, max_task_retries=0
             ).remote(
-                cfg.model, cfg.sampling, cfg.tasks.prompt_template, threads, cfg.phase.scaffold_granularity
+                cfg.model, cfg.sampling, cfg.tasks.prompt_template, threads, cfg.phase.scaffold_granularity,
+                self.rollout_placement.colocated,
             )
             for i in range(cfg.cluster.num_rollout_workers)
         ]
