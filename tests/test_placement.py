@@ -72,6 +72,18 @@ def two_nodes():
     cluster.shutdown()
 
 
+@pytest.fixture
+def nodes(two_nodes):
+    """``two_nodes`` for one test, with every group it left behind removed after it (a failing test leaks none into
+    the next)."""
+    yield two_nodes
+    from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+    for hex_id, group in placement_group_table().items():
+        if group["state"] != "REMOVED":
+            remove_placement_group(PlacementGroup(two_nodes.PlacementGroupID(bytes.fromhex(hex_id))))
+
+
 def _probe_class(ray):
     @ray.remote(num_cpus=0)
     class Probe:
@@ -114,11 +126,11 @@ def _cfg(*overrides: str) -> DiceConfig:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, strategy, nodes", [("pack", "PACK", 1), ("spread", "SPREAD", 2)])
-def test_rollout_workers_land_in_their_bundles_packed_or_spread(two_nodes, mode, strategy, nodes):
+@pytest.mark.parametrize("mode, strategy, n_nodes", [("pack", "PACK", 1), ("spread", "SPREAD", 2)])
+def test_rollout_workers_land_in_their_bundles_packed_or_spread(nodes, mode, strategy, n_nodes):
     from dice_ray.cluster.placement import learner_placement, rollout_placement
 
-    ray = two_nodes
+    ray = nodes
     _all_free(ray)
     cfg = _cfg(f"cluster.placement={mode}", "cluster.rollout_gpus=1", "cluster.num_rollout_workers=2")
     learner = learner_placement(cfg, use_gpu=False)  # a CPU learner: no group, nothing asked
@@ -131,7 +143,7 @@ def test_rollout_workers_land_in_their_bundles_packed_or_spread(two_nodes, mode,
     where = ray.get([a.where.remote() for a in actors], timeout=60)
     bundle_nodes = _nodes_of(rollout.group)
     assert [w[0] for w in where] == bundle_nodes, "each worker sits on its own bundle's node"
-    assert len(set(bundle_nodes)) == nodes
+    assert len(set(bundle_nodes)) == n_nodes
     assert all(len(w[1]) == 1 for w in where) and len({(w[0], w[1]) for w in where}) == 2, "one GPU each, not shared"
     rollout.remove()
     assert _state(rollout.group) == "REMOVED"
@@ -140,10 +152,10 @@ def test_rollout_workers_land_in_their_bundles_packed_or_spread(two_nodes, mode,
 
 
 @pytest.mark.slow
-def test_colocated_workers_share_their_learner_ranks_gpus(two_nodes):
+def test_colocated_workers_share_their_learner_ranks_gpus(nodes):
     from dice_ray.cluster.placement import learner_placement, rollout_placement
 
-    ray = two_nodes
+    ray = nodes
     _all_free(ray)
     cfg = _cfg(*COLOCATED, "cluster.learner_ranks=2", "cluster.num_rollout_workers=3")
     learner = learner_placement(cfg, use_gpu=True)
@@ -167,10 +179,10 @@ def test_colocated_workers_share_their_learner_ranks_gpus(two_nodes):
 
 
 @pytest.mark.slow
-def test_a_restarted_worker_comes_back_in_its_bundle(two_nodes):
+def test_a_restarted_worker_comes_back_in_its_bundle(nodes):
     from dice_ray.cluster.placement import learner_placement, rollout_placement
 
-    ray = two_nodes
+    ray = nodes
     _all_free(ray)
     cfg = _cfg("cluster.placement=spread", "cluster.rollout_gpus=1", "cluster.num_rollout_workers=2")
     rollout = rollout_placement(cfg, on_gpu=True, learner=learner_placement(cfg, use_gpu=False))
@@ -196,12 +208,12 @@ def test_a_restarted_worker_comes_back_in_its_bundle(two_nodes):
      "SPREAD"),
     (["cluster.learner_gpus=2", "cluster.learner_ranks=3"], "learner", "PACK"),
 ])
-def test_a_request_that_cannot_be_placed_names_the_role(two_nodes, overrides, role, strategy):
+def test_a_request_that_cannot_be_placed_names_the_role(nodes, overrides, role, strategy):
     from ray.util.placement_group import placement_group_table
 
     from dice_ray.cluster.placement import PlacementTimeout, learner_placement, rollout_placement
 
-    ray = two_nodes
+    ray = nodes
     _all_free(ray)
     cfg = load_config(None, ["cluster.placement_timeout_s=2", "cluster.num_rollout_workers=1", *overrides])
     learner = None
@@ -218,11 +230,11 @@ def test_a_request_that_cannot_be_placed_names_the_role(two_nodes, overrides, ro
 
 
 @pytest.mark.slow
-def test_trainer_shutdown_removes_the_groups(two_nodes, tmp_path):
+def test_trainer_shutdown_removes_the_groups(nodes, tmp_path):
     from dice_ray.cluster.placement import learner_placement, rollout_placement
     from dice_ray.cluster.trainer import Trainer
 
-    ray = two_nodes
+    ray = nodes
     _all_free(ray)
     for overrides in (["cluster.rollout_gpus=0.5", "cluster.learner_gpus=1"], [*COLOCATED]):
         cfg = _cfg(*overrides)
@@ -240,7 +252,7 @@ def test_trainer_shutdown_removes_the_groups(two_nodes, tmp_path):
 
 
 @pytest.mark.slow
-def test_verifier_slots_make_and_remove_their_groups(two_nodes):
+def test_verifier_slots_make_and_remove_their_groups(nodes):
     """pack: a one-bundle group a GPU verifier, made with the slot, removed when it retires and when the pool closes; a
     slot that cannot be placed fails naming it (compile-only verifiers: no CUDA here, though Ray grants them GPUs)."""
     from ray.util.placement_group import placement_group_table
@@ -249,7 +261,7 @@ def test_verifier_slots_make_and_remove_their_groups(two_nodes):
     from dice_ray.cluster.verifier_pool import VerifierPool
     from dice_ray.config import ClusterConfig, RewardConfig, VerifyConfig
 
-    ray = two_nodes
+    ray = nodes
     _all_free(ray)
 
     def state(hex_id):
@@ -287,7 +299,7 @@ def test_verifier_slots_make_and_remove_their_groups(two_nodes):
 
 
 @pytest.mark.slow
-def test_spread_verifiers_take_rays_spread_scheduling_and_no_group(two_nodes):
+def test_spread_verifiers_take_rays_spread_scheduling_and_no_group(nodes):
     from ray.util.placement_group import placement_group_table
 
     from _helpers import wait_for_pool
@@ -295,7 +307,7 @@ def test_spread_verifiers_take_rays_spread_scheduling_and_no_group(two_nodes):
     from dice_ray.cluster.verifier_pool import VerifierPool
     from dice_ray.config import ClusterConfig, RewardConfig, VerifyConfig
 
-    ray = two_nodes
+    ray = nodes
     _all_free(ray)
     p = verifier_placement(1.0, "spread")
     assert p.group is None and p.options(0) == {"num_gpus": 1.0, "num_cpus": 1.0, "scheduling_strategy": "SPREAD"}
