@@ -491,12 +491,13 @@ class ClusterConfig(_Section):
     verifier_gpus: float = Field(1.0, ge=0.0, description="GPUs per verifier actor when GPUs exist.")
     # -- placement of the roles (dice_ray.cluster.placement) --
     placement: Literal["pack", "spread"] = Field(
-        "pack", description="How the rollout workers and the verifiers spread over the cluster's nodes. pack: as few "
-        "nodes as possible (Ray's PACK; the rollout workers' placement group, a group of one bundle a GPU verifier). "
-        "spread: over as many nodes as hold them (the rollout workers' group is Ray's SPREAD; verifiers take Ray's "
-        "SPREAD actor scheduling, since a group's lone bundle lands by best fit under every strategy). The learner's "
-        "ranks are always one PACK group, a bundle of learner_gpus a rank, so a role never lands half on a node it "
-        "was not planned for. Without a GPU in the cluster no role asks for a group.",
+        "pack", description="How the rollout workers and the verifiers spread over the cluster's nodes "
+        "(dice_ray.cluster.placement). pack: on as few nodes as hold them (Ray's PACK: the rollout workers' placement "
+        "group, a bundle of rollout_gpus and 1 CPU a worker; a group of one bundle a GPU verifier). spread: over as "
+        "many nodes as hold them (the rollout workers' group is Ray's SPREAD; verifiers take Ray's SPREAD actor "
+        "scheduling, since a group's lone bundle lands by best fit under every strategy). The learner's ranks are "
+        "always one PACK group, a bundle of learner_gpus a rank, reserved first. Without a GPU in the cluster no role "
+        "asks for a group.",
     )
     placement_timeout_s: float = Field(
         900.0, gt=0.0, description="Seconds to wait for a role's placement group (an autoscaling cluster may add "
