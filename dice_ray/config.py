@@ -11,6 +11,7 @@ Load with :func:`load_config` (YAML file + ``key=value`` overrides in dotted for
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -488,6 +489,32 @@ class ClusterConfig(_Section):
     learner_gpus: float = Field(0.0, ge=0.0, description="GPUs for the learner actor (0: CPU, gloo; a fraction shares one).")
     rollout_gpus: float = Field(0.0, ge=0.0, description="GPUs a rollout worker asks Ray for (0: CPU).")
     verifier_gpus: float = Field(1.0, ge=0.0, description="GPUs per verifier actor when GPUs exist.")
+    # -- placement of the roles (dice_ray.cluster.placement) --
+    placement: Literal["pack", "spread"] = Field(
+        "pack", description="How the rollout workers and the verifiers spread over the cluster's nodes "
+        "(dice_ray.cluster.placement). pack: on as few nodes as hold them (Ray's PACK: the rollout workers' placement "
+        "group, a bundle of rollout_gpus and 1 CPU a worker; a group of one bundle a GPU verifier). spread: over as "
+        "many nodes as hold them (the rollout workers' group is Ray's SPREAD; verifiers take Ray's SPREAD actor "
+        "scheduling, since a group's lone bundle lands by best fit under every strategy). The learner's ranks are "
+        "always one PACK group, a bundle of learner_gpus a rank, reserved first. Without a GPU in the cluster no role "
+        "asks for a group.",
+    )
+    placement_timeout_s: float = Field(
+        900.0, gt=0.0, description="Seconds to wait for a role's placement group (an autoscaling cluster may add "
+        "nodes meanwhile); then the run stops, naming the role, its bundles, the strategy and the cluster's "
+        "resources (a verifier that cannot be placed fails its slot with that message instead).",
+    )
+    colocate_rollout: bool = Field(
+        False, description="Put the rollout workers on the learner ranks' GPUs: worker i in rank (i mod "
+        "learner_ranks)'s bundle with rollout_gpus of it (the rank keeps learner_gpus less its workers' shares), "
+        "and free the learner's GPU memory while they sample: after each learner step (and after start-up) its "
+        "weights, gradients, optimizer states and KL reference go to CPU memory (DeepSpeed's offload_states for "
+        "what it manages, ZeRO 1-3; torch for the rest) and come back before the next step; the rollout workers "
+        "empty their CUDA cache after sampling. A GPU holds one phase at a time (dice-ray train --dry-run counts it "
+        "so). Needs GPUs (learner_gpus <= 1 and rollout_gpus > 0, the workers of a bundle leaving the rank a "
+        "share), rl.max_staleness=0 (nothing samples while the learner learns) and, at zero_stage 0, "
+        "model.dtype=float32. No effect without a GPU in the cluster.",
+    )
     # -- the learner's ranks and the weight sync (dice_ray.cluster.learner, dice_ray.cluster.weight_sync) --
     learner_ranks: int = Field(
         1, ge=1, description="Data-parallel DeepSpeed ranks of the learner (Ray actors; on GPUs one placement "
@@ -535,8 +562,9 @@ class ClusterConfig(_Section):
         "Not with zero_stage 3 (its parameter hooks run inside the layers).",
     )
     learner_offload: bool = Field(
-        False, description="DeepSpeed ZeRO-Offload: optimizer state in CPU memory (ZeRO-3: parameters too); "
-        "for a learner sharing its GPU with rollout workers. Needs zero_stage >= 1.",
+        False, description="DeepSpeed ZeRO-Offload: optimizer state in CPU memory (ZeRO-3: parameters too) all "
+        "the time, the optimizer stepping on the CPU. Needs zero_stage >= 1. colocate_rollout instead moves the "
+        "states to CPU memory only while rollouts sample.",
     )
     weight_sync: Literal["auto", "broadcast", "object_store"] = Field(
         "auto", description="How weights reach rollout workers after a learner step. auto: bucketed NCCL "
@@ -566,6 +594,41 @@ class ClusterConfig(_Section):
         description="Seconds between two autoscaling changes; shrinking also needs the pool to have been "
         "larger than needed for this long (draining actors finish their in-flight candidates).",
     )
+
+    @property
+    def colocated_rollouts_per_rank(self) -> int:
+        """With ``colocate_rollout``: rollout workers in a learner rank's bundle at most (workers dealt round the
+        ranks: ``ceil(num_rollout_workers / learner_ranks)``)."""
+        return -(-self.num_rollout_workers // self.learner_ranks)
+
+    @property
+    def colocated_learner_share(self) -> float:
+        """With ``colocate_rollout``: the GPUs a learner rank asks of its bundle, ``learner_gpus`` less its rollout
+        workers' ``rollout_gpus`` each, rounded down to Ray's 1e-4 resolution (so the shares never sum above the
+        bundle)."""
+        rest = self.learner_gpus - self.colocated_rollouts_per_rank * self.rollout_gpus
+        return math.floor(rest * 10_000 + 1e-6) / 10_000
+
+    @model_validator(mode="after")
+    def _check_colocation(self) -> ClusterConfig:
+        if not self.colocate_rollout:
+            return self
+        if not (self.learner_gpus > 0 and self.rollout_gpus > 0):
+            raise ValueError(f"cluster.colocate_rollout=true needs cluster.learner_gpus > 0 and cluster.rollout_gpus > 0 "
+                             f"(the rollout workers share the learner ranks' GPUs), got learner_gpus={self.learner_gpus:g} "
+                             f"and rollout_gpus={self.rollout_gpus:g}")
+        if self.learner_gpus > 1:
+            raise ValueError(f"cluster.colocate_rollout=true needs cluster.learner_gpus <= 1, got {self.learner_gpus:g}: "
+                             "a rank's bundle is the one GPU it shares with its rollout workers (Ray grants fractions "
+                             "of one GPU only)")
+        k = self.colocated_rollouts_per_rank
+        if self.colocated_learner_share <= 0:
+            raise ValueError(f"cluster.colocate_rollout=true: {k} rollout worker(s) a learner bundle (ceil of "
+                             f"cluster.num_rollout_workers={self.num_rollout_workers} / cluster.learner_ranks="
+                             f"{self.learner_ranks}) x cluster.rollout_gpus={self.rollout_gpus:g} = "
+                             f"{k * self.rollout_gpus:g} must stay below cluster.learner_gpus={self.learner_gpus:g} "
+                             "(the rank keeps the rest of its bundle): lower rollout_gpus or num_rollout_workers")
+        return self
 
     @model_validator(mode="after")
     def _check_fused_kernels(self) -> ClusterConfig:
@@ -651,6 +714,15 @@ class DiceConfig(_Section):
             from dice_ray.cluster.storage import check_storage_url
 
             check_storage_url(self.storage_path)
+        c = self.cluster
+        if c.colocate_rollout and self.rl.max_staleness:
+            raise ValueError(f"cluster.colocate_rollout=true needs rl.max_staleness=0, got {self.rl.max_staleness}: the "
+                             "learner's states leave its GPU while the rollout workers sample there, so nothing may "
+                             "sample while it learns (or set colocate_rollout=false)")
+        if c.colocate_rollout and c.zero_stage == 0 and self.model.dtype != "float32":
+            raise ValueError(f"cluster.colocate_rollout=true with cluster.zero_stage=0 needs model.dtype=float32, got "
+                             f"{self.model.dtype}: DeepSpeed's 16-bit optimizer without ZeRO keeps master copies it "
+                             "cannot offload; use cluster.zero_stage >= 1")
         if self.sampling.max_new_tokens % self.model.block_size:
             raise ValueError(
                 f"sampling.max_new_tokens={self.sampling.max_new_tokens} must be a multiple of "

@@ -157,6 +157,53 @@ def test_roles_sharing_a_gpu_must_sum_on_it(capsys):
     assert "a GPU holds 140.4 GiB: lower verify.gpu_memory_fraction" in err
 
 
+def test_spread_deals_rollout_workers_and_verifiers_over_the_nodes():
+    def where(mode):
+        cfg = load_config(None, ["cluster.learner_gpus=1", "cluster.rollout_gpus=1", "cluster.num_rollout_workers=2",
+                                 "cluster.num_verifiers=2", f"cluster.placement={mode}"])
+        plan = make_plan(cfg, Capacity([4, 4], int(80 * GIB), "given"))
+        return {r.name: [g.node for g in r.placed] for r in plan.roles}
+
+    assert where("pack") == {"learner": [0], "rollout": [0, 0], "verifier": [0, 1]}  # first fit, node 0 first
+    assert where("spread") == {"learner": [0], "rollout": [0, 1], "verifier": [0, 1]}
+
+
+def test_colocated_rollout_shares_the_learner_gpus_one_phase_at_a_time(capsys):
+    """Colocated, the workers sit on their ranks' GPUs (none of their own) and a GPU holds the larger of the learning
+    phase and the sampling phase, not their sum: a GPU too small for both at once holds them colocated, and the same
+    roles sharing it by fractions (both resident) do not fit."""
+    common = ["sampling.max_new_tokens=4096", "rl.num_generations=16", "cluster.num_verifiers=1",
+              "verify.mode=compile_only"]
+    colocated = load_config(None, [*common, "cluster.colocate_rollout=true", "cluster.learner_gpus=1",
+                                   "cluster.rollout_gpus=0.5", "cluster.learner_ranks=2", "cluster.num_rollout_workers=2"])
+    plan = make_plan(colocated, Capacity([2], int(80 * GIB), "given"))
+    learner, rollout = plan.roles[0], plan.roles[1]
+    assert rollout.colocated and [g.index for g in rollout.placed] == [g.index for g in learner.placed] == [0, 1]
+    gpu = learner.placed[0]
+    learning, sampling = plan.phases(gpu)
+    lc, rc_ = learner.estimate.components, rollout.estimate.components
+    assert learning == learner.per_gpu + rc_["weights"] + rc_["runtime"]
+    assert sampling == rollout.per_gpu + lc["runtime"]
+    both = learner.per_gpu + rollout.per_gpu
+    assert plan.used(gpu) == max(learning, sampling) < both
+    moved = lc["weights"] + lc["gradients"] + lc["optimizer"]
+    assert learner.estimate.host == moved and any("go to CPU memory" in n for n in learner.estimate.notes)
+    between = (max(learning, sampling) + both) / 2 / GIB
+    # colocated: fits a GPU smaller than both at once
+    rc, out, err = _main(capsys, "train", "--dry-run", "--cluster-gpus", 2, "--gpu-memory-gib", f"{between:.2f}", *common,
+                         "cluster.colocate_rollout=true", "cluster.learner_gpus=1", "cluster.rollout_gpus=0.5",
+                         "cluster.learner_ranks=2", "cluster.num_rollout_workers=2")
+    assert rc == 0, err
+    assert "placement: the learner's ranks one PACK group; rollout workers in the learner's bundles" in out
+    assert re.search(r"n0:0: learner 1 \(.*\) \+ rollout 0.5 \(.*\) = learning .*, sampling .* \(colocated: one "
+                     r"phase at a time\), peak", out), out
+    assert "n0:0-1 (learner's)" in out
+    # the same GPU, the learner and a worker both resident (fractions, no colocation): does not fit
+    rc, out, err = _main(capsys, "train", "--dry-run", "--cluster-gpus", 1, "--gpu-memory-gib", f"{between:.2f}", *common,
+                         "cluster.learner_gpus=0.5", "cluster.rollout_gpus=0.5")
+    assert rc == 2 and "GPU n0:0 holds learner (1 rank, ZeRO-0), rollout worker" in err, err
+
+
 # ---- the presets and the default ---------------------------------------------------------------------------
 
 

@@ -51,7 +51,8 @@ def describe_learner(info: dict) -> str:
     """One line for the console from the learner's ``init_engine`` report (``family``, ``model``, ``params``,
     ``zero_stage``, ``backend``, ``ranks``, ``device``, ``seconds``; ``fused_kernels`` named when not empty,
     ``fused_kernels_off``, why ``auto`` left them off on a GPU, and ``deepspeed_seconds``, named when
-    ``deepspeed.initialize`` took :data:`SLOW_DEEPSPEED_S` or more: it builds its ops the first time), e.g.
+    ``deepspeed.initialize`` took :data:`SLOW_DEEPSPEED_S` or more: it builds its ops the first time; and
+    ``offload_seconds``, the first offload of a colocated learner's states, when not None), e.g.
     ``sdar policy, 0.55 M params, built, warm-started by SFT; DeepSpeed ZeRO-0 over gloo, 1 rank(s) on cpu; ready in
     1.3 s`` (on a GPU with Liger: ``... on cuda:0, fused kernels: swiglu, rope (Liger); ready in ...``)."""
     return (f"{info.get('family')} policy, {info.get('params', 0) / 1e6:.2f} M params, {info.get('model')}; "
@@ -61,6 +62,8 @@ def describe_learner(info: dict) -> str:
             + (f", fused kernels off (cluster.fused_kernels=auto: {info['fused_kernels_off']})"
                if info.get("fused_kernels_off") else "")
             + f"; ready in {info.get('seconds', 0.0):.1f} s"
+            + (f"; its states go to CPU memory while the rollout workers sample (cluster.colocate_rollout; "
+               f"{info['offload_seconds']:.1f} s)" if info.get("offload_seconds") is not None else "")
             + (f" (DeepSpeed's set-up {info['deepspeed_seconds']:.1f} s of it: it builds its ops on first use, then "
                f"caches them in {DEEPSPEED_OPS_DIR})" if info.get("deepspeed_seconds", 0.0) >= SLOW_DEEPSPEED_S
                else ""))

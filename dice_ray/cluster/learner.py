@@ -64,6 +64,8 @@ import numpy as np
 import ray
 import torch
 
+from dice_ray.cluster.offload import StatesOffload
+from dice_ray.cluster.placement import RolePlacement, learner_placement
 from dice_ray.config import DEEPSPEED_OPS_DIR, DiceConfig
 
 
@@ -375,6 +377,7 @@ class Learner:
     """
 
     rank, world_size = 0, 1
+    offload = StatesOffload(False)  # a rank without colocation (a test's bare instance); __init__ sets its own
 
     def __init__(self, cfg: DiceConfig, rank: int, world_size: int, num_threads: int = 0):
         from dice_ray.policy.policy import DiffusionPolicy
@@ -393,6 +396,8 @@ class Learner:
         self.step_count = 0
         self.weight_group = None  # the weight-sync group (rank 0, broadcast mode), joined on first use
         self.warm_started = False  # warm_start ran (init_engine reports where the weights came from)
+        # cluster.colocate_rollout: the states leave the GPU while rollout workers sample on it (a GPU rank only)
+        self.offload = StatesOffload(cfg.cluster.colocate_rollout and self.use_gpu)
 
     def rendezvous(self) -> tuple[str, int]:
         """This node's IP and a free port on it (the rendezvous rank 0 serves)."""
@@ -431,6 +436,10 @@ class Learner:
 
         With several ranks, every rank first takes rank 0's weights (a warm-start cache hit loads on rank 0 only), so the
         KL reference and the engine start from the same policy everywhere.
+
+        With ``cluster.colocate_rollout`` (on a GPU) the engine's states then go to CPU memory
+        (:class:`~dice_ray.cluster.offload.StatesOffload`; ``offload_seconds`` says how long it took, None without),
+        so the rollout workers sample on a free GPU; :meth:`train_step` brings them back.
 
         Args:
             master_addr, master_port: the ``torch.distributed`` rendezvous (rank 0's :meth:`rendezvous`);
@@ -493,16 +502,20 @@ class Learner:
         t_ds = time.perf_counter()
         self.engine, _, _, _ = deepspeed_initialize(model=model, optimizer=optimizer, config=ds_config)
         t_ds = time.perf_counter() - t_ds
+        self.offload.sleep(self.engine, [self.ref_model])
         built = "built, warm-started by SFT" if self.warm_started else "built (random init)"
         return {"family": self.policy.family, "model": self.cfg.model.path or built,
                 "backend": backend, "zero_stage": c.zero_stage, "ranks": self.world_size,
                 "seconds": time.perf_counter() - t0, "deepspeed_seconds": t_ds, "device": str(self.device),
                 "params": sum(p.numel() for p in self.policy.model.parameters()), "fused_kernels": fused,
                 "fused_kernels_off": fused_off, "attention": attention, "attention_off": attention_off,
-                "compiled_layers": compiled}
+                "compiled_layers": compiled,
+                "offload_seconds": self.offload.parked.seconds if self.offload.asleep else None}
 
     def train_step(self, groups: list[TrainGroup] | RankShare) -> dict:
-        """One optimizer step a PPO epoch over this rank's groups (``rl.ppo_epochs`` epochs).
+        """One optimizer step a PPO epoch over this rank's groups (``rl.ppo_epochs`` epochs); with
+        ``cluster.colocate_rollout`` the states come back to the GPU first and go to CPU memory after
+        (``seconds`` includes both).
 
         Args:
             groups: this rank's :class:`RankShare` (:func:`plan_step`), or a plain list of groups (one rank:
@@ -525,6 +538,7 @@ class Learner:
         from dice_ray.rl.loss import clipped_policy_loss, merge_chunk_stats
 
         t0 = time.perf_counter()
+        self.offload.wake()
         rl, c = self.cfg.rl, self.cfg.cluster
         dev, est = self.device, rl.logprob_estimator
         share = groups if isinstance(groups, RankShare) else plan_step(
@@ -633,6 +647,7 @@ class Learner:
             norm = self.engine.get_global_grad_norm()
             grad_norm = None if norm is None else float(norm)
         self.step_count += 1
+        self.offload.sleep(self.engine, [self.ref_model])
         seconds = time.perf_counter() - t0
         out = {k: v / max(n_items, 1) for k, v in sums.items()}
         out.update(groups=n_items, tokens=tokens, grad_norm=grad_norm, micro_batches=len(share.micro_batches),
@@ -673,8 +688,9 @@ class Learner:
 
     def get_weights(self) -> dict | None:
         """The policy's weights as CPU tensors on rank 0 (the object-store weight sync), None on other ranks
-        (which only join ZeRO-3's gather)."""
-        with self._gathered():
+        (which only join ZeRO-3's gather). Offloaded states are read where they are under ZeRO 0-2 (the module's
+        parameters, in CPU memory); ZeRO-3 gathers on the GPU, so its states come back for it and go again."""
+        with self.offload.awake() if self.cfg.cluster.zero_stage == 3 else nullcontext(), self._gathered():
             if self.rank:
                 return None
             return {k: v.detach().to("cpu").clone() for k, v in self._module().state_dict().items()}
@@ -696,13 +712,14 @@ class Learner:
 
         if self.rank == 0 and (self.weight_group is None or not self.weight_group.current(spec)):
             self.weight_group = ws.BroadcastGroup(spec, self.device)
-        tensors = ws.named_weights(self._module())
         sent = 0
-        for bucket in spec.buckets:
-            with self._gathered([tensors[s.name] for s in bucket if isinstance(tensors[s.name], torch.nn.Parameter)]):
-                if self.rank == 0:
-                    self.weight_group.send_bucket(bucket, tensors)
-                    sent += ws.bucket_size(bucket)
+        with self.offload.awake():  # the buckets go from the device
+            tensors = ws.named_weights(self._module())
+            for bucket in spec.buckets:
+                with self._gathered([tensors[s.name] for s in bucket if isinstance(tensors[s.name], torch.nn.Parameter)]):
+                    if self.rank == 0:
+                        self.weight_group.send_bucket(bucket, tensors)
+                        sent += ws.bucket_size(bucket)
         return sent
 
     def save(self, ckpt_dir: str, tag: str) -> str:
@@ -714,12 +731,13 @@ class Learner:
         warm-started policy, which a resumed learner no longer has (it loads the RL weights instead).
         """
         client_state = {"dice_ray": {"step_count": self.step_count, "rng": _rng_state()}}
-        self.engine.save_checkpoint(ckpt_dir, tag=tag, client_state=client_state)
-        with self._gathered():
-            if self.rank == 0:
-                self.policy.save(os.path.join(ckpt_dir, tag, "policy"))
-                if self.ref_model is not None:
-                    torch.save(self.ref_model.state_dict(), os.path.join(ckpt_dir, tag, "reference.pt"))
+        with self.offload.awake():  # DeepSpeed saves its states from where it keeps them
+            self.engine.save_checkpoint(ckpt_dir, tag=tag, client_state=client_state)
+            with self._gathered():
+                if self.rank == 0:
+                    self.policy.save(os.path.join(ckpt_dir, tag, "policy"))
+                    if self.ref_model is not None:
+                        torch.save(self.ref_model.state_dict(), os.path.join(ckpt_dir, tag, "reference.pt"))
         return os.path.join(ckpt_dir, tag)
 
     def load(self, ckpt_dir: str, tag: str) -> None:
@@ -730,18 +748,19 @@ class Learner:
             FileNotFoundError: no checkpoint ``tag`` under ``ckpt_dir``, or its KL reference is missing
                 while ``rl.beta > 0``.
         """
-        path, client_state = self.engine.load_checkpoint(ckpt_dir, tag=tag)
-        if path is None:
-            raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} under {ckpt_dir}")
-        extra = (client_state or {}).get("dice_ray")
-        if extra is not None:  # checkpoints of older dice-ray versions lack it: step count 0, RNG as is
-            self.step_count = extra["step_count"]
-            _set_rng_state(extra["rng"])
-        if self.ref_model is not None:
-            ref = os.path.join(ckpt_dir, tag, "reference.pt")
-            if not os.path.exists(ref):
-                raise FileNotFoundError(f"rl.beta={self.cfg.rl.beta} needs the KL reference {ref}, which is missing")
-            self.ref_model.load_state_dict(torch.load(ref, map_location=self.device, weights_only=True))
+        with self.offload.awake():  # DeepSpeed loads into its states where they live on the device
+            path, client_state = self.engine.load_checkpoint(ckpt_dir, tag=tag)
+            if path is None:
+                raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} under {ckpt_dir}")
+            extra = (client_state or {}).get("dice_ray")
+            if extra is not None:  # checkpoints of older dice-ray versions lack it: step count 0, RNG as is
+                self.step_count = extra["step_count"]
+                _set_rng_state(extra["rng"])
+            if self.ref_model is not None:
+                ref = os.path.join(ckpt_dir, tag, "reference.pt")
+                if not os.path.exists(ref):
+                    raise FileNotFoundError(f"rl.beta={self.cfg.rl.beta} needs the KL reference {ref}, which is missing")
+                self.ref_model.load_state_dict(torch.load(ref, map_location=self.device, weights_only=True))
 
 
 def merge_rank_stats(*outs: dict) -> dict:
@@ -768,10 +787,6 @@ def _first(*outs):
     return outs[0]
 
 
-PLACEMENT_TIMEOUT_S = 900
-"""Seconds to wait for the learner's GPU placement group (an autoscaling cluster may add nodes first)."""
-
-
 class _Call:
     """``group.method.remote(*args)`` -> one ObjectRef, as an actor handle's method answers."""
 
@@ -783,7 +798,8 @@ class LearnerGroup:
     """The learner's ``cluster.learner_ranks`` DeepSpeed ranks, driven as one.
 
     On GPUs the ranks are Ray actors in one placement group (a bundle of ``cluster.learner_gpus`` GPUs a
-    rank, packed on as few nodes as possible); on CPU plain actors (gloo). The group answers the calls the
+    rank, packed on as few nodes as possible: :func:`~dice_ray.cluster.placement.learner_placement`); on CPU plain
+    actors (gloo). The group answers the calls the
     driver makes on a learner actor handle (``group.train_step.remote(batch)`` gives one ObjectRef), so
     the driver loop is the same for one rank or many: ``warm_start`` runs on every rank, data-parallel (each
     rank a shard of each SFT batch; a cache hit loads on rank 0 only, and ``init_engine`` hands rank 0's weights
@@ -797,35 +813,23 @@ class LearnerGroup:
         use_gpu: give each rank ``cluster.learner_gpus`` GPUs (else CPU, gloo).
         num_threads: torch CPU threads of each rank (0: torch's default).
         env: environment variables of the rank processes (:func:`learner_env`).
+        placement: where the ranks go (:func:`~dice_ray.cluster.placement.learner_placement`, its owner removes its
+            group); None: the group makes its own from ``cfg`` and ``use_gpu`` and removes it in :meth:`shutdown`.
 
     Raises:
         ValueError: ``use_gpu`` with ``cluster.learner_gpus`` of 0.
+        PlacementTimeout: its own placement group was not placed within ``cluster.placement_timeout_s``.
     """
 
-    def __init__(self, cfg: DiceConfig, use_gpu: bool, num_threads: int = 0, env: dict | None = None):
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        c = cfg.cluster
-        n = c.learner_ranks
-        if use_gpu and not c.learner_gpus:
-            raise ValueError("cluster.learner_gpus must be > 0 for a GPU learner")
-        self.cfg, self.world_size, self.placement_group = cfg, n, None
-        opts: list[dict] = [{"num_gpus": 0}] * n
-        if use_gpu:
-            self.placement_group = placement_group([{"GPU": c.learner_gpus}] * n, strategy="PACK")
-            try:
-                ray.get(self.placement_group.ready(), timeout=PLACEMENT_TIMEOUT_S)
-            except ray.exceptions.GetTimeoutError:
-                raise RuntimeError(
-                    f"cluster.learner_ranks={n} x cluster.learner_gpus={c.learner_gpus}: no placement for the learner's "
-                    f"GPUs after {PLACEMENT_TIMEOUT_S} s (cluster resources {ray.cluster_resources()})"
-                ) from None
-            opts = [{"num_gpus": c.learner_gpus, "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                self.placement_group, placement_group_bundle_index=i)} for i in range(n)]
+    def __init__(self, cfg: DiceConfig, use_gpu: bool, num_threads: int = 0, env: dict | None = None,
+                 placement: RolePlacement | None = None):
+        n = cfg.cluster.learner_ranks
+        self.cfg, self.world_size = cfg, n
+        self._own_placement = placement is None
+        self.placement = learner_placement(cfg, use_gpu) if placement is None else placement
         self.actors = [
-            Learner.options(runtime_env={"env_vars": env or {}}, **o).remote(cfg, i, n, num_threads)
-            for i, o in enumerate(opts)
+            Learner.options(runtime_env={"env_vars": env or {}}, **self.placement.options(i)).remote(cfg, i, n, num_threads)
+            for i in range(n)
         ]
         self.warm_start = _Call(self._warm_start)
         self.init_engine = _Call(self._init_engine)
@@ -877,13 +881,11 @@ class LearnerGroup:
         return [a.broadcast_weights.remote(spec) for a in ranks]
 
     def shutdown(self) -> None:
-        """Kill the ranks and free their placement group."""
+        """Kill the ranks, and remove their placement group when the group made it."""
         for a in self.actors:
             ray.kill(a)
-        if self.placement_group is not None:
-            from ray.util.placement_group import remove_placement_group
-
-            remove_placement_group(self.placement_group)
+        if self._own_placement:
+            self.placement.remove()
 
 
 def _rng_state() -> dict:

@@ -1,21 +1,30 @@
 """Plan before launch: where each role of a run lands and whether its memory fits the GPUs (``dice-ray train --dry-run``).
 
-:func:`make_plan` places the roles the way the trainer asks Ray for them (:meth:`dice_ray.cluster.trainer.Trainer.setup`:
-``cluster.learner_ranks`` bundles of ``cluster.learner_gpus`` in one PACK placement group, ``cluster.num_rollout_workers``
-x ``cluster.rollout_gpus``, the verifiers x ``cluster.verifier_gpus``; with no GPU in the cluster every role runs on
-CPU), packs fractional requests first-fit onto GPUs, and adds up on each GPU the per-GPU estimates of
-:mod:`dice_ray.cluster.memory_estimate` of the actors it holds. A plan does not fit when a GPU's sum exceeds its
-memory, or when the cluster, given by size, has too few GPUs for the requests.
+:func:`make_plan` places the roles the way the trainer asks Ray for them (:mod:`dice_ray.cluster.placement`:
+``cluster.learner_ranks`` bundles of ``cluster.learner_gpus`` in one PACK placement group, placed first;
+``cluster.num_rollout_workers`` x ``cluster.rollout_gpus`` and the verifiers x ``cluster.verifier_gpus``, packed onto as
+few nodes as hold them, or with ``cluster.placement=spread`` dealt over the nodes, the node holding the fewest of the
+role first; with no GPU in the cluster every role runs on CPU), fills fractional requests first-fit onto GPUs, and adds
+up on each GPU the per-GPU estimates of :mod:`dice_ray.cluster.memory_estimate` of the actors it holds. A plan does not
+fit when a GPU's sum exceeds its memory, or when the cluster, given by size, has too few GPUs for the requests.
+
+With ``cluster.colocate_rollout`` rollout worker i shares learner rank ``i mod learner_ranks``'s GPU (inside its
+bundle: no GPU of its own), and the GPU holds one phase at a time. Assumed, as the learner and the rollout workers
+do it (:mod:`dice_ray.cluster.offload`): while the workers sample, the learner's weights, gradients, optimizer states
+and KL reference are in CPU memory and only its runtime (CUDA context, DeepSpeed's buckets) stays; while the learner
+steps, each worker keeps its weights and runtime, its KV cache and working set handed back. Such a GPU's sum is
+the larger of the two phases, ``max(learner + workers' weights and runtime, workers + learner's runtime)`` (the
+shared-GPU lines show both); the offloaded states count in the learner's CPU memory.
 
 The capacity (:func:`resolve_capacity`) comes from, in order: ``--cluster-gpus`` / ``--gpus-per-node`` /
 ``--gpu-memory-gib``; the Ray cluster at ``--address`` / ``cluster.address`` / ``RAY_ADDRESS`` (its alive nodes'
 GPUs from ``ray.nodes()``; a GPU's memory from this machine's GPUs when it has some, else from the nodes'
 ``accelerator_type`` by :data:`GPU_MEMORY_GIB`); this machine's GPUs (NVML, which makes no CUDA context);
 else it is unknown and the plan is printed unchecked. A running cluster that has fewer GPUs than the plan asks
-only warns: an autoscaler may still add nodes (the learner waits for its placement group up to
-:data:`~dice_ray.cluster.learner.PLACEMENT_TIMEOUT_S`).
+only warns: an autoscaler may still add nodes (each role waits for its placement group up to
+``cluster.placement_timeout_s``).
 
-Ray's own packing of fractional GPUs may differ from the one shown; the estimates are in
+Which GPU of a node Ray gives a fraction may differ from the one shown; the estimates are in
 :mod:`dice_ray.cluster.memory_estimate`.
 """
 
@@ -98,6 +107,7 @@ class Role:
     gpus: float
     estimate: Estimate
     placed: list[Gpu | None] = field(default_factory=list)
+    colocated: bool = False  # rollout workers inside the learner's bundles (cluster.colocate_rollout)
 
     @property
     def per_gpu(self) -> int:
@@ -127,14 +137,36 @@ class Plan:
     def gpu_roles(self) -> list[Role]:
         return [r for r in self.roles if r.gpus > 0]
 
-    def used(self, gpu: Gpu) -> int:
-        """Bytes the estimates put on ``gpu`` (an actor of several GPUs counts on its first)."""
-        total = 0
+    def role(self, name: str) -> Role:
+        return next(r for r in self.roles if r.name == name)
+
+    def _bytes(self, gpu: Gpu) -> dict[str, int]:
+        """Bytes each role's estimates put on ``gpu`` (an actor of several GPUs counts on its first)."""
+        out: dict[str, int] = {}
         for name, actor, _ in gpu.tenants:
-            role = next(r for r in self.roles if r.name == name)
+            role = self.role(name)
             if role.placed[actor] is gpu:
-                total += role.per_gpu
-        return total
+                out[name] = out.get(name, 0) + role.per_gpu
+        return out
+
+    def phases(self, gpu: Gpu) -> tuple[int, int] | None:
+        """(learning, sampling) bytes of a GPU the learner shares with colocated rollout workers (the module
+        docstring's assumption); None on any other GPU."""
+        by = self._bytes(gpu)
+        rollout = self.role("rollout")
+        if not (rollout.colocated and "learner" in by and "rollout" in by):
+            return None
+        others = sum(b for name, b in by.items() if name not in ("learner", "rollout"))
+        c_r, c_l = rollout.estimate.components, self.role("learner").estimate.components
+        workers = by["rollout"] // rollout.per_gpu if rollout.per_gpu else 0
+        resident = workers * (c_r.get("weights", 0) + c_r.get("runtime", 0))
+        return others + by["learner"] + resident, others + by["rollout"] + c_l.get("runtime", 0)
+
+    def used(self, gpu: Gpu) -> int:
+        """Bytes the estimates put on ``gpu`` at its peak: the sum of its actors', or on a GPU shared by colocation
+        the larger of its two phases (:meth:`phases`)."""
+        both = self.phases(gpu)
+        return max(both) if both is not None else sum(self._bytes(gpu).values())
 
 
 # ---- capacity -----------------------------------------------------------------------------------------------
@@ -260,9 +292,12 @@ def resolve_capacity(cfg: DiceConfig, cluster_gpus: int | None = None, gpus_per_
 # ---- placement ----------------------------------------------------------------------------------------------
 
 
-def _take(gpus: list[Gpu], need: float, prefer_node: int | None = None) -> list[Gpu] | None:
-    """GPUs for one request of ``need`` GPUs (fractions share one GPU, whole numbers take free GPUs of one node)."""
-    nodes = sorted({g.node for g in gpus}, key=lambda n: (n != prefer_node, n))
+def _take(gpus: list[Gpu], need: float, prefer_node: int | None = None,
+          load: dict[int, int] | None = None) -> list[Gpu] | None:
+    """GPUs for one request of ``need`` GPUs (fractions share one GPU, whole numbers take free GPUs of one node):
+    ``prefer_node`` first, or with ``load`` (actors of the role a node holds: spread) the least loaded node first."""
+    nodes = sorted({g.node for g in gpus}, key=lambda n: ((load or {}).get(n, 0), n) if load is not None
+                   else (n != prefer_node, n))
     for n in nodes:
         on = [g for g in gpus if g.node == n]
         if need < 1:
@@ -276,23 +311,37 @@ def _take(gpus: list[Gpu], need: float, prefer_node: int | None = None) -> list[
     return None
 
 
-def place(roles: list[Role], capacity: Capacity) -> tuple[list[Gpu], int]:
+def place(roles: list[Role], capacity: Capacity, spread: bool = False) -> tuple[list[Gpu], int]:
     """Place every GPU actor of ``roles`` (sets ``Role.placed``); returns the GPUs and how many actors found no room.
 
-    The learner's ranks first (one PACK placement group: as few nodes as possible), then whole-GPU actors, then
-    fractional ones from the largest share down, each first-fit. A running cluster (``capacity.live``) or an
-    unknown one grows by nodes like its largest (8 GPUs when unknown) instead of leaving actors out."""
+    The learner's ranks first (one PACK placement group: as few nodes as possible), then colocated rollout workers
+    on their ranks' GPUs (inside the ranks' bundles: nothing more taken), then whole-GPU actors, then fractional
+    ones from the largest share down, each first-fit; with ``spread`` the rollout workers and verifiers try the node
+    holding the fewest of their role first. A running cluster (``capacity.live``) or an unknown one grows by nodes
+    like its largest (8 GPUs when unknown) instead of leaving actors out."""
     per = list(capacity.nodes or [])
     gpus = [Gpu(n, i) for n, k in enumerate(per) for i in range(k)]
     grow = capacity.live or capacity.nodes is None
     width = max(per, default=8) or 8
     short = 0
     requests = [(r, a) for r in roles if r.gpus > 0 for a in range(r.actors)]
-    order = sorted(requests, key=lambda ra: (ra[0].name != "learner", ra[0].gpus < 1, -ra[0].gpus))
+    order = sorted(requests, key=lambda ra: (ra[0].name != "learner", not ra[0].colocated, ra[0].gpus < 1, -ra[0].gpus))
     learner_node = None
+    load: dict[str, dict[int, int]] = {}
     for role, actor in order:
+        if role.colocated:  # in rank (actor mod ranks)'s bundle, on its GPU
+            rank = next(r for r in roles if r.name == "learner").placed
+            g = rank[actor % len(rank)] if rank else None
+            role.placed.append(g)
+            if g is None:
+                short += 1
+            else:
+                g.tenants.append((role.name, actor, min(role.gpus, 1.0)))
+            continue
+        spreading = spread and role.name != "learner"
         while True:
-            got = _take(gpus, role.gpus, learner_node if role.name == "learner" else None)
+            got = _take(gpus, role.gpus, learner_node if role.name == "learner" else None,
+                        load.setdefault(role.name, {}) if spreading else None)
             if got is not None or not grow:
                 break
             base = max((g.node for g in gpus), default=-1) + 1
@@ -303,6 +352,8 @@ def place(roles: list[Role], capacity: Capacity) -> tuple[list[Gpu], int]:
             continue
         if role.name == "learner":
             learner_node = got[0].node
+        counts = load.setdefault(role.name, {})
+        counts[got[0].node] = counts.get(got[0].node, 0) + 1
         for g in got:
             share = min(role.gpus, 1.0)
             g.free -= share
@@ -331,25 +382,42 @@ def make_plan(cfg: DiceConfig, capacity: Capacity, prompt: int | None = None, wi
     gv = c.verifier_gpus if has and cfg.verify.mode != "compile_only" else 0.0
     n_ver = c.num_verifiers or (capacity.gpus if capacity.gpus else 2 if capacity.gpus == 0 else 1)
     bcast = _broadcast(cfg, gl, gr, has)
+    colocated = c.colocate_rollout and gl > 0 and gr > 0
     roles = [
         Role("learner", f"learner ({c.learner_ranks} rank{'' if c.learner_ranks == 1 else 's'}, ZeRO-{c.zero_stage})",
              c.learner_ranks, gl, Estimate()),
-        Role("rollout", "rollout worker", c.num_rollout_workers, gr,
-             rollout_estimate(cfg, shape, p, on_gpu=gr > 0, broadcast=bcast)),
+        Role("rollout", "rollout worker" + (" (colocated)" if colocated else ""), c.num_rollout_workers, gr,
+             rollout_estimate(cfg, shape, p, on_gpu=gr > 0, broadcast=bcast), colocated=colocated),
         Role("verifier", "verifier" + (" (compile-only)" if not gv else ""), n_ver, gv,
              verifier_estimate(cfg, capacity.gpu_bytes) if gv else Estimate(notes=["compile-only: CPU"])),
     ]
     if c.num_verifiers is None and capacity.gpus is None:
         roles[2].estimate.notes.append("cluster.num_verifiers unset: one a GPU of the cluster (1 shown)")
-    gpus, short = place(roles, capacity)
+    gpus, short = place(roles, capacity, spread=c.placement == "spread")
     lrn = roles[0]
     nodes_used = {g.node for g in lrn.placed if g is not None}
     per_node = max((sum(1 for g in lrn.placed if g is not None and g.node == n) for n in nodes_used), default=1)
     lrn.estimate = learner_estimate(cfg, shape, p, per_node, max(1, len(nodes_used)), on_gpu=gl > 0, broadcast=bcast,
                                     with_deepspeed=with_deepspeed)
+    if colocated:
+        _colocation_notes(lrn, roles[1])
     plan = Plan(cfg, capacity, shape, p, roles, gpus)
     _check(plan, short)
     return plan
+
+
+def _colocation_notes(learner: Role, rollout: Role) -> None:
+    """Colocation's notes, and the learner's offloaded states counted in its CPU memory (``Estimate.host``)."""
+    c = learner.estimate.components
+    moved = sum(c.get(k, 0) for k in ("weights", "gradients", "optimizer"))
+    learner.estimate.host += moved
+    learner.estimate.notes.append(
+        f"cluster.colocate_rollout: {_g(moved)} GiB (weights, gradients, optimizer states) go to CPU memory while the "
+        f"rollout workers sample on its GPUs; its runtime ({_g(c.get('runtime', 0))} GiB) stays")
+    r = rollout.estimate.components
+    rollout.estimate.notes.append(
+        "colocated on the learner's GPUs: while the learner steps each worker keeps its weights and runtime "
+        f"({_g(r.get('weights', 0) + r.get('runtime', 0))} GiB), its KV cache and working set handed back")
 
 
 def _g(b: int | None) -> str:
@@ -406,15 +474,17 @@ def _hint(plan: Plan, role: Role, room: int) -> str:
 
 def _check(plan: Plan, short: int) -> None:
     cap = plan.capacity
-    asked = sum(r.actors * r.gpus for r in plan.gpu_roles())
+    asked = sum(r.actors * r.gpus for r in plan.gpu_roles() if not r.colocated)
     if short:
-        each = ", ".join(f"{r.name} {r.actors} x {r.gpus:g}" for r in plan.gpu_roles())
+        each = ", ".join(f"{r.name} {r.actors} x {r.gpus:g}" + (" (in the learner's)" if r.colocated else "")
+                         for r in plan.gpu_roles())
         plan.problems.append(f"the roles ask {asked:g} GPU(s) ({each}) "
                              f"and {short} actor(s) find no room on the cluster's {cap.gpus} GPU(s)"
                              f" ({'+'.join(map(str, cap.nodes or []))} a node)")
     if cap.live and any(g.extra for g in plan.gpus):
         plan.warnings.append(f"the cluster has {cap.gpus} GPU(s) now and the roles ask {asked:g}: the actors wait for "
-                             "more nodes (an autoscaler), the learner's placement group for 900 s at most")
+                             "more nodes (an autoscaler), each role's placement group for "
+                             f"cluster.placement_timeout_s={plan.cfg.cluster.placement_timeout_s:g} s at most")
     if cap.gpu_bytes is None:
         return
     for g in plan.gpus:
@@ -431,8 +501,13 @@ def _check(plan: Plan, short: int) -> None:
         role = max(parts, key=lambda rb: rb[1])[0]
         others = used - role.per_gpu
         comp = ", ".join(f"{k} {_g(v)}" for k, v in role.estimate.components.items() if v)
-        what = (f"{role.label} needs {_g(role.per_gpu)} GiB a GPU ({comp})" if len(parts) == 1 else
-                f"GPU {g.name} holds {', '.join(names)}: {detail} = {_g(used)} GiB")
+        both = plan.phases(g)
+        if both is not None:
+            detail = f"learning {_g(both[0])} GiB, sampling {_g(both[1])} GiB, one phase at a time (colocated)"
+            what = f"GPU {g.name} holds {', '.join(names)}: {detail}"
+        else:
+            what = (f"{role.label} needs {_g(role.per_gpu)} GiB a GPU ({comp})" if len(parts) == 1 else
+                    f"GPU {g.name} holds {', '.join(names)}: {detail} = {_g(used)} GiB")
         line = f"{what}; a GPU holds {_g(cap.gpu_bytes)} GiB: {_hint(plan, role, cap.gpu_bytes - others)}"
         if line not in plan.problems:
             plan.problems.append(line)
@@ -458,7 +533,7 @@ def _where(role: Role) -> str:
             by.setdefault("no room", [])
         else:
             by.setdefault(f"n{g.node}{'+' if g.extra else ''}", []).append(g.index)
-    return " ".join(k if not v else f"{k}:{_ranges(v)}" for k, v in by.items())
+    return " ".join(k if not v else f"{k}:{_ranges(v)}" for k, v in by.items()) + (" (learner's)" if role.colocated else "")
 
 
 def render(plan: Plan) -> str:
@@ -479,6 +554,11 @@ def render(plan: Plan) -> str:
                  f"(cluster.learner_rows_per_chunk)" if chunk_rows(plan.cfg) < plan.cfg.rl.num_generations else ""),
               markup=False)
     con.print(f"capacity: {cap.source}", markup=False)
+    c = plan.cfg.cluster
+    colocated = plan.role("rollout").colocated
+    con.print(f"placement: the learner's ranks one PACK group; rollout workers "
+              + ("in the learner's bundles (cluster.colocate_rollout: its states in CPU memory while they sample)"
+                 if colocated else f"and verifiers {c.placement} (cluster.placement)"), markup=False)
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("role", "actors x GPU", "where", "weights", "grads", "optim", "act", "KV", "other", "GiB/GPU",
                 "GPU GiB", "verdict"):
@@ -509,9 +589,11 @@ def render(plan: Plan) -> str:
     if shared:
         con.print("GPUs shared by several actors:")
         for g in shared:
-            parts = " + ".join(f"{n} {s:g} ({_g(next(r for r in plan.roles if r.name == n).per_gpu)})"
-                               for n, _, s in g.tenants)
-            con.print(f"  {g.name}: {parts} = {_g(plan.used(g))} of {_g(cap.gpu_bytes)} GiB", markup=False)
+            parts = " + ".join(f"{n} {s:g} ({_g(plan.role(n).per_gpu)})" for n, _, s in g.tenants)
+            both = plan.phases(g)
+            total = (f"learning {_g(both[0])}, sampling {_g(both[1])} (colocated: one phase at a time), peak "
+                     if both is not None else "")
+            con.print(f"  {g.name}: {parts} = {total}{_g(plan.used(g))} of {_g(cap.gpu_bytes)} GiB", markup=False)
     for r in plan.roles:
         for note in r.estimate.notes:
             con.print(f"  {r.name}: {note}", markup=False)

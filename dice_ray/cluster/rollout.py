@@ -118,11 +118,14 @@ class RolloutWorker:
         template: prompt template set (``TasksConfig.prompt_template``).
         num_threads: torch CPU threads (0: leave torch's default).
         granularity: where infill scaffolds are cut (``PhaseConfig.scaffold_granularity``).
+        free_cache: on a GPU, hand the CUDA cache back after every :meth:`generate` (the KV cache and the sampling
+            working set; the weights stay): set when the worker shares the learner's GPU
+            (``cluster.colocate_rollout``), so the learner's states fit again when they come back for its step.
     """
 
     def __init__(
         self, model_cfg: ModelConfig, sampling_cfg: SamplingConfig, template: str, num_threads: int = 0,
-        granularity: str = "source",
+        granularity: str = "source", free_cache: bool = False,
     ):
         from dice_ray.policy.policy import DiffusionPolicy
 
@@ -134,6 +137,7 @@ class RolloutWorker:
         self.sampling_cfg = sampling_cfg
         self.template = template
         self.granularity = granularity
+        self.free_cache = free_cache
         self.version = -1
         self.calls = 0
 
@@ -207,4 +211,6 @@ class RolloutWorker:
             seconds = time.perf_counter() - t0
             tokens = sum(len(r.response_ids) for r in rollouts)
             out.append(GroupRollout(req, rollouts, candidates, tokens, seconds, self.version))
+        if self.free_cache and self.device == "cuda":
+            torch.cuda.empty_cache()
         return out

@@ -18,6 +18,7 @@ from dice_ray.cluster.evaluation import Evaluations
 from dice_ray.cluster.learner import LearnerGroup, learner_env
 from dice_ray.cluster.metrics import GpuBusySampler, RunMetrics, StageTimeline
 from dice_ray.cluster.pipeline import StepPipeline
+from dice_ray.cluster.placement import describe, learner_placement, rollout_placement
 from dice_ray.cluster.ray_start import start_ray
 from dice_ray.cluster.rollout import ROLLOUT_MAX_RESTARTS, RolloutWorker
 from dice_ray.cluster.scheduler import NAMESPACE, SCHEDULER_NAME, PhaseSchedulerActor
@@ -33,7 +34,8 @@ class RunSetup:
     """The :class:`~dice_ray.cluster.trainer.Trainer`'s set-up (a base class of it). It reads what the trainer's
     constructor sets (``cfg``, ``console``, ``run_dir``, ``resume``, ``ckpt_dir``, ``store``) and sets what the loop
     uses: ``ray_info``, ``tasks`` (by id), ``train_tasks``, ``heldout``, ``pools`` (each phase's training tasks),
-    ``unfit``, ``metrics``, the actors ``pool``, ``rollout_workers``, ``scheduler``, ``learner``, ``weight_sync``,
+    ``unfit``, ``metrics``, the placements ``learner_placement`` and ``rollout_placement``
+    (:mod:`~dice_ray.cluster.placement`), the actors ``pool``, ``rollout_workers``, ``scheduler``, ``learner``, ``weight_sync``,
     ``evals``, and (resuming) ``start_step`` / ``weights_version``; :meth:`_start_pipeline` then ``timeline``,
     ``pipeline`` and ``gpu_sampler``.
     """
@@ -77,14 +79,23 @@ class RunSetup:
             cfg.verify, cfg.reward, n_verifiers, gpus_per_verifier, call_timeout, cfg.cluster
         )
         threads = 0 if gpus else max(1, (os.cpu_count() or 2) // 2)
+        # the learner's whole GPUs first, then the rollout workers' (in the learner's bundles when colocated); the
+        # verifiers' slots are placed by the pool (dice_ray.cluster.placement)
+        use_gpu = bool(gpus and cfg.cluster.learner_gpus)
+        self.learner_placement = learner_placement(cfg, use_gpu)
+        self.rollout_placement = rollout_placement(cfg, bool(gpus), self.learner_placement)
+        where = describe(self.learner_placement, self.rollout_placement, gpus_per_verifier, cfg.cluster.placement)
+        con.print(f"[bold]placement[/] {where}", highlight=False)
         self.rollout_workers = [
-            # restartable, no task retries: a restarted worker must be re-synced before it samples (pipeline.py)
+            # restartable, no task retries: a restarted worker must be re-synced before it samples (pipeline.py);
+            # its bundle is in its options, so a restart keeps it
             RolloutWorker.options(
-                num_gpus=cfg.cluster.rollout_gpus if gpus else 0, max_restarts=ROLLOUT_MAX_RESTARTS, max_task_retries=0
+                **self.rollout_placement.options(i), max_restarts=ROLLOUT_MAX_RESTARTS, max_task_retries=0
             ).remote(
-                cfg.model, cfg.sampling, cfg.tasks.prompt_template, threads, cfg.phase.scaffold_granularity
+                cfg.model, cfg.sampling, cfg.tasks.prompt_template, threads, cfg.phase.scaffold_granularity,
+                self.rollout_placement.colocated,
             )
-            for _ in range(cfg.cluster.num_rollout_workers)
+            for i in range(cfg.cluster.num_rollout_workers)
         ]
         self.pools = self._phase_pools()
         self.evals = Evaluations(cfg, con, self.rollout_workers, self.pool, self.tasks, self.pools, self.heldout, self.unfit)
@@ -92,9 +103,9 @@ class RunSetup:
             [(t.task_id, t.level) for t in self.pools["infill"]], [(t.task_id, t.level) for t in self.pools["e2e"]],
             cfg.phase, cfg.rl.prompts_per_step, cfg.rl.seed, cfg.rl.max_staleness, bool(self.resume)
         )
-        use_gpu = bool(gpus and cfg.cluster.learner_gpus)
         ranks = cfg.cluster.learner_ranks
-        self.learner = LearnerGroup(cfg, use_gpu, max(1, threads // ranks) if threads else 0, learner_env(use_gpu))
+        self.learner = LearnerGroup(cfg, use_gpu, max(1, threads // ranks) if threads else 0, learner_env(use_gpu),
+                                    self.learner_placement)
         sync_mode, sync_backend = resolve_mode(
             cfg.cluster.weight_sync, cfg.cluster.learner_gpus if use_gpu else 0.0, cfg.cluster.rollout_gpus if gpus else 0.0, gpus
         )

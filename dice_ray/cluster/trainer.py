@@ -230,6 +230,8 @@ class Trainer(RunSetup):
         return summary
 
     def shutdown(self) -> None:
+        """Stop the run's actors (the verifier pool closed first: its slots' placement groups go with it), then remove
+        the learner's and rollout workers' placement groups; safe after a set-up that stopped half-way."""
         sampler = getattr(self, "gpu_sampler", None)
         if sampler is not None:
             sampler.stop()
@@ -245,6 +247,9 @@ class Trainer(RunSetup):
         learner = getattr(self, "learner", None)
         if learner is not None:  # a driver that runs several trainers (benchmarks/learning.py) frees their CPUs / GPUs
             learner.shutdown()
+        for placement in (getattr(self, "rollout_placement", None), getattr(self, "learner_placement", None)):
+            if placement is not None:
+                placement.remove()
 
 
 def train(config_path: str | None, overrides: list[str], resume: str | None, console: Console | None = None) -> dict:

@@ -11,7 +11,12 @@ Every submitted candidate id gets exactly one :class:`~dice_ray.verify.verdict.V
 - a call that gives no verdict within ``call_timeout_s`` is a ``timeout`` verdict and its actor is
   restarted; the other candidates in flight there are re-sent with no attempt counted;
 - scaling down drains: a draining actor takes no new work and is stopped once its in-flight
-  candidates have their verdicts.
+  candidates have their verdicts;
+- each actor is placed by :func:`~dice_ray.cluster.placement.verifier_placement` (``cluster.placement``): a GPU
+  verifier in ``pack`` gets a placement group of one bundle, made with its slot and removed when the slot
+  retires, fails or the pool closes; in ``spread`` Ray's SPREAD actor scheduling. A slot whose actor is not
+  placed (and answering) within ``cluster.placement_timeout_s`` fails, with an error naming what it asked and the
+  cluster's resources (:meth:`VerifierPool.status`'s ``errors``).
 
 The pool is a named async actor (:data:`POOL_NAME` in :data:`NAMESPACE`) so ``dice-ray verifiers
 scale N`` / ``status`` can act on it from outside the job. With ``ClusterConfig.verifier_autoscale``
@@ -44,6 +49,7 @@ from dataclasses import dataclass, field
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from dice_ray.cluster.placement import PLACEMENT_TIMEOUT_S, RolePlacement, unplaced, verifier_placement
 from dice_ray.config import ClusterConfig, RewardConfig, VerifyConfig
 from dice_ray.tasks.task import Task
 from dice_ray.verify.verdict import Verdict
@@ -142,6 +148,7 @@ class _Slot:
     capacity: int
     room: asyncio.Semaphore
     ready: asyncio.Event
+    placement: RolePlacement  # where its actor goes (a group of its own for a GPU verifier in pack), removed with it
     created: float = field(default_factory=time.monotonic)
     state: str = "starting"  # starting | serving | restarting | draining | failed
     draining: bool = False
@@ -177,6 +184,7 @@ class _Slot:
             "utilization": round(self.call_s / (self.capacity * age), 3),
             "draining": self.draining, "in_flight_at_drain": self.in_flight_at_drain,
             "done_after_drain": self.done_after_drain, "error": self.error, "prepared": self.prepared,
+            "group": self.placement.group.id.hex() if self.placement.group is not None else None,
         }
 
 
@@ -204,7 +212,8 @@ class VerifierPool:
             verdict, and the actor is restarted.
         cluster_cfg: its ``verifier_autoscale``, ``min_verifiers``, ``max_verifiers``,
             ``verifier_target_queue`` and ``verifier_scale_cooldown_s`` turn on and shape
-            autoscaling; None: fixed size (``scale`` only).
+            autoscaling, its ``placement`` and ``placement_timeout_s`` place the actors; None: fixed size
+            (``scale`` only), ``pack``, :data:`~dice_ray.cluster.placement.PLACEMENT_TIMEOUT_S`.
         name: tag value of the pool's Ray gauges.
     """
 
@@ -233,6 +242,8 @@ class VerifierPool:
         self.completed = 0
         self.started = time.monotonic()
         self._mode = "gpu" if gpus_per_actor > 0 else "compile_only"
+        self.placement = cluster_cfg.placement if cluster_cfg is not None else "pack"
+        self.placement_timeout_s = cluster_cfg.placement_timeout_s if cluster_cfg is not None else PLACEMENT_TIMEOUT_S
         self._loop_task: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()  # every coroutine the pool started; close() ends them all
         self._closed = False
@@ -274,11 +285,12 @@ class VerifierPool:
         return [s for s in self.slots if not s.draining]
 
     def _new_slot(self) -> _Slot:
-        opts = {"num_gpus": self.gpus_per_actor} if self.gpus_per_actor > 0 else {}
-        handle = VerifierActor.options(max_concurrency=self.capacity, **opts).remote(self.verify_cfg, self.reward_cfg)
+        placement = verifier_placement(self.gpus_per_actor, self.placement)
+        handle = VerifierActor.options(max_concurrency=self.capacity, **placement.options(0)).remote(
+            self.verify_cfg, self.reward_cfg)
         slot = _Slot(
             index=self.next_index, handle=handle, capacity=self.capacity,
-            room=asyncio.Semaphore(self.capacity), ready=asyncio.Event(),
+            room=asyncio.Semaphore(self.capacity), ready=asyncio.Event(), placement=placement,
         )
         self.next_index += 1
         slot.feeder = self._spawn(self._feed(slot))
@@ -307,23 +319,43 @@ class VerifierPool:
         while slot.calls:
             await asyncio.gather(*list(slot.calls), return_exceptions=True)
         if slot.state == "failed":  # _fail_slot did the book-keeping
-            ray.kill(slot.handle, no_restart=True)
+            self._release(slot)
             return
         if slot.ready.is_set():
             try:
                 await asyncio.wait_for(slot.handle.close.remote(), timeout=RETIRE_CLOSE_S)
             except Exception:  # noqa: BLE001, S110 - a dead or hung actor is killed below anyway
                 pass
-        ray.kill(slot.handle, no_restart=True)
+        self._release(slot)
         slot.state = "retired"
         if slot in self.slots:
             self.slots.remove(slot)
         self.retired.append(slot.row(time.monotonic()))
         del self.retired[:-32]
 
+    def _release(self, slot: _Slot) -> None:
+        """Kill the slot's actor (for good) and remove its placement group."""
+        ray.kill(slot.handle, no_restart=True)
+        slot.placement.remove()
+
     async def _wait_ready(self, slot: _Slot, old: str | None) -> None:
-        """Ping the actor until an incarnation other than ``old`` answers; then it may take work."""
+        """Ping the actor until an incarnation other than ``old`` answers; then it may take work.
+
+        A new actor (``old`` None) must be placed within ``placement_timeout_s``: its group ready, where it has one,
+        else (no group: placed by Ray's scheduling, which says nothing) its first answer; past that the slot fails
+        with :func:`~dice_ray.cluster.placement.unplaced`'s message and its actor and group go."""
+        group = slot.placement.group if old is None else None
+        deadline = time.monotonic() + self.placement_timeout_s if old is None and group is None else math.inf
+        if group is not None:
+            try:
+                await asyncio.wait_for(group.ready(), timeout=self.placement_timeout_s)
+            except asyncio.TimeoutError:
+                self._unplaced(slot)
+                return
         while slot.state not in ("retired", "failed") and not slot.draining and not self._closed:
+            if time.monotonic() > deadline:
+                self._unplaced(slot)
+                return
             try:
                 info = await asyncio.wait_for(slot.handle.info.remote(), timeout=READY_PING_S)
             except asyncio.TimeoutError:
@@ -354,7 +386,15 @@ class VerifierPool:
         except Exception as exc:  # noqa: BLE001 - a dead actor is restarted and prepared by _wait_ready
             slot.prepared = {"error": _first_line(exc)}
 
+    def _unplaced(self, slot: _Slot) -> None:
+        """Fail a slot whose actor was not placed (or did not answer) in time; its actor and group go."""
+        p = slot.placement
+        asks = p.bundles or [{"GPU": p.gpus[0], "CPU": p.cpus[0]}]
+        how = p.strategy + (" group" if p.group is not None else " scheduling") if p.strategy else "default scheduling"
+        self._fail_slot(slot, str(unplaced(f"verifier actor {slot.index}", asks, how, self.placement_timeout_s)))
+
     def _fail_slot(self, slot: _Slot, message: str) -> None:
+        self._release(slot)
         slot.state, slot.error = "failed", message
         slot.draining = True
         self.errors.append(message)
@@ -640,7 +680,8 @@ class VerifierPool:
         return {**await self.status(), "scaled_from": before}
 
     async def close(self) -> None:
-        """End every coroutine the pool started and stop its verifier actors' sandbox workers.
+        """End every coroutine the pool started, stop its verifier actors' sandbox workers, then remove the slots'
+        placement groups (their actors go with them).
 
         Call it (and wait for it) before the pool actor is killed or its handle dropped: a task still
         pending when the actor's event loop closes is destroyed there, and its clean-up prints
@@ -660,6 +701,8 @@ class VerifierPool:
             item = self.queue.get_nowait()
             self._resolve(item, _pool_verdict(item, self._mode, "crash", "verifier pool closed before this candidate ran"))
         await asyncio.gather(*(slot.handle.close.remote() for slot in self.slots), return_exceptions=True)
+        for slot in self.slots:  # their actors go with their groups; a closed pool verifies nothing more
+            slot.placement.remove()
 
     async def actors(self) -> list:
         """Handles of the serving verifier actors (for fault-injection tests and debugging)."""
@@ -684,7 +727,8 @@ class VerifierPool:
         ``throughput_per_s`` (since the pool started), ``last_batch`` (n, seconds, peak queue depth,
         peak in flight of the latest ``verify_batch``), ``autoscale`` (None or its bounds),
         ``actors`` (one row each: state, in_flight, done, failures, restarts, busy_s, utilization,
-        draining counters, ``prepared``: the summary of its last :meth:`prepare`, None before one; ``sandbox``:
+        draining counters, ``group``: the id of its placement group, None without one; ``prepared``: the summary of
+        its last :meth:`prepare`, None before one; ``sandbox``:
         the serving actor's sandbox workers, replacements, spares, spares ready, replacements that found no
         ready spare (``promoted``), references whose facts it keeps (``reference_facts``) and GPU gate seconds, None
         when it did not answer within :data:`STATUS_PING_S`), ``spares`` / ``spares_ready`` /

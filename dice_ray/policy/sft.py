@@ -210,7 +210,12 @@ class _SFTRank:
 def _run_sft_ranks(n: int, data, out, config_path, overrides, resume, log) -> dict:
     """:func:`_run_sft` on ``n`` data-parallel DeepSpeed ranks, Ray actors (the Ray cluster of ``RAY_ADDRESS``, else
     a local one started here): one GPU a rank in a packed placement group where this machine has a GPU (gloo on
-    CPU otherwise). Rank 0 writes the run folder; returns its summary."""
+    CPU otherwise). Rank 0 writes the run folder; returns its summary.
+
+    Raises:
+        PlacementTimeout: the ranks' GPUs were not placed within
+            :data:`~dice_ray.cluster.placement.PLACEMENT_TIMEOUT_S`.
+    """
     import os
 
     import ray
@@ -222,17 +227,16 @@ def _run_sft_ranks(n: int, data, out, config_path, overrides, resume, log) -> di
         ray.init(include_dashboard=False, log_to_driver=True)
     use_gpu = torch.cuda.is_available()
     env = {"TORCH_EXTENSIONS_DIR": os.path.expanduser(DEEPSPEED_OPS_DIR)} | ({} if use_gpu else {"DS_ACCELERATOR": "cpu"})
-    pg = None
-    opts: list[dict] = [{"num_gpus": 0}] * n
+    placement = None
     try:
+        opts: list[dict] = [{"num_gpus": 0}] * n
         if use_gpu:
-            from ray.util.placement_group import placement_group
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+            from dice_ray.cluster.placement import PLACEMENT_TIMEOUT_S, RolePlacement, reserve
 
-            pg = placement_group([{"GPU": 1}] * n, strategy="PACK")
-            ray.get(pg.ready())
-            opts = [{"num_gpus": 1, "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                pg, placement_group_bundle_index=i)} for i in range(n)]
+            bundles = [{"GPU": 1} for _ in range(n)]
+            group = reserve("sft ranks", bundles, "PACK", PLACEMENT_TIMEOUT_S)
+            placement = RolePlacement("sft ranks", [1.0] * n, [0.0] * n, group, list(range(n)), bundles, "PACK")
+            opts = [placement.options(i) for i in range(n)]
         actor = ray.remote(num_cpus=0)(_SFTRank)
         ranks = [actor.options(runtime_env={"env_vars": env}, **o).remote(i, n) for i, o in enumerate(opts)]
         log(f"{n} ranks (cluster.learner_ranks={n}), {'NCCL' if use_gpu else 'gloo'}")
@@ -243,10 +247,8 @@ def _run_sft_ranks(n: int, data, out, config_path, overrides, resume, log) -> di
             ray.kill(r)
         return outs[0]
     finally:
-        if pg is not None:
-            from ray.util.placement_group import remove_placement_group
-
-            remove_placement_group(pg)
+        if placement is not None:
+            placement.remove()
         if started:
             ray.shutdown()
 
