@@ -92,6 +92,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -405,6 +406,34 @@ def _child_argv(argv: list[str], variant: str, out: str, learner_variant: str | 
     return kept + ["--fused", variant] + ([] if learner_variant is None else ["--variants", learner_variant]) + ["--out", out]
 
 
+#: a table column: its header, its width (characters, right-aligned) and its cell from a run's figures
+Column = tuple[str, int, Callable[[dict], str]]
+SECONDS: Column = ("s/update", 9, lambda r: f"{r['seconds']:.3f}")
+PROCESSED: Column = ("proc tok/s", 11, lambda r: f"{r['processed_tokens_per_s']:.0f}")
+TRAINED: Column = ("trained tok/s", 13, lambda r: f"{r['trained_tokens_per_s']:.0f}")
+MFU: Column = ("MFU", 7, lambda r: f"{r['mfu']:.1%}")
+MATMUL_MFU: Column = ("matmul MFU", 11, lambda r: f"{r['matmul_mfu']:.1%}")
+PEAK: Column = ("peak GiB", 9, lambda r: f"{r['peak_gib']:.1f}" if r.get("peak_gib") is not None else "-")
+
+
+def print_table(first: tuple[str, str], columns: tuple[Column, ...], runs: dict[str, dict]) -> None:
+    """Print a blank line, a header and one row a run: its name, then a cell a column, or ``failed: <error>``
+    for a run whose figures hold ``"error"``.
+
+    Args:
+        first: the name column's header and its format spec (``"<12"``: left-aligned in 12 characters).
+        columns: the other columns (:data:`Column`), each cell right-aligned in its width after one space.
+        runs: ``{name: figures}`` in the order of the rows.
+    """
+    head, spec = first
+    print(f"\n{head:{spec}}" + "".join(f" {h:>{w}}" for h, w, _ in columns))
+    for name, r in runs.items():
+        if "error" in r:
+            print(f"{name:{spec}} failed: {r['error']}")
+        else:
+            print(f"{name:{spec}}" + "".join(f" {cell(r):>{w}}" for _, w, cell in columns))
+
+
 def compare_variants(args: argparse.Namespace, argv: list[str]) -> dict:
     """Run each (``--fused``, ``--variants``) pair in a child process of this script; print one table, each run's
     speed-up, first loss and fallbacks, and the ratio liger / none when both ran.
@@ -434,14 +463,7 @@ def compare_variants(args: argparse.Namespace, argv: list[str]) -> dict:
                                    "stderr_tail": "\n".join(lines[-40:])}
                     print(f"{label} FAILED, {runs[label]['error']}", flush=True)
     width = max(8, *(len(k) for k in runs))
-    print(f"\n{'variant':<{width}} {'s/update':>9} {'proc tok/s':>11} {'MFU':>7} {'matmul MFU':>11} {'peak GiB':>9}")
-    for k, r in runs.items():
-        if "error" in r:
-            print(f"{k:<{width}} failed: {r['error']}")
-            continue
-        peak = f"{r['peak_gib']:.1f}" if r.get("peak_gib") is not None else "-"
-        print(f"{k:<{width}} {r['seconds']:>9.3f} {r['processed_tokens_per_s']:>11.0f} {r['mfu']:>7.1%} "
-              f"{r['matmul_mfu']:>11.1%} {peak:>9}")
+    print_table(("variant", f"<{width}"), (SECONDS, PROCESSED, MFU, MATMUL_MFU, PEAK), runs)
     ok = {k: r for k, r in runs.items() if "error" not in r}
     first = next(iter(ok.values()), None)
     speedup = {k: r["processed_tokens_per_s"] / first["processed_tokens_per_s"] for k, r in ok.items()} if first else {}
@@ -618,16 +640,10 @@ def print_row_chunks(runs: dict[int, dict], group_size: int) -> None:
     ok = [k for k, r in runs.items() if "error" not in r]
     base_key = 0 if 0 in ok else next(iter(ok), None)
     base = runs.get(base_key) if base_key is not None else None
-    print(f"\n{'rows/chunk':>10} {'chunks':>6} {'s/update':>9} {'trained tok/s':>13} {'proc tok/s':>11} "
-          f"{'peak GiB':>9} {'time':>7}")
-    for k, r in runs.items():
-        name = f"{k or group_size}{' (0)' if k == 0 else ''}"
-        if "error" in r:
-            print(f"{name:>10} failed: {r['error']}")
-            continue
-        peak = f"{r['peak_gib']:.1f}" if r.get("peak_gib") is not None else "-"
-        print(f"{name:>10} {r['row_chunks']:>6} {r['seconds']:>9.3f} {r['trained_tokens_per_s']:>13.0f} "
-              f"{r['processed_tokens_per_s']:>11.0f} {peak:>9} {r['seconds'] / base['seconds']:>6.2f}x")
+    chunks: Column = ("chunks", 6, lambda r: f"{r['row_chunks']}")
+    time_over_base: Column = ("time", 7, lambda r: f"{r['seconds'] / base['seconds']:.2f}x")
+    print_table(("rows/chunk", ">10"), (chunks, SECONDS, TRAINED, PROCESSED, PEAK, time_over_base),
+                {f"{k or group_size}{' (0)' if k == 0 else ''}": r for k, r in runs.items()})
     if base is None:
         return
     what = "the whole group's" if base_key == 0 else f"the first setting's ({base_key} rows a chunk)"

@@ -738,6 +738,12 @@ class Verifier:
                 "reason": f"the worker died in stage {stage!r}: {outcome.detail}"}
 
     def _verdict(self, task: Any, candidate_id: str, f: dict[str, Any], seconds: float) -> Verdict:
+        """The Verdict of one verification from its fields ``f``: a worker's JobResult (:meth:`_from_outcome`) or
+        the fields of what ended before or outside the worker.  A Verdict field ``f`` holds is taken as it is
+        (``rule``, ``ref_ms``, ``candidate_ms``, the spreads), one it lacks is None; only what the verdict decides
+        is named here: which verifier, task and candidate, the reward, ``correct`` only for ``ok`` / ``incorrect``,
+        the speedups and ``compiled_ref_ms`` only for ``ok`` (a speedup that is not finite and positive: None), the
+        reason cut to ``_MAX_REASON`` characters, ``seconds`` (wall time of the verification, s)."""
         kind = f.get("verdict", "crash")
         compiled = bool(f.get("compiled", False))
         correct = f.get("correct")
@@ -750,7 +756,8 @@ class Verifier:
         reason = str(f.get("reason", ""))
         if len(reason) > _MAX_REASON:
             reason = reason[: _MAX_REASON - 20] + "\n...[truncated]"
-        return Verdict(
+        fields = {name: f.get(name) for name in Verdict.model_fields}
+        fields.update(
             candidate_id=str(candidate_id),
             task_id=str(getattr(task, "task_id", "?")),
             verdict=kind,
@@ -759,14 +766,10 @@ class Verifier:
             speedup=speedup if kind == "ok" else None,
             reward=reward,
             reason=reason,
-            rule=f.get("rule"),
-            ref_ms=f.get("ref_ms"),
-            candidate_ms=f.get("candidate_ms"),
-            ref_spread=f.get("ref_spread"),
-            candidate_spread=f.get("candidate_spread"),
             compiled_ref_ms=f.get("compiled_ref_ms") if kind == "ok" else None,
             speedup_compiled=f.get("speedup_compiled") if kind == "ok" else None,
             mode=self.mode,
             seconds=seconds,
             stage_seconds=f.get("stage_seconds") or {},
         )
+        return Verdict(**fields)

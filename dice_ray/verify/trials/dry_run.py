@@ -37,7 +37,7 @@ class DryRun:
     """Compile-only mode's part of a job, a part of :class:`~dice_ray.verify.trials.harness.Harness`.
 
     Reads the harness's ``settings`` (``seed``, ``dry_run``) and ``input_seed``; calls its ``_inputs``
-    (:class:`~dice_ray.verify.trials.reference.ReferenceRuns`), ``_unknown_kernels`` and ``_call_candidate``
+    (:class:`~dice_ray.verify.trials.reference.ReferenceRuns`), ``_model_new`` and ``_call_candidate``
     (:class:`~dice_ray.verify.trials.correctness_trials.CorrectnessTrials`).
     """
 
@@ -90,19 +90,11 @@ class DryRun:
                       on_meta: tuple[list[Any] | None, Any, str]) -> JobResult:
         """ModelNew built on the CPU, its kernel names checked, then (``dry_run``) :meth:`_dry_run` against
         :meth:`_reference_on_meta`'s ``on_meta``."""
-        s = self.settings
-        seed_all(s["seed"])
-        try:
-            model = cand["ModelNew"](*init_inputs)
-        except RuleBroken:
-            raise
-        except Exception as e:  # noqa: BLE001
-            return JobResult("crash", compiled=True, reason=f"ModelNew(*get_init_inputs()) raised {error_text(e)}")
-        bad = self._unknown_kernels(refs, cand, model)
-        if bad:
-            return JobResult("compile_error", compiled=True, reason=bad, rule="unknown-kernel")
+        model = self._model_new(cand, init_inputs, refs)
+        if isinstance(model, JobResult):
+            return model
         note = "compiled; ModelNew built on CPU"
-        if s.get("dry_run", True):
+        if self.settings.get("dry_run", True):
             outcome = self._dry_run(model, *on_meta)
             if isinstance(outcome, JobResult):
                 return outcome

@@ -180,9 +180,9 @@ class Harness(ReferenceRuns, DryRun, CorrectnessTrials, KernelAblation, Precisio
             return JobResult("compile_error", compiled=True, reason="the candidate defines no class ModelNew",
                              rule="no-modelnew")
         refs = {k: set(v) for k, v in job.get("kernel_refs", {}).items()}
-        bad = self._unknown_kernels(refs, cand, None)
-        if bad:
-            return JobResult("compile_error", compiled=True, reason=bad, rule="unknown-kernel")
+        unknown = self._unknown_kernels(refs, cand, None)
+        if unknown is not None:
+            return unknown
 
         # 2. reference: module, init inputs; the torch flags and the GPU as the job found them (the candidate
         # module ran at load: a flag it set or a kernel it left running would change what the reference computes)
@@ -196,8 +196,41 @@ class Harness(ReferenceRuns, DryRun, CorrectnessTrials, KernelAblation, Precisio
         return self._gpu(cand, ref, init_inputs, refs, stage, job["reference_src"],
                          None if facts is None else ReferenceFacts.from_dict(facts))
 
+    def _model_new(self, cand: dict[str, Any], init_inputs: list, refs: dict[str, set[str]]) -> Any | JobResult:
+        """The candidate's ``ModelNew(*init_inputs)``, seeded with ``settings["seed"]``, built on the job's device
+        (GPU mode: under it and moved there; compile-only mode: on the CPU, as it is), then the kernel names its
+        launch code uses checked against it (:meth:`_unknown_kernels`, the ``self.*`` holders included).
+
+        Returns:
+            The model, or the JobResult that ends the job: ``crash`` (the constructor or the move raised) or
+            ``compile_error`` with rule ``unknown-kernel``.
+        Raises:
+            RuleBroken: a run-time rule the constructor broke.
+        """
+        seed_all(self.settings["seed"])
+        try:
+            if self.mode == "gpu":
+                with self.dev:
+                    model = cand["ModelNew"](*init_inputs).to(self.dev)
+            else:
+                model = cand["ModelNew"](*init_inputs)
+        except RuleBroken:
+            raise
+        except Exception as e:  # noqa: BLE001
+            return JobResult("crash", compiled=True, reason=f"ModelNew(*get_init_inputs()) raised {error_text(e)}")
+        unknown = self._unknown_kernels(refs, cand, model)
+        return model if unknown is None else unknown
+
     @staticmethod
-    def _unknown_kernels(refs: dict[str, set[str]], ns: dict[str, Any], model: Any) -> str:
+    def _unknown_kernels(refs: dict[str, set[str]], ns: dict[str, Any], model: Any) -> JobResult | None:
+        """The ``unknown-kernel`` check: each kernel the launch code calls (``refs``: ``{holder: kernel names}``,
+        the static rules' ``kernel_refs``) must be one its holder compiled.  A holder is a name of the candidate's
+        module ``ns`` or ``self.<attr>`` of ``model`` (skipped while ``model`` is None, before it is built).
+
+        Returns:
+            A ``compile_error`` JobResult (rule ``unknown-kernel``) naming every holder that is not a ``load_cuda``
+            module and every name it lacks, or None when all are found.
+        """
         problems = []
         for holder, names in refs.items():
             if holder.startswith("self."):
@@ -212,30 +245,23 @@ class Harness(ReferenceRuns, DryRun, CorrectnessTrials, KernelAblation, Precisio
             missing = sorted(n for n in names if not mod.has_kernel(n) and n not in dir(mod))
             if missing:
                 problems.append(f"{holder}.{', '.join(missing)}: no such kernel; compiled kernels: {mod.kernel_names}")
-        return "; ".join(problems)
+        if not problems:
+            return None
+        return JobResult("compile_error", compiled=True, reason="; ".join(problems), rule="unknown-kernel")
 
     def _gpu(self, cand: dict, ref: dict, init_inputs: list, refs: dict[str, set[str]],
              stage: Callable[..., Any], reference_src: str, facts: ReferenceFacts | None) -> JobResult:
         """The GPU stages of a job; ``facts``: the reference's, from an earlier job (None: measured here
         and passed on with the ``run`` stage's announcement)."""
         s = self.settings
-        dev = self.dev
         ref_model, inputs0, ref_mutates, expected0, learnt = self._reference_on_trial0(ref, init_inputs, facts)
         seeds = [self.input_seed + 1 + i for i in range(s["correctness_trials"])]  # trial 0's is inputs0's
 
         stage("run", **({} if learnt is facts else {"reference_facts": learnt.to_dict()}))
         facts = learnt
-        seed_all(s["seed"])
-        try:
-            with dev:
-                model = cand["ModelNew"](*init_inputs).to(dev)
-        except RuleBroken:
-            raise
-        except Exception as e:  # noqa: BLE001
-            return JobResult("crash", compiled=True, reason=f"ModelNew(*get_init_inputs()) raised {error_text(e)}")
-        bad = self._unknown_kernels(refs, cand, model)
-        if bad:
-            return JobResult("compile_error", compiled=True, reason=bad, rule="unknown-kernel")
+        model = self._model_new(cand, init_inputs, refs)
+        if isinstance(model, JobResult):
+            return model
         notes: list[str] = []
         for n, (label, make) in enumerate(self._trials(ref, seeds, inputs0, reference_src, notes)):
             if n:

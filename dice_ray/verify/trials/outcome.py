@@ -45,7 +45,11 @@ class ReferenceError_(Exception):
 
 @dataclass
 class JobResult:
-    """The worker's answer for one job (sent as JSON; the parent builds the Verdict from it)."""
+    """The worker's answer for one job (sent as JSON; the parent builds the Verdict from it).
+
+    A field the :class:`~dice_ray.verify.verdict.Verdict` also has means what it says there (the Verdict takes it
+    as it is, or decides it: ``Verifier._verdict``); ``parts_s`` and ``fatal`` are the worker's own.
+    """
 
     verdict: str
     compiled: bool = False
