@@ -529,9 +529,12 @@ def main() -> None:
     print(f"workers: {st['workers']}, replaced {st['restarts']}; boot median: {boots or 'none'}; jobs waited "
           f"{st['ready_wait_s']:.1f} s in all for workers to boot (the warm-up before the timed batch included)")
     if st["forked_boot_phases_s"]:
-        keys = st["forked_boot_phases_s"][0].keys()
+        phases = st["forked_boot_phases_s"]
+        keys = [k for k in phases[0] if k != "gate_wait"]
+        waits = [p["gate_wait"] for p in phases if "gate_wait" in p]
         print("forked worker boot, median s from spawn to end of: " + ", ".join(
-            f"{k} {statistics.median(p.get(k, 0.0) for p in st['forked_boot_phases_s']):.2f}" for k in keys))
+            f"{k} {statistics.median(p.get(k, 0.0) for p in phases):.2f}" for k in keys)
+            + (f"; of it waiting for the GPU gate {statistics.median(waits):.2f}" if waits else ""))
     print("honest candidates, median a stage" + (" (timing.* are the timing stage's parts)" if gate else "") + ": "
           + ", ".join(f"{k} {statistics.median(v) * 1000:.1f} ms" for k, v in stages.items()))
 

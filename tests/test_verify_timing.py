@@ -241,9 +241,14 @@ def test_worker_start_up_self_test_takes_the_gate():
             if gate._readers == 0 and worker.boot_s is None and _waiting_for_shared(gate):
                 break
             time.sleep(0.05)
+        seen_waiting = time.monotonic()
         assert worker.boot_s is None and worker._booting.is_alive()  # held at the gate, not ready
+        time.sleep(0.2)
         gate.release("exclusive")
+        held = time.monotonic() - seen_waiting
         info = worker.wait_ready(120)
+        # the boot reports its wait for the gate: at least the time this test saw it held there
+        assert held <= info["boot_phases_s"]["gate_wait"] + 1e-3 <= info["boot_phases_s"]["self_test"] + 1e-3  # rounded to ms
         assert info["self_test"].startswith("ok") and gate._readers == 0 and not gate._writer
         # how long the start held the gate is measured (the self-test's shared parts), waiting excluded
         assert 0 < worker.boot_gate_part_s <= worker.boot_gate_s < time.monotonic() - worker.started

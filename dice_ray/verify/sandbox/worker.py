@@ -31,10 +31,13 @@ def main(argv: list[str]) -> int:
     mode, device = settings["mode"], settings.get("device")
     reader = FrameReader(fd_in)
 
+    waited = [0.0]  # seconds stage() waited for the parent's go: at the boot's end, its wait for the GPU gate
+
     def stage(name: str, **extra: Any) -> dict[str, Any]:
         """Announce a stage (with ``extra`` fields: the reference facts a job measured) and wait for the
         parent's go (it may first take the GPU gate); returns the go message (the reference stage's
         carries the reference facts when the parent knows them)."""
+        asked = time.monotonic()
         write_frame(fd_out, {"type": "stage", "stage": name, **extra})
         while True:
             try:
@@ -42,6 +45,7 @@ def main(argv: list[str]) -> int:
             except ProtocolError:
                 os._exit(0)  # the parent is gone
             if reply is not None and reply.get("op") == "go":
+                waited[0] += time.monotonic() - asked
                 return reply
             if reply is None or reply.get("op") == "exit":
                 os._exit(0)
@@ -88,6 +92,7 @@ def main(argv: list[str]) -> int:
         # timing stage (the verifier's cold workers checked that path; it would hold the GPU alone ~70 ms)
         selftest = harness.self_test(stage, timing=not settings.get("forked", False))
         phases["self_test"] = time.monotonic() - started
+        phases["gate_wait"] = waited[0]  # of the phases' time, waiting for the GPU gate (not cumulative)
         if not selftest.startswith("ok"):  # a worker that fails a known-good candidate would fail them all
             write_frame(fd_out, {"type": "failed", "error": f"self-test: the built-in relu candidate got {selftest} "
                                  f"(the toolchain or the settings are broken: verify.arch={settings.get('arch')!r}, "
