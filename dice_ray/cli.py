@@ -105,8 +105,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         if _plan_first(args):  # --dry-run: the plan printed, nothing started
             return 0
         train(args.config, args.overrides, args.resume)
-    except KeyboardInterrupt:
-        return 130  # the trainer printed the steps done and the --resume command
+    except KeyboardInterrupt as exc:  # the trainer printed the steps done and the --resume command
+        from dice_ray.cluster.trainer import Terminated
+
+        return 143 if isinstance(exc, Terminated) else 130  # 128 + the signal, as a shell reports it
     except _actor_errors() as exc:  # first: a RayTaskError(ValueError) is a ValueError
         return _actor_failed(exc)
     except ValidationError as exc:
@@ -531,11 +533,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="run the RL job (embedded default without arguments)")
-    t.add_argument("--config", help="YAML config (see configs/)")
+    t.add_argument("--config", help="YAML config (see configs/; every section applies)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     t.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a new private local cluster; `auto`: the "
                    "cluster `ray start` runs on this machine)")
-    t.add_argument("--tasks", help=TASKS_HELP + " (default: builtin)")
+    t.add_argument("--tasks", help=TASKS_HELP + " (default: the config's tasks.spec, builtin:24)")
     t.add_argument("--dry-run", action="store_true", help="print the placement of each role (GPUs, nodes) and its "
                    "per-GPU memory estimate, check that it fits, and start nothing (exit 0: fits or capacity unknown; "
                    "2: does not fit). Without it the same check runs first and refuses a plan that cannot fit")

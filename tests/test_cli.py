@@ -422,6 +422,38 @@ def test_train_interrupted_says_how_far_it_got_and_how_to_resume(tmp_path, monke
     assert "Status: stopped (interrupted) at " in report and "with 2 of 5 steps done" in report
 
 
+def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path, monkeypatch, capsys):
+    """SIGTERM (``ray job stop``) printed a Ray stack trace and exited 134 with no resume hint (a fresh user's trial):
+    now a real SIGTERM to the process stops the run like Ctrl-C, exit 143, stopped.json says why, and the
+    process's own SIGTERM handler is back afterwards."""
+    import os
+    import time
+
+    from dice_ray.cli import main
+    from dice_ray.cluster import trainer as trainer_mod
+
+    def terminated(self):
+        self.run_dir.mkdir(parents=True)
+        (self.run_dir / "metrics.jsonl").write_text('{"step": 0}\n')
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # the handler raises in this thread before this ends
+        raise AssertionError("SIGTERM did not stop the run")
+
+    monkeypatch.setattr(trainer_mod.Trainer, "run", terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    before_int = signal.getsignal(signal.SIGINT)
+    try:
+        assert main(["train", f"run_dir={tmp_path}", "run_name=t", "rl.steps=4"]) == 143
+        assert signal.getsignal(signal.SIGTERM) is before
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        signal.signal(signal.SIGINT, before_int)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "stopped (terminated (SIGTERM)) with 1 of 4 steps done" in out
+    assert f"dice-ray train --resume {tmp_path / 't'}" in out
+    assert json.loads((tmp_path / "t" / "stopped.json").read_text())["reason"] == "terminated (SIGTERM)"
+
+
 def test_train_refuses_a_run_name_that_holds_a_run(tmp_path, monkeypatch, capsys):
     """A second `dice-ray train run_name=r` appended to r's metrics, overwrote its config and rotated its checkpoints
     away (a fresh user's trial, stop 38): it is refused before anything starts, with the --resume command; a folder

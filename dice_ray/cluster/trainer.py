@@ -256,7 +256,8 @@ def train(config_path: str | None, overrides: list[str], resume: str | None, con
     """Entry point of ``dice-ray train`` and ``jobs/train.py``.
 
     Raises:
-        KeyboardInterrupt: Ctrl-C (after printing how many steps were done and the ``--resume`` command).
+        KeyboardInterrupt: Ctrl-C, or :class:`Terminated` on SIGTERM (after printing how many steps were done and the
+            ``--resume`` command).
         pydantic.ValidationError / ValueError: a bad config key or value (before any actor starts).
         ValueError: ``--resume`` with an override of the ``model`` or ``tasks`` section, or with ``rl.steps`` not
             above the steps already done (:func:`~dice_ray.cluster.run_folder.resume_config`; before anything starts or
@@ -280,12 +281,14 @@ def train(config_path: str | None, overrides: list[str], resume: str | None, con
 
         DiffusionPolicy.check_path(cfg.model.path, cfg.model)
     trainer = Trainer(cfg, run_dir, resume=bool(resume), console=console)
+    previous = _stop_on_sigterm()
     try:
         return trainer.run()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         _calm_further_interrupts(trainer.console)
-        done = mark_stopped(run_dir, "interrupted", cfg.rl.steps)
-        trainer.console.print(f"[bold]stopped[/] (interrupted) with {done} of {cfg.rl.steps} steps done; "
+        why = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+        done = mark_stopped(run_dir, why, cfg.rl.steps)
+        trainer.console.print(f"[bold]stopped[/] ({why}) with {done} of {cfg.rl.steps} steps done; "
                               f"continue from the last checkpoint: dice-ray train --resume {run_dir}")
         raise
     except Exception as e:
@@ -293,6 +296,31 @@ def train(config_path: str | None, overrides: list[str], resume: str | None, con
         raise
     finally:
         trainer.shutdown()
+        if previous is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """The run got SIGTERM (``ray job stop``, a batch scheduler's pre-emption, ``kill``): it stops as on Ctrl-C."""
+
+
+def _stop_on_sigterm():
+    """Make SIGTERM stop the run as Ctrl-C does (the steps done and the ``--resume`` command printed,
+    ``stopped.json`` written, the actors shut down): it printed a Ray stack trace and exited 134 without either (a
+    fresh user's trial). Returns the previous handler to restore, or None off the main thread (signals are set
+    there only)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def terminated(signum, frame):
+        raise Terminated(f"signal {signum}")
+
+    return signal.signal(signal.SIGTERM, terminated)
 
 
 def _calm_further_interrupts(console: Console) -> None:
