@@ -559,11 +559,13 @@ def render(plan: Plan) -> str:
     con.print(f"placement: the learner's ranks one PACK group; rollout workers "
               + ("in the learner's bundles (cluster.colocate_rollout: its states in CPU memory while they sample)"
                  if colocated else f"and verifiers {c.placement} (cluster.placement)"), markup=False)
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("role", "actors x GPU", "where", "weights", "grads", "optim", "act", "KV", "other", "GiB/GPU",
-                "GPU GiB", "verdict"):
-        t.add_column(col, justify="left" if col in ("role", "where", "verdict", "actors x GPU") else "right",
-                     no_wrap=col in ("role", "verdict", "actors x GPU", "where"))
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+              title=f"GiB a GPU (a GPU has {_g(cap.gpu_bytes)} GiB)" if cap.gpu_bytes else "GiB a GPU", title_justify="left")
+    for col in ("role", "actors x GPU", "where", "weights", "grads", "optim", "act", "KV", "other", "total", "verdict"):
+        if col in ("role", "actors x GPU", "where", "verdict"):  # words, unwrapped
+            t.add_column(col, no_wrap=True, min_width=6)
+        else:  # figures are never cut: each column as wide as its header and its widest figure
+            t.add_column(col, justify="right", no_wrap=True, min_width=max(len(col), 5))
     for r in plan.roles:
         c = r.estimate.components
         other = c.get("runtime", 0) + c.get("verifier", 0) + c.get("working", 0)
@@ -582,8 +584,7 @@ def render(plan: Plan) -> str:
         total = r.per_gpu if (r.name != "verifier" or "verifier" in c or not on_gpu) else None
         t.add_row(r.label, f"{r.actors} x {r.gpus:g}" if on_gpu else f"{r.actors} x CPU", _where(r),
                   *(_g(c.get(k, 0)) for k in ("weights", "gradients", "optimizer", "activations", "kv_cache")),
-                  _g(other) if (other or r.name != "verifier" or "verifier" in c) else "?", _g(total),
-                  _g(cap.gpu_bytes) if on_gpu else "-", verdict)
+                  _g(other) if (other or r.name != "verifier" or "verifier" in c) else "?", _g(total), verdict)
     con.print(t)
     shared = [g for g in plan.gpus if len(g.tenants) > 1]
     if shared:

@@ -183,8 +183,8 @@ class RunSetup:
         if not pairs:
             con.print("[bold]warm start[/] skipped: no training task has a reference solution to learn from")
             return False
-        with waiting(con, f"warm start: the learner starts, then masked-diffusion SFT on {len(pairs)} pairs (cached "
-                          f"after the first run)"):
+        with waiting(con, f"warm start: the learner starts, then masked-diffusion SFT on {len(pairs)} pairs (or loads "
+                          f"the result cached by an earlier run)"):
             report = ray.get(self.learner.warm_start.remote(pairs))
         con.print(f"[bold]warm start[/] {describe_warm_start(report, cfg.sft.steps, cfg.sft.target_loss)}")
         return True
