@@ -412,7 +412,8 @@ def learner_activations(cfg: DiceConfig, shape: ModelShape, prompt: int) -> tupl
     budget, group_tokens = cfg.cluster.micro_batch_tokens, cfg.rl.num_generations * (prompt + cfg.sampling.max_new_tokens)
     k = groups_per_micro_batch(cfg, prompt)
     why = ("gradient checkpointing: one group" if cfg.cluster.gradient_checkpointing
-           else f"{k} group(s) a micro-batch of {budget} tokens (a group counts {group_tokens})")
+           else f"{k} group(s) a micro-batch (cluster.micro_batch_tokens={budget}; a group is {group_tokens} tokens, "
+                f"G x (prompt + R), and is never split)")
     of = "of each group a backward holds" if chunk_rows(cfg) < cfg.rl.num_generations else "a group:"
     return k * one, f"{why}; {of} {what}, R = sampling.max_new_tokens"
 
