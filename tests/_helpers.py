@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import ray
 import torch
 
@@ -172,3 +173,13 @@ def saved_activation_bytes(model: torch.nn.Module, fn) -> int:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn()
     return sum(saved.values())
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models: one torch thread (several fight over these shared cores, ~50x slower when loaded). Autouse in a
+    test module that imports it (``from _helpers import one_torch_thread``)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -23,20 +23,12 @@ from dice_ray.policy.logprobs import ESTIMATORS, response_logprobs
 from dice_ray.policy.policy import DiffusionPolicy
 from dice_ray.rl.loss import LossStats, clipped_policy_loss, merge_chunk_stats
 from _helpers import HANG_S, TINY_FAMILY_SHAPE, PlainEngine, saved_activation_bytes
+from _helpers import one_torch_thread  # noqa: F401 (autouse: one torch thread)
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_NEW = 16  # LLaDA / Dream infill spans grow 4 -> 16 (block_size 4)
 CHUNKS = (1, 2, 3)  # of groups of 5 and 4 rows: uneven last chunks, and groups with fewer chunks than the step
 STATS = ("loss", "clip_fraction", "kl", "ratio_mean")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one torch thread (several fight over these shared cores, ~50x slower when loaded)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 class GradEngine(PlainEngine):

@@ -34,20 +34,12 @@ from dice_ray.config import DiceConfig, ModelConfig, RLConfig, SamplingConfig, l
 from dice_ray.policy.logprobs import ESTIMATORS, response_logprobs, state_passes
 from dice_ray.policy.policy import DiffusionPolicy
 from _helpers import HANG_S, TINY_FAMILY_SHAPE, PlainEngine
+from _helpers import one_torch_thread  # noqa: F401 (autouse: one torch thread)
 from test_learner_chunks import MAX_NEW, _infill_groups, _infill_policy, _sdar_groups, _sdar_policy
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = 2  # rows a chunk: groups of 5, 4 and 3 rows take 3, 2 and 2 backwards
 STATS = ("loss", "clip_fraction", "kl", "ratio_mean")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one torch thread (several fight over these shared cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _first_rows(g: TrainGroup, n: int) -> TrainGroup:
