@@ -324,13 +324,16 @@ def _stop_on_sigterm():
 
 
 def _calm_further_interrupts(console: Console) -> None:
-    """After the first Ctrl-C, another one (while the actors and the local Ray cluster shut down, seconds) only
+    """After the first Ctrl-C or SIGTERM, another one (while the actors and the local Ray cluster shut down) only
     says that the run is stopping: raised inside Ray's own shutdown, and again in its exit handler, it printed
     tracebacks (a fresh user's trial, stop 38).  Main thread only (signals are set there)."""
     import signal
     import threading
 
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, lambda *_: console.print("stopping: the actors and Ray are shutting down "
-                                                              "(Ctrl-\\ kills at once)"))
+        def calm(*_):
+            console.print("stopping: the actors and Ray are shutting down (Ctrl-\\ kills at once)")
+
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second SIGTERM while shutting down raised inside Ray's too
+            signal.signal(sig, calm)
 
