@@ -52,9 +52,11 @@ def body_shape(body: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+@lru_cache(maxsize=4096)
 def kernel_shapes(src: str) -> frozenset[tuple[str, ...]]:
     """:func:`body_shape` of every ``__global__`` kernel of a solution (fast or load_inline format); empty when it
-    has none or does not parse."""
+    has none or does not parse. Cached by source: an evaluation asks :func:`computes` and :func:`slower_variant`
+    of the same candidate."""
     try:
         return frozenset(body_shape(sc.middle) for _, sc in kernel_scaffolds(src, detect_format(src)))
     except (ScaffoldError, ValueError, SyntaxError):
