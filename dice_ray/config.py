@@ -434,6 +434,10 @@ class RLConfig(_Section):
     beta: float = Field(0.0, ge=0.0, description="k3 KL coefficient against the reference policy (DICE: 0.01).")
     epsilon: float = Field(0.2, gt=0.0, description="PPO clip range.")
     scale_rewards: bool = Field(True, description="Divide group-centred rewards by the group std (GRPO z-score).")
+    drop_flat_groups: bool = Field(
+        True, description="Drop a group whose rewards are all equal (no advantage signal; DICE drops them). False "
+        "keeps it with advantage 0: it still adds the KL term's gradient (rl.beta > 0), and a step whose groups are "
+        "all flat still runs the learner (how a random-init policy's learner step is measured: docs/training.md).")
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient-norm clip of the RL update.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over a step's groups (PPO epochs).")
     logprob_estimator: Literal["tracerl", "coupled", "diffu_grpo"] = Field(

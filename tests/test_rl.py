@@ -55,3 +55,33 @@ def test_k3_kl_is_zero_at_reference_and_positive_elsewhere():
     assert diff.kl > 0
     with pytest.raises(ValueError):
         clipped_policy_loss(lp, lp, torch.zeros(1), mask, beta=0.1)
+
+
+@pytest.mark.parametrize("drop", [True, False])
+def test_trainer_drops_flat_groups_unless_told_to_keep_them(drop):
+    """``rl.drop_flat_groups``: a group whose rewards are all equal goes to the learner only when it is False (then
+    with advantage 0), and the step's dropped count says so."""
+    from types import SimpleNamespace
+
+    from dice_ray.cluster.rollout import GroupRollout
+    from dice_ray.cluster.trainer import Trainer
+    from dice_ray.config import DiceConfig, ModelConfig, SamplingConfig
+    from dice_ray.policy.policy import DiffusionPolicy
+    from dice_ray.policy.sampler import sample_group
+
+    pol = DiffusionPolicy.build(ModelConfig(), seed=0)
+    rollouts = sample_group(pol, "__global__ void k(){}", 2, SamplingConfig(max_new_tokens=8), seed=1)
+    groups = [GroupRollout(request=None, rollouts=list(rollouts), candidates=["", ""], tokens=0, seconds=0.0,
+                           weights_version=0) for _ in range(2)]
+    sent = []
+    trainer = SimpleNamespace(
+        cfg=DiceConfig.model_validate({"rl": {"num_generations": 2, "drop_flat_groups": drop}}),
+        learner=SimpleNamespace(train_step=SimpleNamespace(remote=lambda batch: batch)),
+        pipeline=SimpleNamespace(submit=lambda stage, refs, start: sent.append(refs[0]) or "flight"))
+    verdicts = [SimpleNamespace(reward=r) for r in (1.0, 0.0, 0.0, 0.0)]  # group 0 has a signal, group 1 is flat
+    flight, dropped = Trainer.learn(trainer, groups, verdicts)
+    assert flight == "flight" and dropped == (1 if drop else 0)
+    assert len(sent[0]) == (1 if drop else 2)
+    assert sent[0][0].advantages.tolist() == [1.0, -1.0]
+    if not drop:
+        assert sent[0][1].advantages.tolist() == [0.0, 0.0]

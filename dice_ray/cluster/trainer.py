@@ -165,14 +165,15 @@ class Trainer(RunSetup):
         g = self.cfg.rl.num_generations
         rewards = torch.tensor([v.reward for v in verdicts], dtype=torch.float32).view(len(groups), g)
         adv = group_advantages(rewards, scale_rewards=self.cfg.rl.scale_rewards)
+        dropped = adv.num_dropped if self.cfg.rl.drop_flat_groups else 0
         batch: list[TrainGroup] = [
             make_train_group(grp.rollouts[0].prompt_ids, grp.rollouts, adv.advantages[i])
             for i, grp in enumerate(groups)
-            if adv.keep[i]
+            if adv.keep[i] or not self.cfg.rl.drop_flat_groups
         ]
         if not batch or not self.cfg.rl.update_policy:  # nothing to learn from, or the control arm: no update
-            return None, adv.num_dropped
-        return self.pipeline.submit("learn", [self.learner.train_step.remote(batch)], start=t0), adv.num_dropped
+            return None, dropped
+        return self.pipeline.submit("learn", [self.learner.train_step.remote(batch)], start=t0), dropped
 
     def _sync_weights(self, wait: bool = True, changed: bool = True) -> dict:
         """Push the learner's weights to the rollout workers (:class:`WeightSync`); returns :meth:`WeightSync.push`'s
