@@ -288,14 +288,24 @@ def profile_update(engine, batch: list[dict], args: argparse.Namespace, mask_id:
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
         one_update(engine, batch, args, mask_id, device)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        wall = time.perf_counter() - t0
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    table = prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=70)
-    Path(path).write_text(table)
+    averages = prof.key_averages()
+    table = averages.table(sort_by=key, row_limit=30, max_name_column_width=70)
+    busy = ""
+    if device.type == "cuda":  # the kernels' summed time (one stream: no overlap) against the update's wall time
+        from torch.autograd import DeviceType
+
+        kernels = sum(e.self_device_time_total for e in averages  # as torch's table footer sums them
+                      if e.device_type == DeviceType.CUDA and not e.is_user_annotation) / 1e6
+        busy = f"device busy {kernels:.3f} s of a {wall:.3f} s update (profiled) = {kernels / wall:.0%}; the rest waits on the host\n"
+    Path(path).write_text(busy + table)
     what = "device" if device.type == "cuda" else "CPU"
-    print(f"profile (top ops by self {what} time):\n" + "\n".join(table.splitlines()[:16]), flush=True)
+    print(f"profile (top ops by self {what} time):\n{busy}" + "\n".join(table.splitlines()[:16]), flush=True)
 
 
 def _sdpa_context(name: str):
