@@ -229,6 +229,32 @@ def test_flex_logprobs_and_gradients_equal_sdpa(estimator, cpu_flex_grad):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("passes", [None, 6])
+def test_flex_scores_every_noisy_state_in_one_stacked_pass(passes, cpu_flex_grad):
+    """Under FlexAttention SDAR's noisy states run as one pass (prompt, clean, stacked: 3 model calls, whatever the
+    number of states, padding states included), with the log-probs and gradients of SDPA's one pass a state."""
+    prompt, resp, steps, rmask = _trace()
+    assert int(steps.max()) + 1 == 4  # four TraceRL states
+
+    def run(kind):
+        model = _sdar()
+        set_attention(model, kind)
+        calls = []
+        model.model.register_forward_pre_hook(lambda m, a, k: calls.append(k["input_ids"].shape), with_kwargs=True)
+        lp = response_logprobs("tracerl", model, prompt, resp, steps, rmask, 4, V - 1, passes=passes)
+        (lp * torch.linspace(-1, 1, lp.numel()).view_as(lp)).sum().backward()
+        return lp.detach(), _grads(model), calls
+
+    (lp_s, g_s, calls_s), (lp_f, g_f, calls_f) = run("sdpa"), run("flex")
+    states = passes or 4
+    assert calls_s == [(1, 6)] + [(3, 16)] * (1 + states)
+    assert calls_f == [(1, 6), (3, 16), (3, 16 * states)]
+    torch.testing.assert_close(lp_f, lp_s, rtol=1e-5, atol=1e-5)
+    assert max(g.abs().max() for g in g_s) > 0
+    for a, b in zip(g_f, g_s):  # fp32 sums in another order (the padded pass's softmax spans more keys)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("family", ["llada", "dream"])
 def test_flex_equals_sdpa_on_an_infill_span_with_suffix(family, cpu_flex_grad):
     """LLaDA / Dream infilling: prompt ‖ growing span ‖ suffix, rows of different span lengths (padding)."""

@@ -22,11 +22,14 @@ A masked-diffusion policy has no left-to-right factorisation, so an RL loss need
   single state. One pass, the cheapest and the coarsest.
 
 All of them use BD3-LM's / SDAR's ``x_t ‖ x_0`` layout (see :mod:`dice_ray.policy.model`): the prompt and
-clean response are encoded once (block-causal, keys/values kept with their autograd history); then one pass
-per noisy state (TraceRL: per step index ``s``, at most ``block_size``; coupled: two) runs a noisy response
-with the same position ids; noisy block ``b`` sees the prompt, clean blocks ``< b`` and itself. This equals
-one ``[prompt, clean, noisy]`` forward with the x_t ‖ x_0 mask, without recomputing the prompt and clean
-part for every state.
+clean response are encoded once (block-causal, keys/values kept with their autograd history); then the noisy
+states (TraceRL: one per step index ``s``, at most ``block_size``; coupled: two) run with the clean position ids;
+noisy block ``b`` sees the prompt, clean blocks ``< b`` and itself. This equals one ``[prompt, clean, noisy]``
+forward with the x_t ‖ x_0 mask for every state, without recomputing the prompt and clean part for each. Under
+SDPA one pass a state; under FlexAttention (``cluster.learner_attention``), which skips masked tiles, one pass
+for all of them, side by side on the sequence axis (state ``i`` as noisy copy ``i + 1`` of
+:func:`~dice_ray.policy.model.block_mask`, seeing only its own copy of its block): a quarter of the layer calls
+at four states, and GEMMs four times as tall (dense SDPA would compute the masked pairs between the copies).
 
 The fully bidirectional families (LLaDA, Dream; :mod:`dice_ray.policy.families`) have no blocks: every state
 is one forward of ``prompt ‖ response canvas ‖ suffix`` with full attention, through the sampler's own
@@ -53,9 +56,10 @@ group can be scored in row chunks (``response_logprobs(..., rows=slice)``, the l
 autograd graph (the training :class:`~dice_ray.policy.model.KVCache` it builds included) is its own; the prompt is
 encoded once a chunk, and its gradient is the sum over the chunks.
 
-How many model calls a call makes depends on the data: one pass per state that scores a token (``tracerl``: one a
-distinct denoising step of the scored tokens, however many the trace has; ``coupled``: the passes whose mask holds a
-scored token; ``diffu_grpo``: none when nothing is scored), after the prompt and clean passes of SDAR. Under ZeRO-3
+How many states a call scores, and for LLaDA / Dream how many model calls it makes, depends on the data: one state
+per ``tracerl`` distinct denoising step of the scored tokens (however many the trace has), ``coupled``'s masks that
+hold a scored token, ``diffu_grpo``'s one (none when nothing is scored); SDAR runs them after its prompt and clean
+passes (one stacked pass under FlexAttention), LLaDA / Dream one pass a state. Under ZeRO-3
 every forward of a module gathers its parameters across the learner's ranks, so every rank must make the same calls:
 ``passes=n`` (:func:`state_passes` gives the fewest a call accepts) makes a call run exactly ``n`` state passes,
 the states that score nothing padded in after the real ones (an all-masked state, one row of it for LLaDA /
@@ -71,7 +75,8 @@ import torch
 
 from dice_ray.policy.compiled import is_compiled, token_logprobs
 from dice_ray.policy.families import family_of, logit_shift
-from dice_ray.policy.model import KVCache, block_mask, forward_hidden, prompt_blocks, response_blocks, token_logits
+from dice_ray.policy.model import (KVCache, attention_of, block_mask, forward_hidden, prompt_blocks, response_blocks,
+                                   token_logits)
 from dice_ray.policy.sampler import span_hidden
 
 Estimator = Literal["tracerl", "coupled", "diffu_grpo"]
@@ -267,12 +272,25 @@ def _score_noisy_states(
     k_block = torch.cat([pb, rb])
     forward_hidden(model, response_ids, rpos, block_mask(rb, zr, k_block, torch.zeros_like(k_block)), cache)
 
-    ones = torch.ones(R, dtype=torch.long, device=device)
-    noisy_mask = block_mask(rb, ones, torch.cat([k_block, rb]), torch.cat([torch.zeros_like(k_block), ones]))
-    for noisy, score in states:
-        h = forward_hidden(model, noisy, rpos, noisy_mask, cache, keep=0)
-        out[score] = _gather_logprobs(model, h[score], response_ids[score], mask_id)
-    return out
+    if attention_of(model) != "flex":  # dense SDPA would compute every masked pair of a stacked pass: one a state
+        ones = torch.ones(R, dtype=torch.long, device=device)
+        noisy_mask = block_mask(rb, ones, torch.cat([k_block, rb]), torch.cat([torch.zeros_like(k_block), ones]))
+        for noisy, score in states:
+            h = forward_hidden(model, noisy, rpos, noisy_mask, cache, keep=0)
+            out[score] = _gather_logprobs(model, h[score], response_ids[score], mask_id)
+        return out
+    # FlexAttention skips masked tiles: every state in one forward, side by side on the sequence axis, state i as
+    # noisy copy i + 1 (block_mask: a noisy block sees the prompt, the clean earlier blocks and its own copy only)
+    S = len(states)
+    copy = torch.arange(1, S + 1, device=device).repeat_interleave(R)
+    q_block = rb.repeat(S)
+    noisy_mask = block_mask(q_block, copy, torch.cat([k_block, q_block]), torch.cat([torch.zeros_like(k_block), copy]))
+    noisy = torch.cat([n for n, _ in states], dim=1)  # [G, S*R]
+    score = torch.cat([sc for _, sc in states], dim=1)
+    h = forward_hidden(model, noisy, rpos.repeat(S), noisy_mask, cache, keep=0)
+    stacked = torch.zeros(G, S * R, dtype=torch.float32, device=device)
+    stacked[score] = _gather_logprobs(model, h[score], response_ids.repeat(1, S)[score], mask_id)
+    return out + stacked.view(G, S, R).sum(1)  # a token is scored in at most one state
 
 
 def tracerl_logprobs(
