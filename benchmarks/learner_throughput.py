@@ -2,8 +2,8 @@
 
 An update is what :class:`dice_ray.cluster.learner.Learner` does each RL step: for each group (one prompt,
 G responses) TraceRL's per-token log-probs (:func:`dice_ray.policy.logprobs.response_logprobs`,
-estimator ``tracerl``: the prompt encoded once, the clean response once, then one noisy pass per
-denoising step), the clipped policy loss (:func:`dice_ray.rl.loss.clipped_policy_loss`), a DeepSpeed
+estimator ``tracerl``: the prompt encoded once, the clean response once, then the noisy state of each
+denoising step: one pass a state under SDPA, one stacked pass for all of them under FlexAttention), the clipped policy loss (:func:`dice_ray.rl.loss.clipped_policy_loss`), a DeepSpeed
 backward, and one optimizer step (client ``torch.optim.AdamW``) at the end. The model is a random-init
 SDAR-1.7B-shape model (Qwen3-1.7B's shape; see benchmarks/rollout_throughput.py), the data random tokens
 with a one-token-a-step trace (every block's ``--steps-per-block`` steps used, so ``steps`` noisy passes).
@@ -48,7 +48,8 @@ missing, a compile error) prints its error line and the others still report. One
 
 ``sdpa`` is today's path (the model's ``dice_block`` SDPA over the dense block mask); ``flex`` is FlexAttention
 over a ``BlockMask`` of the same mask (:func:`dice_ray.policy.model.set_attention`, the learner's
-``cluster.learner_attention=flex``: fully masked tiles skipped); ``+compile`` adds the compiled decoder layers and
+``cluster.learner_attention=flex``: fully masked tiles skipped, and the noisy passes of a call run as one pass
+with the states side by side on the sequence axis, :mod:`dice_ray.policy.logprobs`); ``+compile`` adds the compiled decoder layers and
 log-prob head (:func:`dice_ray.policy.compiled.compile_layers`, ``cluster.learner_compile=true``; compiled during
 the warm-up update, which is not timed). ``liger`` = :func:`dice_ray.policy.fused.apply_fused_kernels`
 (Liger-Kernel's SwiGLU and RoPE, the learner's ``cluster.fused_kernels``, its default ``auto`` on a GPU), applied
