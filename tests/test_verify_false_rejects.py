@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from _verify_sources import HONEST, mutate
+from _verify_sources import HONEST, RELU_REF, mutate
 from dice_ray.verify.candidate.candidate import Candidate
 from dice_ray.verify.candidate.inline_spec import UnsupportedFormat, extract_specs
 from dice_ray.verify.candidate.liveness import construction_code, dead_code
@@ -139,18 +139,145 @@ def test_construction_code_sets():
     assert id(named["c"]) not in cons.functions and id(named["forward"]) not in cons.functions
 
 
-# -- 2. casts: .float() is .to(torch.float32) ----------------------------------------------------------------------
+# -- 2. casts: .float() is .to(torch.float32); a cast to the task's own dtype is left to run time --------------------
 def test_float_cast_is_to_float32():
     ok(in_forward("z = y.float()\nz = y.to(torch.float32)\nz = y.to(dtype=torch.float32)\nz = y.to(y.device)"))
     for code, dtype in (("z = y.half()", "float16"), ("z = y.to(torch.float16)", "float16"),
-                        ("z = y.double()", "float64"), ("z = y.bfloat16()", "bfloat16"),
-                        ("z = y.to(dtype=torch.bfloat16)", "bfloat16"), ("z = y.long()", "int64"),
-                        ("z = y.to(torch.int64)", "int64"), ("z = y.type(torch.cuda.HalfTensor)", "float16"),
-                        ("z = y.to('cuda', torch.half)", "float16")):
-        refused(in_forward(code), "forward-torch-op", f"torch.{dtype}")
+                        ("z = y.bfloat16()", "bfloat16"), ("z = y.to(dtype=torch.bfloat16)", "bfloat16"),
+                        ("z = y.long()", "int64"), ("z = y.to(torch.int64)", "int64"),
+                        ("z = y.type(torch.cuda.HalfTensor)", "float16"), ("z = y.to('cuda', torch.half)", "float16")):
+        refused(in_forward(code), "forward-torch-op", f"torch.{dtype}", "float32 assumed")
     refused(in_forward("z = self.float()"), "forward-module-call")  # a module cast converts every parameter
+    refused(in_forward("z = self.double()"), "forward-module-call")
     refused(in_forward("f = y.float"), "forward-torch-op", "as a value")
     refused(in_forward("z = y.float().sum()"), "forward-torch-op", ".sum()")
+
+
+REF_F64 = (Path(__file__).resolve().parent / "corpus" / "honest" / "references" / "softsign_float64.py").read_text()
+REF_F16 = REF_F64.replace("torch.float64", "torch.float16")
+REF_INDEX = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, n, d):
+        super().__init__()
+        self.table = nn.Embedding(n, d)
+
+    def forward(self, idx):
+        return self.table(idx)
+
+
+def get_inputs():
+    return [torch.randint(0, 1000, (64, 32))]
+
+
+def get_init_inputs():
+    return [1000, 128]
+"""
+
+
+def test_input_dtypes_reads_the_references_inputs():
+    from dice_ray.tasks.sizing import input_dtypes
+
+    relu = (Path(__file__).resolve().parents[1] / "dice_ray" / "tasks" / "builtin" / "L1_01_relu" / "reference.py")
+    assert input_dtypes(relu.read_text()) == {"float32"}
+    assert input_dtypes(REF_F64) == {"float32", "float64"}
+    assert input_dtypes(REF_F16) == {"float32", "float16"}
+    assert input_dtypes(REF_INDEX) == {"float32", "int64"}
+    body = "def get_inputs():\n    return [{}]\n"
+    for inputs, dtypes in (("torch.randn(8).double()", {"float64"}), ("torch.randn(8).to(torch.half)", {"float16"}),
+                           ("torch.rand(8) > 0.5", {"bool"}), ("torch.randn(8).ge(0)", {"bool"}),
+                           ("torch.tensor([1, 2, 3])", {"int64"}), ("torch.tensor([True, False])", {"bool"}),
+                           ("torch.tensor([i for i in range(4)])", {"int64"}), ("torch.arange(8)", {"int64"}),
+                           ("torch.randn(8, dtype=DT)", {"bfloat16"}), ("torch.randn(8, dtype=torch.long)", {"int64"})):
+        src = "import torch\n" + ("DT = torch.bfloat16\n" if "DT" in inputs else "") + "\n" + body.format(inputs)
+        assert input_dtypes(src) == {"float32", *dtypes}, inputs
+    # the model's own casts are not its inputs'; a source that does not parse: float32
+    assert input_dtypes("import torch\nclass Model:\n    def f(self, x):\n        return x.half()\n") == {"float32"}
+    assert input_dtypes("def (") == {"float32"}
+
+
+def test_a_cast_to_the_tasks_own_dtype_is_left_to_run_time():
+    """.double() / .to(torch.float64) on a float64 task's input, .half() on a float16 task's, .long() on int64 indices:
+    no-op casts, left to the run-time op check (which refuses one that converts); casts to float64 never lower
+    precision, so they are left to it whatever the task."""
+    from dice_ray.tasks.sizing import input_dtypes
+
+    f64, f16, idx = input_dtypes(REF_F64), input_dtypes(REF_F16), input_dtypes(REF_INDEX)
+    wide = "z = y.double()\nz = y.to(torch.float64)\nz = y.to(dtype=torch.double)\nz = y.type(torch.DoubleTensor)"
+    for dtypes in (None, f64, f16, frozenset({"float32"})):
+        report = check_candidate(in_forward(wide), input_dtypes=dtypes)
+        assert report.ok, [str(v) for v in report.violations]
+    for code, dtypes in (("z = y.half()", f16), ("z = y.to(torch.float16)", f16), ("z = y.long()", idx),
+                         ("z = y.to(torch.int64)", idx), ("z = y.to(y.device, torch.half)", f16)):
+        report = check_candidate(in_forward(code), input_dtypes=dtypes)
+        assert report.ok, (code, [str(v) for v in report.violations])
+
+
+@pytest.mark.parametrize("code,task,dtype", [
+    ("z = y.half()", "f32", "float16"), ("z = y.half()", "f64", "float16"), ("z = y.bfloat16()", "f16", "bfloat16"),
+    ("z = y.to(torch.bfloat16)", "f64", "bfloat16"), ("z = y.int()", "index", "int32"),
+    ("z = y.long()", "f64", "int64"),
+    ("z = y.bool()", "f32", "bool"),
+])
+def test_a_cast_to_a_dtype_no_input_has_stays_refused(code, task, dtype):
+    from dice_ray.tasks.sizing import input_dtypes
+
+    ref = {"f32": RELU_REF, "f64": REF_F64, "f16": REF_F16, "index": REF_INDEX}[task]
+    found = [str(v) for v in check_candidate(in_forward(code), input_dtypes=input_dtypes(ref)).violations]
+    assert any(v.startswith("[forward-torch-op]") and f"no input of the task is {dtype}" in v for v in found), found
+
+
+def test_the_run_time_op_check_refuses_a_cast_that_converts():
+    """A cast to the dtype its input has runs no aten op; one that converts is aten _to_copy, refused by the op
+    recorder (on meta tensors too: the compile-only dry run), the conversion named for the message."""
+    import torch
+
+    from dice_ray.verify.trials.op_recorder import OpRecorder
+
+    for device in ("cpu", "meta"):
+        x64 = torch.randn(4, 4, dtype=torch.float64, device=device)
+        with torch.no_grad(), OpRecorder() as noop:
+            x64.double(), x64.to(torch.float64), x64.to(dtype=torch.float64), x64.type(torch.float64)
+        assert noop.forbidden == [] and noop.casts == []
+        with torch.no_grad(), OpRecorder() as real:
+            x64.float().half()
+        assert real.forbidden == ["_to_copy"]
+        assert real.casts == ["torch.float64 -> torch.float32", "torch.float32 -> torch.float16"]
+
+
+F64_CANDIDATE = mutate("float* __restrict__ x, float* __restrict__ y", "double* __restrict__ x, double* __restrict__ y",
+                       mutate("x[i] > 0.f ? x[i] : 0.f", "x[i] > 0.0 ? x[i] : 0.0",
+                              mutate("        x = x.contiguous()\n", "        x = x.double().contiguous()\n")))
+REF_RELU_F64 = RELU_REF.replace("torch.randn(1024, 1024)", "torch.randn(1024, 1024, dtype=torch.float64)")
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    from dice_ray.config import RewardConfig, VerifyConfig
+    from dice_ray.verify.verifier import Verifier
+
+    with Verifier(VerifyConfig(mode="compile_only", compile_timeout_s=60.0, run_timeout_s=30.0), RewardConfig()) as v:
+        yield v
+
+
+def test_the_verifier_leaves_a_no_op_cast_alone_and_refuses_one_that_converts(verifier):
+    """Compile-only: x.double() on a float64 task's input is ok; on a float32 task's input the dry run sees the
+    conversion (the fast format's forward runs to its end on meta tensors); x.half() on a float32 task is refused by
+    the static rules, which know the task's dtypes."""
+    from dice_ray.tasks.task import Task
+
+    f64, f32 = Task("test/relu64", "relu64", 1, REF_RELU_F64), Task("test/relu", "relu", 1, RELU_REF)
+    got = verifier.verify(f64, F64_CANDIDATE, "double-cast")
+    assert got.verdict == "ok", got.reason
+    got = verifier.verify(f32, F64_CANDIDATE, "double-cast-converts")
+    assert got.verdict == "cheat" and got.rule == "forward-torch-op", got.reason
+    assert "torch.float32 -> torch.float64" in got.reason
+    got = verifier.verify(f32, mutate("        x = x.contiguous()\n", "        x = x.half().contiguous()\n"), "half")
+    assert got.verdict == "cheat" and got.rule == "forward-torch-op" and "no input of the task is float16" in got.reason
+    got = verifier.verify(f64, mutate("x.double()", "x.half()", F64_CANDIDATE), "half-on-f64")
+    assert got.verdict == "cheat" and got.rule == "forward-torch-op", got.reason
 
 
 # -- 3. torch.Tensor() as an allocation ---------------------------------------------------------------------------

@@ -23,8 +23,10 @@ Decisions (documented so prompts can state them):
   method also called from forward, handed to a hook or named in a string among them): there only
   :data:`ALLOWED_TORCH_CALLS` (allocation, meta queries, ``torch.Tensor()`` with no data) and
   :data:`ALLOWED_TENSOR_METHODS` (views, sizes, pointers, in-place fills) may be called on torch; a cast is
-  judged as the ``.to`` it is (``x.float()`` is ``x.to(torch.float32)``: left to the run-time op check; a cast to
-  any other dtype the rules read, ``.half()``, ``.long()``, ``.to(torch.float16)``, is refused); ``@`` is refused;
+  judged as the ``.to`` it is (``x.float()`` is ``x.to(torch.float32)``): one to float32, float64 or one of the
+  task's input dtypes (``.double()`` on a float64 task, ``.long()`` on int64 indices) is left to the run-time op
+  check, which refuses one that converts; a cast to any other dtype the rules read (``.half()``, ``.long()``,
+  ``.to(torch.float16)`` on a float32 task) is refused; ``@`` is refused;
   submodules (``self.conv(x)``) and ``.forward`` may not be called; ``next()`` may not advance an iterator kept on
   ``self`` (a call counter).
 * ``getattr`` only as ``getattr(self or self.<attr>, name)`` reading a parameter, buffer or submodule: ``name`` a
@@ -79,6 +81,7 @@ import functools
 import re
 import types
 
+from dice_ray.tasks.sizing import CAST_METHODS
 from dice_ray.verify.candidate.candidate import Candidate
 from dice_ray.verify.candidate.liveness import DeadCode, construction_code
 from dice_ray.verify.rules.allowlist import (ALLOWED_IMPORTS, ALLOWED_LAUNCH_NAMES, ALLOWED_TENSOR_METHODS,
@@ -116,9 +119,12 @@ _ALLOWED_DECORATORS = frozenset({"staticmethod", "classmethod", "property", "tor
 _STR_METHODS = frozenset({"format", "replace", "strip", "lstrip", "rstrip", "join", "upper", "lower"})
 #: tensor methods that are ``.to(<dtype>)`` under another name (``x.float()`` is ``x.to(torch.float32)``), judged as
 #: that ``.to`` is (:meth:`_Checker.check_cast`); on ``self`` (a module: it converts every parameter in place) they
-#: stay refused, as ``self.<any module method>()`` is
-_CAST_METHODS = {"float": "float32", "double": "float64", "half": "float16", "bfloat16": "bfloat16", "long": "int64",
-                 "int": "int32", "short": "int16", "char": "int8", "byte": "uint8", "bool": "bool"}
+#: stay refused, as ``self.<any module method>()`` is (:data:`dice_ray.tasks.sizing.CAST_METHODS`, which also reads a
+#: reference's inputs' dtypes)
+_CAST_METHODS = CAST_METHODS
+#: cast targets left to the run-time op check whatever the task: a cast to them cannot lower precision, and one that
+#: converts (its input another dtype) is the aten ``_to_copy`` that check refuses (:meth:`_Checker.check_cast`)
+_WIDE_DTYPES = frozenset({"float32", "float64"})
 
 
 
@@ -328,8 +334,10 @@ def _root(node: ast.AST) -> ast.AST:
 
 
 class _Checker(ast.NodeVisitor):
-    def __init__(self, tree: ast.Module, dead: DeadCode, inline: bool = False):
+    def __init__(self, tree: ast.Module, dead: DeadCode, inline: bool = False,
+                 input_dtypes: frozenset[str] | None = None):
         self.tree = tree
+        self.input_dtypes = input_dtypes  # the task's (tasks.sizing.input_dtypes); None: not known, float32 assumed
         self.inline = inline  # the load_inline format: load_inline(...) holds kernels like load_cuda(...)
         self.report = StaticReport(format="inline" if inline else "fast")
         self.aliases: dict[str, str] = {}
@@ -403,11 +411,14 @@ class _Checker(ast.NodeVisitor):
 
     def check_cast(self, node: ast.Call, f: ast.Attribute) -> None:
         """``x.to(...)``, ``x.type(...)`` and the casts of :data:`_CAST_METHODS` (``x.float()`` is
-        ``x.to(torch.float32)``), judged alike in run-time code.  A cast to float32, the dtype of a task's tensors,
-        changes nothing on them and is left to the run-time op check (which refuses the aten ``_to_copy`` of a real
-        conversion), as ``.to(device)`` and ``.to(<a dtype the rules cannot read>)`` are; a cast to any other dtype
-        the rules read (``.half()``, ``.long()``, ``.to(torch.float16)``) converts, an elementwise torch op outside
-        the candidate's kernels: refused here (rule forward-torch-op; the kernel can read or write that type)."""
+        ``x.to(torch.float32)``), judged alike in run-time code.  A cast that may change nothing is left to the run-time
+        op check, which sees the aten ``_to_copy`` of one that converts (a cast whose input dtype is not its target)
+        and refuses it: a cast to float32 or float64 (:data:`_WIDE_DTYPES`: it cannot lower precision), to one of the
+        task's input dtypes (``input_dtypes``: ``.half()`` on a float16 task's input, ``.long()`` on int64 indices),
+        to a device, or to a dtype the rules cannot read.  A cast to any other dtype the rules read (``.half()``,
+        ``.long()``, ``.to(torch.bfloat16)`` on a float32 task) converts, an elementwise torch op outside the
+        candidate's kernels and the shape of a precision downgrade: refused here (rule forward-torch-op; the kernel
+        can read or write that type)."""
         if f.attr in _CAST_METHODS:
             dtype, spelled = _CAST_METHODS[f.attr], f".{f.attr}()"
         else:
@@ -415,11 +426,16 @@ class _Checker(ast.NodeVisitor):
             for arg in [*node.args, *(k.value for k in node.keywords if k.arg == "dtype")]:
                 found = _dtype_name(self.dotted(arg) if not isinstance(arg, ast.Constant) else arg.value)
                 dtype = found or dtype
-        if dtype is not None and dtype != "float32":
-            self.add("forward-torch-op", f"casts to torch.{dtype} with {spelled} in run-time code ({spelled} is "
-                     f".to(torch.{dtype}): a conversion, an elementwise torch op outside the kernels; let the kernel "
-                     f"read or write {dtype} itself; only casts to float32, a task's dtype, are left to the run-time "
-                     "check)", node)
+        task = self.input_dtypes if self.input_dtypes is not None else frozenset({"float32"})
+        if dtype is None or dtype in _WIDE_DTYPES or dtype in task:
+            return
+        known = (f"no input of the task is {dtype} (they are {', '.join(sorted(task))})"
+                 if self.input_dtypes is not None else "the task's input dtypes are not known here (float32 assumed)")
+        alias = f" ({spelled} is .to(torch.{dtype}))" if f.attr in _CAST_METHODS else ""
+        self.add("forward-torch-op", f"casts to torch.{dtype} with {spelled} in run-time code{alias}: {known}, so it "
+                 "converts: an elementwise torch op outside the kernels; let the kernel read or write "
+                 f"{dtype} itself (casts to float32, float64 and the task's input dtypes are left "
+                 "to the run-time check, which refuses one that converts)", node)
 
     def bound_to_self(self, name: str) -> bool:
         """Whether ``name`` is bound somewhere to a value rooted at ``self`` (``c = self.calls``, ``v = self.w.view(-1)``)."""
@@ -1353,12 +1369,14 @@ def _set_parents(tree: ast.AST) -> None:
 
 
 
-def check_python(candidate: Candidate) -> StaticReport:
+def check_python(candidate: Candidate, input_dtypes: frozenset[str] | None = None) -> StaticReport:
     """The Python rules (see the module docstring) on a parsed candidate; parses nothing, runs nothing.
 
     Args:
         candidate: a :class:`~dice_ray.verify.candidate.candidate.Candidate` whose ``tree`` is not None; its tree
             gains ``parent`` links (every rule after this one may read them) and its dead code is not judged.
+        input_dtypes: the dtypes the task's inputs may have (:func:`dice_ray.tasks.sizing.input_dtypes`): a cast to
+            one of them is left to the run-time op check; None when the task is not known (float32 assumed).
 
     Returns:
         A :class:`~dice_ray.verify.rules.catalog.StaticReport` of the Python rules (format and ``kernel_refs``
@@ -1366,6 +1384,6 @@ def check_python(candidate: Candidate) -> StaticReport:
     """
     assert candidate.tree is not None
     _set_parents(candidate.tree)
-    checker = _Checker(candidate.tree, candidate.dead, inline=candidate.format == "inline")
+    checker = _Checker(candidate.tree, candidate.dead, inline=candidate.format == "inline", input_dtypes=input_dtypes)
     checker.check_module()
     return checker.report
