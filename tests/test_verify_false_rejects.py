@@ -449,3 +449,148 @@ def test_load_inline_in_init_says_where_to_move_it():
     v = check_candidate(src).first()
     assert v.rule == "unsupported-format" and "inside __init__()" in v.message and "move it there" in v.message
     assert Candidate.from_source(src).spec_error is not None
+
+
+# -- 8. torch.autograd.Function wrappers: judged as forward is -------------------------------------------------------
+FUNCTION = """class ReLUFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        n = x.numel()
+        kernels.relu_kernel(grid=(n + 255) // 256, block=256, args=(x, y, n))
+        ctx.save_for_backward(y)
+        ctx.n = n
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        if not ctx.needs_input_grad[0]:
+            return None
+        dx = torch.empty_like(grad)
+        kernels.relu_backward(grid=(ctx.n + 255) // 256, block=256, args=(grad.contiguous(), y, dx, ctx.n))
+        return dx
+
+
+class ModelNew"""
+BACKWARD_KERNEL = """
+extern "C" __global__ void relu_backward(const float* g, const float* y, float* dx, long n) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n) dx[i] = y[i] > 0.f ? g[i] : 0.f;
+}
+\"\"\"
+"""
+LAUNCH = """        x = x.contiguous()
+        y = torch.empty_like(x)
+        n = x.numel()
+        kernels.relu_kernel(grid=(n + 255) // 256, block=256, args=(x, y, n))
+        return y
+"""
+FN_SRC = mutate(LAUNCH, "        return ReLUFn.apply(x)\n", mutate("class ModelNew", FUNCTION,
+                                                                   mutate('}\n"""\n', '}\n' + BACKWARD_KERNEL, HONEST)))
+
+
+def in_fn_forward(code: str, src: str = FN_SRC) -> str:
+    """``src`` with ``code`` (indented 8) before the Function's ``ctx.save_for_backward(y)``."""
+    return mutate("        ctx.save_for_backward(y)\n",
+                  "".join(f"        {ln}\n" for ln in code.splitlines()) + "        ctx.save_for_backward(y)\n", src)
+
+
+def test_an_autograd_function_calling_only_kernels_is_accepted():
+    """forward and backward launching kernels, ctx.save_for_backward / saved_tensors / needs_input_grad and a field;
+    Function imported by name, once_differentiable, the new style (setup_context), a module-level alias of .apply, a
+    wrapper deriving from another, and the same in the load_inline format."""
+    ok(FN_SRC)
+    imported = mutate("class ReLUFn(torch.autograd.Function):", "class ReLUFn(Function):",
+                      mutate("    @staticmethod\n    def backward", "    @staticmethod\n    @once_differentiable\n    def backward",
+                             at_top("from torch.autograd import Function\nfrom torch.autograd.function import "
+                                    "once_differentiable", FN_SRC)))
+    ok(imported)
+    new_style = mutate("    def forward(ctx, x):\n", "    def forward(x):\n",
+                       mutate("        ctx.save_for_backward(y)\n        ctx.n = n\n", "",
+                              mutate("    @staticmethod\n    def backward", "    @staticmethod\n    def setup_context(ctx, inputs, "
+                                     "output):\n        ctx.save_for_backward(output)\n        ctx.n = output.numel()\n\n"
+                                     "    @staticmethod\n    def backward", FN_SRC)))
+    ok(new_style)
+    alias = mutate("        return ReLUFn.apply(x)\n", "        return relu(x)\n",
+                   mutate("\n\nclass ModelNew", "\n\nrelu = ReLUFn.apply\n\n\nclass ModelNew", FN_SRC))
+    ok(alias)
+    derived = mutate("        return ReLUFn.apply(x)\n", "        return LeakyFn.apply(x)\n",
+                     mutate("\n\nclass ModelNew", "\n\nclass LeakyFn(ReLUFn):\n    pass\n\n\nclass ModelNew", FN_SRC))
+    ok(derived)
+    inline = mutate(CALL_LINE := "        return fused.linear_relu(x, self.weight, self.bias)\n",
+                    "        return LinearReLU.apply(x, self.weight, self.bias)\n",
+                    mutate("class ModelNew", "class LinearReLU(torch.autograd.Function):\n    @staticmethod\n"
+                           "    def forward(ctx, x, w, b):\n        ctx.save_for_backward(x, w)\n"
+                           "        return fused.linear_relu(x, w, b)\n\n\nclass ModelNew", INLINE))
+    assert CALL_LINE
+    ok(inline)
+    from dice_ray.verify.rules.allowlist import import_allowed as allowed
+
+    assert allowed("torch.autograd", ("Function",)) and allowed("torch.autograd.function", ("once_differentiable",))
+    assert not allowed("torch.autograd", ("grad",)) and not allowed("torch.autograd", ())
+
+
+def test_an_autograd_functions_methods_are_run_time_code():
+    """torch calls them (X.apply, the backward pass) without the candidate's code mentioning them: never construction
+    code, even when __init__ calls one (its torch compute is refused there too)."""
+    from dice_ray.verify.rules.python_rules import _reserved_names
+
+    assert {"forward", "backward", "setup_context", "jvp", "vjp", "vmap"} <= _reserved_names()
+    src = in_init("g = ReLUFn.backward(None, torch.ones(2))", FN_SRC)
+    tree = ast.parse(src)
+    cons = construction_code(tree, dead_code(tree), _reserved_names())
+    fns = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    assert id(fns["backward"]) not in cons.functions and id(fns["__init__"]) in cons.functions
+    refused(mutate("        return dx\n", "        return dx.relu()\n", src), "forward-torch-op", ".relu()")
+
+
+@pytest.mark.parametrize("src,rule,words", [
+    (in_fn_forward("y = torch.matmul(y, y)"), "forward-torch-op", ("torch.matmul",)),
+    (at_top("import torch.nn.functional as F", in_fn_forward("y = F.relu(y)")), "forward-torch-op", ("relu",)),
+    (in_fn_forward("s = y.sum()"), "forward-torch-op", (".sum()",)),
+    (mutate("        return dx\n", "        return dx * y.gt(0)\n", FN_SRC), "forward-torch-op", (".gt()",)),
+    (in_fn_forward("y = Model()(x)"), "reference-model", ()),  # a Function hiding the reference
+    (in_fn_forward("ReLUFn.cache = y"), "forward-state", ("ReLUFn.cache",)),  # a cached output
+    (mutate("    def forward(ctx, x):\n", "    def forward(ctx, x, seen={}):\n", FN_SRC), "forward-state", ("mutable",)),
+    (mutate("        return ReLUFn.apply(x)\n", "        return ReLUFn.apply(x, self.act)\n",
+            mutate("    def forward(ctx, x):\n", "    def forward(ctx, x, act):\n        x = act(x)\n", FN_SRC)),
+     "forward-module-call", ("act",)),  # a submodule handed to the Function
+    (in_fn_forward("k = ctx.next_functions"), "dynamic-code", ("ctx.next_functions",)),
+    (in_fn_forward("keep = [ctx]"), "dynamic-code", ("as a value",)),
+    (in_fn_forward("ctx.to_save = (y,)"), "patching", ("ctx.to_save",)),
+    (mutate("        return ReLUFn.apply(x)\n", "        b = ReLUFn._backward_cls\n        return ReLUFn.apply(x)\n", FN_SRC),
+     "dynamic-code", ("_backward_cls",)),
+    (mutate("        return ReLUFn.apply(x)\n", "        b = ReLUFn.vjp(None, x)\n        return ReLUFn.apply(x)\n", FN_SRC),
+     "forward-module-call", ("ReLUFn.vjp",)),
+    (mutate("        return ReLUFn.apply(x)\n", "        return self.apply(ReLUFn.apply)\n", FN_SRC), "forward-module-call", ()),
+    # a ctx method called directly: the object handed as ctx (a submodule) would keep its fields across calls
+    (mutate("        return ReLUFn.apply(x)\n", "        ReLUFn.backward(self.act, x)\n        return ReLUFn.apply(x)\n",
+            FN_SRC), "forward-module-call", ("directly",)),
+    (mutate("        return ReLUFn.apply(x)\n", "        z = list(map(ReLUFn.backward, [x], [x]))\n"
+            "        return ReLUFn.apply(x)\n", FN_SRC), "forward-module-call", ("map",)),
+    (at_top("from torch.autograd import grad", mutate("        return dx\n", "        return grad(dx, y)\n", FN_SRC)),
+     "forbidden-import", ()),
+    (mutate("torch.autograd.Function", "torch.autograd.function.InplaceFunction", FN_SRC), "base-class", ()),
+    (mutate("(torch.autograd.Function)", "(torch.autograd.Function, nn.Module)", FN_SRC), "base-class", ("nn.Module",)),
+    (mutate("class ModelNew(nn.Module):", "class ModelNew(torch.autograd.Function):", FN_SRC), "base-class", ()),
+    (mutate("        return ReLUFn.apply(x)\n", "        class G(torch.autograd.Function):\n            pass\n"
+            "        return ReLUFn.apply(x)\n", FN_SRC), "base-class", ("class G",)),
+    (mutate("class ModelNew(nn.Module):", "class ModelNew(torch.Tensor):", FN_SRC), "base-class", ()),
+])
+def test_autograd_function_near_misses_stay_refused(src, rule, words):
+    refused(src, rule, *words)
+
+
+def test_an_autograd_function_runs_in_the_dry_run(verifier):
+    """Compile-only: ReLUFn.apply(x) on meta tensors launches (checked) the forward kernel; a torch op the static
+    rules cannot see in the Function's forward (+ on tensors) is refused there, as in ModelNew.forward."""
+    from dice_ray.tasks.task import Task
+
+    task = Task("test/relu", "relu", 1, RELU_REF)
+    got = verifier.verify(task, FN_SRC, "autograd-function")
+    assert got.verdict == "ok" and "dry run ok" in got.reason, got.reason
+    got = verifier.verify(task, mutate("        return y\n\n    @staticmethod", "        return y + 0\n\n    @staticmethod",
+                                       FN_SRC), "autograd-function-add")
+    assert got.verdict == "cheat" and got.rule == "forward-torch-op" and "add" in got.reason, got.reason
