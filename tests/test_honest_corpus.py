@@ -44,7 +44,7 @@ def test_manifest_names_each_entrys_source_licence_and_verdict():
     assert files <= set(manifest) and len(manifest) >= 60
     for name, spec in manifest.items():
         assert spec.get("source") and spec.get("licence"), name
-        assert ("task" in spec) != ("dice" in spec), name
+        assert sum(k in spec for k in ("task", "dice", "reference")) == 1, name
         expect = spec.get("expect", "ok")
         assert expect == "ok" or (expect["rule"] and len(expect["why"]) > 40), name
     refusals = [n for n, s in manifest.items() if s.get("expect", "ok") != "ok"]

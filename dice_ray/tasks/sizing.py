@@ -1,9 +1,11 @@
 """Input sizing of a reference, by parsing only: a static bound of the elements ``get_inputs()`` allocates, the
-size constant that can change without changing the model, and a reference scaled down to a memory budget.
+size constant that can change without changing the model, a reference scaled down to a memory budget, and the
+dtypes its inputs may have.
 
 DICE's RL data holds references with up to 4.3e9 input elements (17 GB of fp32): loaders refuse or halve those
 (:func:`scale_down_inputs`, KernelBench#146); the verifier's shape trial doubles the size constant
-(:func:`shape_constant`).  Nothing is executed: constants are evaluated from the syntax tree.
+(:func:`shape_constant`); the static rules leave a cast to one of the inputs' dtypes (:func:`input_dtypes`) to
+the run-time op check.  Nothing is executed: constants are evaluated from the syntax tree.
 """
 
 from __future__ import annotations
@@ -17,6 +19,21 @@ from dice_ray.tasks.validate import validate_reference
 
 
 _TENSOR_FACTORIES = frozenset({"randn", "rand", "ones", "zeros", "empty"})
+#: torch's dtype attributes (``torch.half``, ``torch.long``...) by the dtype's name
+_DTYPE_ATTRS = {"float32": "float32", "float": "float32", "float64": "float64", "double": "float64",
+                "float16": "float16", "half": "float16", "bfloat16": "bfloat16", "int64": "int64", "long": "int64",
+                "int32": "int32", "int": "int32", "int16": "int16", "short": "int16", "int8": "int8", "uint8": "uint8",
+                "bool": "bool", "complex64": "complex64", "cfloat": "complex64", "complex128": "complex128",
+                "cdouble": "complex128"}
+#: tensor methods that are ``.to(<dtype>)`` under another name (``x.half()`` is ``x.to(torch.float16)``)
+CAST_METHODS = {"float": "float32", "double": "float64", "half": "float16", "bfloat16": "bfloat16", "long": "int64",
+                "int": "int32", "short": "int16", "char": "int8", "byte": "uint8", "bool": "bool"}
+#: calls that return int64 tensors (sampled indices, index results) without naming a dtype
+_INT64_CALLS = frozenset({"randint", "randint_like", "randperm", "arange", "multinomial", "argmax", "argmin", "argsort",
+                          "nonzero", "searchsorted", "bucketize"})
+#: calls that return bool tensors (comparisons by name, tests, logical ops)
+_BOOL_CALLS = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "isfinite", "logical_and", "logical_or",
+                         "logical_not", "logical_xor"})
 _BINOPS = {
     ast.Add: lambda a, b: a + b,
     ast.Sub: lambda a, b: a - b,
@@ -236,3 +253,55 @@ def scale_down_inputs(reference_src: str, max_elements: int) -> str | None:
         value //= 2
         src = reference_src[:start] + str(value) + reference_src[end:]
     return src
+
+
+@functools.lru_cache(maxsize=256)
+def input_dtypes(reference_src: str) -> frozenset[str]:
+    """The dtypes a reference's inputs may have, read from ``get_inputs`` and the module-level statements (its
+    constants: ``DTYPE = torch.float64``) without executing anything: float32 (torch's default), every torch dtype
+    they name (``dtype=torch.float64``, ``.to(torch.half)``, ``torch.long``), every cast method they call
+    (``.double()``, ``.long()``: :data:`CAST_METHODS`), int64 for the calls that return indices (``torch.randint``,
+    ``torch.arange``, ``x.argmax()``...) and for a ``torch.tensor`` of int literals or of data built at run time, bool
+    for one of bool literals and for a comparison (``torch.rand(n) < 0.5``, ``x.ge(0)``, ``torch.isnan(x)``).
+
+    A superset where the text says it; what it cannot read adds nothing.  The static rules leave a cast to one of
+    these dtypes to the run-time op check, which refuses one that converts (:mod:`dice_ray.verify.rules.python_rules`):
+    an extra dtype here only moves a refusal from the static rules to run time.
+
+    Returns:
+        The dtype names (``"float32"``, ``"float64"``, ``"int64"``...); ``{"float32"}`` when ``reference_src`` does
+        not parse (cached by source: the verifier asks once a candidate).
+    """
+    out = {"float32"}
+    try:
+        tree = parse_python(reference_src)
+    except (SyntaxError, ValueError):
+        return frozenset(out)
+    torch_names = {(a.asname or a.name) for n in tree.body if isinstance(n, ast.Import) for a in n.names
+                   if a.name == "torch"}
+    read = [n for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            or (isinstance(n, ast.FunctionDef) and n.name == "get_inputs")]
+    for node in (n for stmt in read for n in ast.walk(stmt)):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in torch_names
+                and node.attr in _DTYPE_ATTRS):
+            out.add(_DTYPE_ATTRS[node.attr])
+        elif isinstance(node, ast.Compare):
+            out.add("bool")
+        elif isinstance(node, ast.Call):
+            name = call_name(node)
+            if isinstance(node.func, ast.Attribute) and name in CAST_METHODS and not node.args:
+                out.add(CAST_METHODS[name])
+            elif name in _INT64_CALLS:
+                out.add("int64")
+            elif name in _BOOL_CALLS:
+                out.add("bool")
+            elif name == "view_as_complex":
+                out.add("complex64")
+            elif name in ("tensor", "as_tensor", "full") and node.args:
+                data = node.args[-1] if name == "full" else node.args[0]
+                for c in ast.walk(data):
+                    if isinstance(c, ast.Constant) and type(c.value) in (bool, int):
+                        out.add("bool" if type(c.value) is bool else "int64")
+                    elif isinstance(c, (ast.comprehension, ast.Name)) and name != "full":
+                        out.add("int64")  # data built at run time (range(n), a list): index lists, usually
+    return frozenset(out)

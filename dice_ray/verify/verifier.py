@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from dice_ray.config import RewardConfig, VerifyConfig
+from dice_ray.tasks.sizing import input_dtypes
 from dice_ray.verify.candidate.candidate import Candidate
 from dice_ray.verify.facts_book import FactsBook
 from dice_ray.verify.reward import compute_reward
@@ -499,7 +500,8 @@ class Verifier:
         t0 = time.monotonic()
         # the candidate is read once here: every stage below reads this object, the worker gets its runnable text
         candidate = Candidate.from_source(candidate_src, allow_vendor_libraries=self.verify_cfg.allow_vendor_libraries)
-        report = check_candidate(candidate) if self.verify_cfg.static_rules else None
+        report = check_candidate(candidate, input_dtypes=input_dtypes(task.reference_src)) \
+            if self.verify_cfg.static_rules else None
         stages = {"static": round(time.monotonic() - t0, 4)}
         runnable = candidate.source
         if report is not None:

@@ -40,7 +40,8 @@ class Candidate:
         format: ``"fast"`` (``load_cuda``, NVRTC) or ``"inline"`` (torch's ``load_inline``, KernelBench /
             DICE); ``"fast"`` for text that does not parse.
         specs: the load_inline format's calls read statically, in source order (empty for the fast format, for a
-            load_inline candidate without a top-level ``name = load_inline(...)``, and when ``spec_error`` is set).
+            load_inline candidate without a top-level ``name = load_inline(...)`` or a ``self.<name> =
+            load_inline(...)`` in ``__init__``, and when ``spec_error`` is set).
         spec_error: why a load_inline candidate's calls cannot be read (rule ``unsupported-format``, or
             ``cuda-library`` for a vendor library's ``-l`` flag), None otherwise.
         allow_vendor_libraries: ``VerifyConfig.allow_vendor_libraries`` when the calls were read: with it, the
@@ -109,8 +110,9 @@ class Candidate:
 
     @property
     def kernels(self) -> dict[str | None, tuple[str, ...]]:
-        """The load_inline format's extension functions by the module-level name holding each extension
-        (``{"ext": ("relu",)}`` for ``ext = load_inline(..., functions=["relu"])``); empty for the fast format,
+        """The load_inline format's extension functions by the name holding each extension
+        (``{"ext": ("relu",)}`` for ``ext = load_inline(..., functions=["relu"])`` at module top level,
+        ``{"self.ext": ...}`` for ``self.ext = load_inline(...)`` in ``__init__``); empty for the fast format,
         whose ``kernels.<name>`` uses the static rules find (``StaticReport.kernel_refs``)."""
         return {s.var: s.functions for s in self.specs}
 

@@ -7,7 +7,8 @@ of DICE's ``kernel_infilling_evaluation.json`` has this shape).  The verifier ne
 ``load_inline`` (a ninja build, ~53 s a candidate on the H200 host, DESIGN.md): it
 
 1. reads the call statically (:func:`extract_specs`, :mod:`ast`, once a candidate:
-   :class:`~dice_ray.verify.candidate.candidate.Candidate`): every argument must be a string
+   :class:`~dice_ray.verify.candidate.candidate.Candidate`; ``self.ext = load_inline(...)`` in a class's
+   ``__init__`` too, whose local names bound once to constants are read as well): every argument must be a string
    literal, a list/tuple/dict of them, a name bound once at module top level to one (also as an
    element of a tuple unpacked into names: ``BLOCK, ITEMS = 256, 4``), an f-string of those, a
    ``+`` of those, or negation and bounded arithmetic on numbers (``64 * 1024``); anything else is ``unsupported-format``
@@ -326,6 +327,56 @@ class _Resolver:
             self.active.discard(name)
 
 
+class _InitResolver(_Resolver):
+    """Values of a ``load_inline`` call's arguments in a class's ``__init__`` (:func:`extract_specs`): ``__init__``'s
+    local names bound once, by a plain assignment among its own statements (not inside an ``if``, a loop or a
+    ``with``), before the call, to constant expressions; other names as at module top level (the module has run when
+    ``__init__`` does), and the values of module-level names read in module scope.  A parameter of ``__init__`` is
+    known only when ``ModelNew`` is built: ``unsupported-format``."""
+
+    def __init__(self, tree: ast.Module, init: ast.FunctionDef):
+        super().__init__(tree)
+        self.init = init
+        a = init.args
+        self.params = {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if x is not None}
+        self.local_stmts: dict[str, list[ast.stmt]] = {}
+        for stmt in init.body:
+            for name in _assigned_names(stmt):
+                self.local_stmts.setdefault(name, []).append(stmt)
+        nodes = list(ast.walk(init))
+        self.locals = {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
+        self.locals |= {a.asname or a.name.split(".")[0] for n in nodes if isinstance(n, (ast.Import, ast.ImportFrom))
+                        for a in n.names}
+        self.module_scope = 0  # > 0 while a module-level name's value is read
+
+    def name(self, name: str, what: str, before: int) -> Any:
+        if self.module_scope or (name not in self.params and name not in self.locals):
+            self.module_scope += 1
+            try:
+                return super().name(name, what, 1 << 62)  # the module has run when __init__ does
+            finally:
+                self.module_scope -= 1
+        if name in self.params:
+            raise UnsupportedFormat(f"{what}: {name!r} is a parameter of __init__, known only when ModelNew is built; "
+                                    "the verifier builds each extension before that, from constant arguments", what)
+        stmts = self.local_stmts.get(name, [])
+        value = _bound_value(stmts[0], name) if len(stmts) == 1 else None
+        if value is None or name in self.active or stmts[0].lineno >= before or self._rebound(name, stmts[0]):
+            raise UnsupportedFormat(f"{what}: the local name {name!r} of __init__ is not bound once, by a plain "
+                                    "assignment among __init__'s own statements before the call", what)
+        self.active.add(name)
+        try:
+            return self.value(value, what, before)
+        finally:
+            self.active.discard(name)
+
+    def _rebound(self, name: str, stmt: ast.stmt) -> bool:
+        """Whether ``name`` is bound anywhere in ``__init__`` but ``stmt`` (inside an ``if``, a loop, a ``with``...)."""
+        own = {id(n) for n in ast.walk(stmt)}
+        return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, (ast.Store, ast.Del))
+                   and id(n) not in own for n in ast.walk(self.init))
+
+
 def _bound_value(stmt: ast.stmt, name: str) -> ast.AST | None:
     """The expression a plain top-level assignment binds ``name`` to: ``name = value`` (every target a name), or its
     element of a literal tuple unpacked into names (``D, H, W = 16, 32, 32``); None otherwise."""
@@ -502,45 +553,71 @@ def spec_from_call(args: tuple, kwargs: dict[str, Any], var: str | None = None, 
 
 def _misplaced_call(tree: ast.Module, call: ast.Call) -> str:
     """Why a ``load_inline`` call is not read, and where to move it: the verifier builds every extension before the
-    module runs, from the calls it reads at module top level."""
-    where = ""
+    module runs, from the calls it reads at module top level and in ``__init__``."""
+    where = None
     for stmt in tree.body:
         for outer in ast.walk(stmt):
             if isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(n is call for n in ast.walk(outer)):
-                where = f" inside {outer.name}()"  # the innermost one is found last
-    if where:
-        return (f"load_inline is called{where}: the verifier builds each extension before the module runs, from a "
-                "call at module top level; move it there, as `ext = load_inline(...)` with its sources as module-level "
-                "strings, and call ext.<function>(...) in forward (self.ext = ext in __init__ also works)")
+                where = outer  # the innermost one is found last
+    if where is not None and any(where is init for init in _inits(tree)):
+        return ("load_inline is called inside __init__() other than as `self.<name> = load_inline(...)`, a statement "
+                "of __init__'s own (not inside an if, a loop, a with or an expression, not through a local name): the "
+                "verifier builds each extension before the module runs, from calls it can read; write it so, or as "
+                "`ext = load_inline(...)` at module top level")
+    if where is not None:
+        return (f"load_inline is called inside {where.name}(): the verifier builds each extension before the module "
+                "runs, from a call at module top level or a `self.<name> = load_inline(...)` statement of __init__; "
+                "move it there, with constant arguments, and call ext.<function>(...) in forward")
     return ("load_inline must be called once per extension, as `name = load_inline(...)` at module top level (not "
             "inside an expression, a loop or a condition)")
+
+
+def _inits(tree: ast.Module) -> list[ast.FunctionDef]:
+    """The ``__init__`` methods of the module-level classes."""
+    return [m for c in tree.body if isinstance(c, ast.ClassDef) for m in c.body
+            if isinstance(m, ast.FunctionDef) and m.name == "__init__"]
+
+
+def _first_param(fn: ast.FunctionDef) -> str | None:
+    params = [*fn.args.posonlyargs, *fn.args.args]
+    return params[0].arg if params else None
 
 
 def extract_specs(src: str | ast.Module, *, allow_vendor_libraries: bool = False) -> list[InlineSpec]:
     """Read every ``load_inline`` call of a candidate statically (never executes it), from its text or its parse
     tree (:attr:`Candidate.tree <dice_ray.verify.candidate.candidate.Candidate.tree>`: read once a candidate).
 
-    Each call must be the value of a top-level ``name = load_inline(...)`` assignment; its
-    arguments must resolve to constants (see the module docstring).  ``allow_vendor_libraries``
+    Each call must be the value of a top-level ``name = load_inline(...)`` assignment, or of a
+    ``self.<name> = load_inline(...)`` statement of a module-level class's ``__init__`` (its own statement, not inside
+    an ``if``, a loop or a ``with``: it runs once each time the class is built; the spec's ``var`` is
+    ``"self.<name>"``); its arguments must resolve to constants (see the module docstring; in ``__init__`` also its
+    local names bound once to constants before the call, :class:`_InitResolver`).  ``allow_vendor_libraries``
     (``VerifyConfig.allow_vendor_libraries``) accepts vendor ``-l`` flags (:func:`spec_from_call`).
 
     Returns:
         The specs in source order (empty when the module has no ``load_inline`` call).
     Raises:
-        UnsupportedFormat: an argument is dynamic (the message names it), or a call is not a
-            top-level assignment.
+        UnsupportedFormat: an argument is dynamic (the message names it: a parameter of ``__init__`` too), or a
+            call is neither a top-level assignment nor a ``self.<name> = load_inline(...)`` statement of ``__init__``.
         SyntaxError: ``src`` is not Python.
     """
     tree = parse_python(src) if isinstance(src, str) else src
     aliases = _aliases(tree)
-    resolver = _Resolver(tree)
-    top_calls: dict[int, tuple[str, int]] = {}
+    module = _Resolver(tree)
+    # id(call) -> (the name holding the extension, the line, the resolver of its arguments)
+    top_calls: dict[int, tuple[str, int, _Resolver]] = {}
     for stmt in tree.body:
         if (isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None
                 and _is_load_inline_call(stmt.value, aliases)):
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
             if len(targets) == 1 and isinstance(targets[0], ast.Name):
-                top_calls[id(stmt.value)] = (targets[0].id, stmt.lineno)
+                top_calls[id(stmt.value)] = (targets[0].id, stmt.lineno, module)
+    for init in _inits(tree):
+        for stmt in init.body:  # self.<name> = load_inline(...), a statement of __init__'s own
+            if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and _is_load_inline_call(stmt.value, aliases)
+                    and isinstance(stmt.targets[0], ast.Attribute) and isinstance(stmt.targets[0].value, ast.Name)
+                    and stmt.targets[0].value.id == "self" and _first_param(init) == "self"):
+                top_calls[id(stmt.value)] = (f"self.{stmt.targets[0].attr}", stmt.lineno, _InitResolver(tree, init))
     specs = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
@@ -551,7 +628,7 @@ def extract_specs(src: str | ast.Module, *, allow_vendor_libraries: bool = False
             continue
         if id(node) not in top_calls:
             raise UnsupportedFormat(_misplaced_call(tree, node), "load_inline", getattr(node, "lineno", None))
-        var, line = top_calls[id(node)]
+        var, line, resolver = top_calls[id(node)]
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
             raise UnsupportedFormat("load_inline arguments: *args / **kwargs are not supported", "arguments", line)
         try:

@@ -2,8 +2,9 @@
 
 * Imports: only :data:`ALLOWED_IMPORTS` (``torch``, ``torch.nn`` and its ``init``, ``modules.utils``, ``parameter``,
   ``torch.nn.functional``, ``math``, ``typing``, ``itertools``, ``collections``, ``numbers``, ``__future__``,
-  ``dice_ray.launch`` for :data:`ALLOWED_LAUNCH_NAMES`; each entry's reason beside it); the load_inline format also
-  ``torch.utils.cpp_extension``'s ``load_inline`` (:func:`import_allowed`).  Read by the static rules
+  ``dice_ray.launch`` for :data:`ALLOWED_LAUNCH_NAMES`; each entry's reason beside it), ``Function`` (and
+  ``once_differentiable``) from ``torch.autograd``; the load_inline format also ``torch.utils.cpp_extension``'s
+  ``load_inline`` (:func:`import_allowed`).  Read by the static rules
   (:mod:`dice_ray.verify.rules.python_rules`) and, at run time, by the worker's import guard
   (:mod:`dice_ray.verify.trials.import_guard`).
 * Run-time code may call only :data:`ALLOWED_TORCH_CALLS` of torch (allocation, meta queries) and
@@ -54,6 +55,13 @@ CALLABLE_ARGUMENTS: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {
     "itertools.filterfalse": ((0,), ()), "itertools.takewhile": ((0,), ()), "itertools.dropwhile": ((0,), ()),
     "itertools.groupby": ((1,), ("key",)), "collections.defaultdict": ((0,), ("default_factory",)),
 }
+#: ``from torch.autograd import Function``: the base of a ``torch.autograd.Function`` wrapper (its methods judged as
+#: forward is, python_rules), and backward's ``once_differentiable`` decorator; only these names of those modules
+#: (``torch.autograd.grad`` and the rest are torch compute)
+_FUNCTION_IMPORTS: dict[str, frozenset[str]] = {
+    "torch.autograd": frozenset({"Function"}),
+    "torch.autograd.function": frozenset({"Function", "once_differentiable"}),
+}
 ALLOWED_LAUNCH_NAMES: frozenset[str] = frozenset({"load_cuda", "KernelModule", "CompileError"})
 ALLOWED_TORCH_CALLS: frozenset[str] = frozenset(
     f"torch.{n}"
@@ -85,6 +93,8 @@ def import_allowed(module: str, names: tuple[str, ...] = (), inline: bool = Fals
         return set(names) <= {"load_inline"}
     if inline and module == "torch.utils" and names:
         return names == ("cpp_extension",)
+    if module in _FUNCTION_IMPORTS:
+        return bool(names) and set(names) <= _FUNCTION_IMPORTS[module]
     if module not in ALLOWED_IMPORTS:
         return False
     if module == "dice_ray.launch" and names:

@@ -34,7 +34,8 @@ RULES: dict[str, Rule] = {
         Rule("unknown-kernel", "compile_error", "every kernels.<name> the source uses must exist in the compiled module"),
         Rule("try-except", "cheat", "no try/except: a fallback to PyTorch on kernel failure is the classic cheat"),
         Rule("reference-model", "cheat", "no use of the reference class Model (inheriting, calling, naming it)"),
-        Rule("base-class", "cheat", "classes may derive only from nn.Module or from classes of the candidate"),
+        Rule("base-class", "cheat", "classes may derive only from nn.Module, torch.autograd.Function (module-level "
+             "wrappers judged as forward is) or classes of the candidate"),
         Rule("forbidden-import", "cheat", "imports outside the allow-list (os, sys, subprocess, threading, ctypes, ...)"),
         Rule("dynamic-code", "cheat", "no eval/exec/compile/__import__/getattr/setattr/globals/vars or dunder access"),
         Rule("file-access", "cheat", "no open() or other file/network access"),

@@ -17,7 +17,8 @@ from dice_ray.verify.rules.python_rules import check_python
 __all__ = ["check_candidate"]
 
 
-def check_candidate(candidate: Candidate | str, *, allow_vendor_libraries: bool | None = None) -> StaticReport:
+def check_candidate(candidate: Candidate | str, *, allow_vendor_libraries: bool | None = None,
+                    input_dtypes: frozenset[str] | None = None) -> StaticReport:
     """Apply every static rule to a candidate of either format (reads its parse tree, never executes it).
 
     Args:
@@ -28,6 +29,9 @@ def check_candidate(candidate: Candidate | str, *, allow_vendor_libraries: bool 
             :data:`dice_ray.verify.candidate.inline_spec.VENDOR_LIBRARIES`) are not ``cuda-library`` violations;
             the fast format (NVRTC: device code only, no host library) keeps the rule.  None: the candidate's
             own (False for a text).
+        input_dtypes: the dtypes the task's inputs may have (:func:`dice_ray.tasks.sizing.input_dtypes` of its
+            reference): a cast to one of them (``.double()`` on a float64 task's input) is left to the run-time op
+            check, which refuses one that converts; None (no task): float32 assumed.
 
     Returns:
         A :class:`~dice_ray.verify.rules.catalog.StaticReport`; ``report.first()`` is the violation that decides
@@ -43,10 +47,13 @@ def check_candidate(candidate: Candidate | str, *, allow_vendor_libraries: bool 
         line = getattr(e, "lineno", None)
         msg = getattr(e, "msg", str(e))
         return StaticReport([Violation("syntax", f"Python syntax error: {msg}", line)])
-    report = check_python(candidate)
+    report = check_python(candidate, input_dtypes)
     vendor = candidate.allow_vendor_libraries and report.format == "inline"
     report.violations.extend(check_cuda_source(candidate.source, allow_vendor_libraries=vendor, whole_module=True))
     if report.format == "inline":
+        if candidate.spec_error is not None:  # the extensions were not read: which names hold them is not known, nor
+            # whether forward launches one (the Python rules' no-kernel-launch); the format error says what to change
+            report.violations = [v for v in report.violations if v.rule != "no-kernel-launch"]
         report.violations.extend(check_inline(candidate, report.kernel_refs))
         report.kernel_refs = {}  # checked against the extension's functions there
     report.violations.sort(key=lambda v: v.line or 0)

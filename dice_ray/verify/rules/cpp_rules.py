@@ -623,7 +623,8 @@ def check_inline(candidate: Candidate, kernel_refs: dict[str, set[str]]) -> list
     specs = candidate.specs
     if not specs:
         return [Violation("unsupported-format", "imports torch.utils.cpp_extension but never calls "
-                          "`name = load_inline(...)` at module top level", None)]
+                          "`name = load_inline(...)` at module top level (or `self.<name> = load_inline(...)` in "
+                          "__init__)", None)]
     allow_vendor_libraries = candidate.allow_vendor_libraries
     out: list[Violation] = []
     kernels: list[str] = []

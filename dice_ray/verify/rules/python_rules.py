@@ -23,10 +23,21 @@ Decisions (documented so prompts can state them):
   method also called from forward, handed to a hook or named in a string among them): there only
   :data:`ALLOWED_TORCH_CALLS` (allocation, meta queries, ``torch.Tensor()`` with no data) and
   :data:`ALLOWED_TENSOR_METHODS` (views, sizes, pointers, in-place fills) may be called on torch; a cast is
-  judged as the ``.to`` it is (``x.float()`` is ``x.to(torch.float32)``: left to the run-time op check; a cast to
-  any other dtype the rules read, ``.half()``, ``.long()``, ``.to(torch.float16)``, is refused); ``@`` is refused;
+  judged as the ``.to`` it is (``x.float()`` is ``x.to(torch.float32)``): one to float32, float64 or one of the
+  task's input dtypes (``.double()`` on a float64 task, ``.long()`` on int64 indices) is left to the run-time op
+  check, which refuses one that converts; a cast to any other dtype the rules read (``.half()``, ``.long()``,
+  ``.to(torch.float16)`` on a float32 task) is refused; ``@`` is refused;
   submodules (``self.conv(x)``) and ``.forward`` may not be called; ``next()`` may not advance an iterator kept on
   ``self`` (a call counter).
+* ``torch.autograd.Function`` wrappers: a module-level class deriving only from ``torch.autograd.Function`` (or from
+  such a class of the candidate), not ``ModelNew``, its name bound once; run-time code may call ``X.apply(...)`` (or a
+  module-level ``f = X.apply``), and its methods are run-time code (``forward``, ``backward``, ``setup_context``...:
+  :func:`_reserved_names`, never construction code).  The ctx torch hands them may be used only for
+  :data:`_CTX_API` (``save_for_backward``, ``saved_tensors``, ``needs_input_grad``...) and the fields the candidate
+  stores on it (``ctx.alpha = alpha``: a per-call object, no state across calls); its other attributes (the autograd
+  graph's: ``next_functions``) and ctx as a value are ``dynamic-code``, a private attribute of the wrapper class that
+  the candidate did not define (``X._backward_cls``) too.  Any other base (``InplaceFunction``, Function with
+  nn.Module) is ``base-class``.
 * ``getattr`` only as ``getattr(self or self.<attr>, name)`` reading a parameter, buffer or submodule: ``name`` a
   constant string or one beginning with a constant no method or torch attribute name begins with
   (``"weight_ih_l" + suffix``), its value never called; the worker's ``getattr`` checks it again.
@@ -79,6 +90,7 @@ import functools
 import re
 import types
 
+from dice_ray.tasks.sizing import CAST_METHODS
 from dice_ray.verify.candidate.candidate import Candidate
 from dice_ray.verify.candidate.liveness import DeadCode, construction_code
 from dice_ray.verify.rules.allowlist import (ALLOWED_IMPORTS, ALLOWED_LAUNCH_NAMES, ALLOWED_TENSOR_METHODS,
@@ -112,13 +124,27 @@ _FORBIDDEN_BUILTINS = {
 _MUTATORS = frozenset({"append", "extend", "insert", "update", "setdefault", "pop", "popitem", "clear", "add",
                        "discard", "remove", "register_buffer", "register_parameter", "add_module", "copy_"})
 _ALLOWED_DUNDERS = frozenset({"__init__", "__name__"})
-_ALLOWED_DECORATORS = frozenset({"staticmethod", "classmethod", "property", "torch.no_grad", "torch.inference_mode"})
+_ALLOWED_DECORATORS = frozenset({"staticmethod", "classmethod", "property", "torch.no_grad", "torch.inference_mode",
+                                 "torch.autograd.function.once_differentiable"})
+#: the base of a ``torch.autograd.Function`` wrapper (``X.apply(...)`` runs ``X.forward``), by its import paths
+_FUNCTION_BASES = frozenset({"torch.autograd.Function", "torch.autograd.function.Function"})
+#: the methods torch calls on a Function wrapper with its ctx first (``forward`` only when there is no
+#: ``setup_context``: then ``forward(*args)`` and ``setup_context(ctx, inputs, output)``)
+_CTX_METHODS = frozenset({"forward", "backward", "setup_context", "jvp", "vjp"})
+#: what a Function's ctx may be used for, besides the fields the candidate stores on it (``ctx.alpha = alpha``):
+#: saving tensors and flags for backward; its other attributes are the autograd graph's (``next_functions``,
+#: ``register_hook``, ``metadata``)
+_CTX_API = frozenset({"save_for_backward", "save_for_forward", "saved_tensors", "needs_input_grad", "mark_dirty",
+                      "mark_non_differentiable", "set_materialize_grads"})
 _STR_METHODS = frozenset({"format", "replace", "strip", "lstrip", "rstrip", "join", "upper", "lower"})
 #: tensor methods that are ``.to(<dtype>)`` under another name (``x.float()`` is ``x.to(torch.float32)``), judged as
 #: that ``.to`` is (:meth:`_Checker.check_cast`); on ``self`` (a module: it converts every parameter in place) they
-#: stay refused, as ``self.<any module method>()`` is
-_CAST_METHODS = {"float": "float32", "double": "float64", "half": "float16", "bfloat16": "bfloat16", "long": "int64",
-                 "int": "int32", "short": "int16", "char": "int8", "byte": "uint8", "bool": "bool"}
+#: stay refused, as ``self.<any module method>()`` is (:data:`dice_ray.tasks.sizing.CAST_METHODS`, which also reads a
+#: reference's inputs' dtypes)
+_CAST_METHODS = CAST_METHODS
+#: cast targets left to the run-time op check whatever the task: a cast to them cannot lower precision, and one that
+#: converts (its input another dtype) is the aten ``_to_copy`` that check refuses (:meth:`_Checker.check_cast`)
+_WIDE_DTYPES = frozenset({"float32", "float64"})
 
 
 
@@ -197,13 +223,23 @@ def _torch_attribute_names() -> frozenset[str]:
 
 @functools.cache
 def _reserved_names() -> frozenset[str]:
-    """Method names torch or the run time may call on a candidate's module without its code mentioning them
-    (``forward``, every attribute of ``nn.Module``: ``extra_repr``, ``_apply``, ``_load_from_state_dict``...; a
-    candidate's classes derive only from nn.Module): never construction code
+    """Method names torch or the run time may call on a candidate's class without its code mentioning them
+    (``forward``, every attribute of ``nn.Module``: ``extra_repr``, ``_apply``, ``_load_from_state_dict``...; the
+    methods torch calls on a ``torch.autograd.Function``: ``backward``, ``setup_context``, ``jvp``, ``vjp``,
+    ``vmap``; a candidate's classes derive only from those): never construction code
     (:func:`~dice_ray.verify.candidate.liveness.construction_code`)."""
     import torch.nn as nn
 
-    return frozenset(dir(nn.Module)) | {"forward"}
+    return frozenset(dir(nn.Module)) | _CTX_METHODS | {"vmap"}
+
+
+@functools.cache
+def _function_attribute_names() -> frozenset[str]:
+    """Every attribute of ``torch.autograd.Function`` and of the ctx torch hands its methods (``saved_tensors``,
+    ``next_functions``, ``to_save``...): a field the candidate stores on a ctx may not shadow one."""
+    import torch
+
+    return frozenset(dir(torch.autograd.Function)) | frozenset(dir(torch.autograd.function.BackwardCFunction))
 
 
 _UNKNOWN = object()
@@ -328,8 +364,10 @@ def _root(node: ast.AST) -> ast.AST:
 
 
 class _Checker(ast.NodeVisitor):
-    def __init__(self, tree: ast.Module, dead: DeadCode, inline: bool = False):
+    def __init__(self, tree: ast.Module, dead: DeadCode, inline: bool = False,
+                 input_dtypes: frozenset[str] | None = None):
         self.tree = tree
+        self.input_dtypes = input_dtypes  # the task's (tasks.sizing.input_dtypes); None: not known, float32 assumed
         self.inline = inline  # the load_inline format: load_inline(...) holds kernels like load_cuda(...)
         self.report = StaticReport(format="inline" if inline else "fast")
         self.aliases: dict[str, str] = {}
@@ -338,6 +376,9 @@ class _Checker(ast.NodeVisitor):
         self.kernel_fn_attrs: set[str] = set()  # self.k = kernels.relu_kernel (or a table of kernels)
         self.module_names: set[str] = set()
         self.class_methods: dict[str, set[str]] = {}
+        self.function_classes: set[str] = set()  # module-level torch.autograd.Function wrappers (X.apply(...))
+        self.ctx_params: dict[int, str] = {}  # id() of a wrapper's forward/backward... -> its ctx parameter's name
+        self.ctx_fields: set[str] = set()  # names the candidate stores on a ctx (ctx.alpha = alpha)
         self.own_methods: set[str] = set()  # every method name of the candidate's classes
         self.local_classes: set[str] = set()
         self.runtime_depth = 0
@@ -403,11 +444,14 @@ class _Checker(ast.NodeVisitor):
 
     def check_cast(self, node: ast.Call, f: ast.Attribute) -> None:
         """``x.to(...)``, ``x.type(...)`` and the casts of :data:`_CAST_METHODS` (``x.float()`` is
-        ``x.to(torch.float32)``), judged alike in run-time code.  A cast to float32, the dtype of a task's tensors,
-        changes nothing on them and is left to the run-time op check (which refuses the aten ``_to_copy`` of a real
-        conversion), as ``.to(device)`` and ``.to(<a dtype the rules cannot read>)`` are; a cast to any other dtype
-        the rules read (``.half()``, ``.long()``, ``.to(torch.float16)``) converts, an elementwise torch op outside
-        the candidate's kernels: refused here (rule forward-torch-op; the kernel can read or write that type)."""
+        ``x.to(torch.float32)``), judged alike in run-time code.  A cast that may change nothing is left to the run-time
+        op check, which sees the aten ``_to_copy`` of one that converts (a cast whose input dtype is not its target)
+        and refuses it: a cast to float32 or float64 (:data:`_WIDE_DTYPES`: it cannot lower precision), to one of the
+        task's input dtypes (``input_dtypes``: ``.half()`` on a float16 task's input, ``.long()`` on int64 indices),
+        to a device, or to a dtype the rules cannot read.  A cast to any other dtype the rules read (``.half()``,
+        ``.long()``, ``.to(torch.bfloat16)`` on a float32 task) converts, an elementwise torch op outside the
+        candidate's kernels and the shape of a precision downgrade: refused here (rule forward-torch-op; the kernel
+        can read or write that type)."""
         if f.attr in _CAST_METHODS:
             dtype, spelled = _CAST_METHODS[f.attr], f".{f.attr}()"
         else:
@@ -415,11 +459,16 @@ class _Checker(ast.NodeVisitor):
             for arg in [*node.args, *(k.value for k in node.keywords if k.arg == "dtype")]:
                 found = _dtype_name(self.dotted(arg) if not isinstance(arg, ast.Constant) else arg.value)
                 dtype = found or dtype
-        if dtype is not None and dtype != "float32":
-            self.add("forward-torch-op", f"casts to torch.{dtype} with {spelled} in run-time code ({spelled} is "
-                     f".to(torch.{dtype}): a conversion, an elementwise torch op outside the kernels; let the kernel "
-                     f"read or write {dtype} itself; only casts to float32, a task's dtype, are left to the run-time "
-                     "check)", node)
+        task = self.input_dtypes if self.input_dtypes is not None else frozenset({"float32"})
+        if dtype is None or dtype in _WIDE_DTYPES or dtype in task:
+            return
+        known = (f"no input of the task is {dtype} (they are {', '.join(sorted(task))})"
+                 if self.input_dtypes is not None else "the task's input dtypes are not known here (float32 assumed)")
+        alias = f" ({spelled} is .to(torch.{dtype}))" if f.attr in _CAST_METHODS else ""
+        self.add("forward-torch-op", f"casts to torch.{dtype} with {spelled} in run-time code{alias}: {known}, so it "
+                 "converts: an elementwise torch op outside the kernels; let the kernel read or write "
+                 f"{dtype} itself (casts to float32, float64 and the task's input dtypes are left "
+                 "to the run-time check, which refuses one that converts)", node)
 
     def bound_to_self(self, name: str) -> bool:
         """Whether ``name`` is bound somewhere to a value rooted at ``self`` (``c = self.calls``, ``v = self.w.view(-1)``)."""
@@ -510,6 +559,7 @@ class _Checker(ast.NodeVisitor):
                 self.top_values.pop(name, None)
         self.own_methods = set().union(*self.class_methods.values())
         self.collect_bindings()
+        self.collect_function_classes()
         for node in ast.walk(self.tree):  # self.k = kernels / load_cuda(...) inside methods
             if isinstance(node, ast.Assign) and (
                 self.is_load_cuda(node.value) or (isinstance(node.value, ast.Name) and node.value.id in self.kernel_vars)
@@ -518,6 +568,56 @@ class _Checker(ast.NodeVisitor):
                     if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
                         self.kernel_attrs.add(t.attr)
         self.collect_kernel_fn_attrs()
+
+    def collect_function_classes(self) -> None:
+        """The module-level classes that derive only from ``torch.autograd.Function`` (or from such classes of the
+        candidate), are not ``ModelNew`` and whose name names nothing else: wrappers whose ``X.apply(...)`` run-time
+        code may call (their methods are run-time code, judged as ``forward`` is); and the ctx parameter of each of
+        their methods torch calls with one (:data:`_CTX_METHODS`), unless the method rebinds it, with the fields the
+        candidate stores on it."""
+        classes = {n.name: n for n in self.tree.body if isinstance(n, ast.ClassDef)}
+        changed = True
+        while changed:
+            changed = False
+            for name, cls in classes.items():
+                if name in self.function_classes or name == "ModelNew" or not cls.bases or cls.keywords:
+                    continue
+                if len(self.bindings.get(name, ())) != 1:
+                    continue  # the name is bound to something else too
+                if all(self.dotted(b) in _FUNCTION_BASES or (isinstance(b, ast.Name) and b.id in self.function_classes)
+                       for b in cls.bases):
+                    self.function_classes.add(name)
+                    changed = True
+        for name in self.function_classes:
+            methods = [m for m in classes[name].body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            split = any(m.name == "setup_context" for m in methods)  # forward(*args) + setup_context(ctx, ...)
+            for m in methods:
+                params = [*m.args.posonlyargs, *m.args.args]
+                if m.name not in _CTX_METHODS or not params or (m.name == "forward" and split):
+                    continue
+                ctx = params[0].arg
+                rebound = any(isinstance(n, ast.Name) and n.id == ctx and isinstance(n.ctx, (ast.Store, ast.Del))
+                              for n in ast.walk(m)) or any(
+                    isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)) and n is not m
+                    for n in ast.walk(m))
+                if rebound:
+                    continue  # judged as any other object: only self's attributes may be assigned
+                self.ctx_params[id(m)] = ctx
+                for n in ast.walk(m):
+                    if (isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name)
+                            and n.value.id == ctx and not n.attr.startswith("_")
+                            and n.attr not in _function_attribute_names()):
+                        self.ctx_fields.add(n.attr)
+
+    def current_ctx(self, node: ast.AST) -> bool:
+        """Whether ``node`` is the ctx parameter of the Function wrapper's method being visited."""
+        fn = self.functions[-1] if self.functions else None
+        return isinstance(node, ast.Name) and fn is not None and self.ctx_params.get(id(fn)) == node.id
+
+    def is_function_apply(self, node: ast.AST | None) -> bool:
+        """``X.apply`` of a Function wrapper of the candidate (:meth:`collect_function_classes`)."""
+        return (isinstance(node, ast.Attribute) and node.attr == "apply" and isinstance(node.value, ast.Name)
+                and node.value.id in self.function_classes)
 
     def collect_kernel_fn_attrs(self) -> None:
         """``self.<a>`` attributes that hold a kernel or a table of kernels: every assignment to one is
@@ -667,9 +767,11 @@ class _Checker(ast.NodeVisitor):
         return True
 
     def is_method_ref(self, node: ast.Attribute) -> bool:
-        """``self.<m>`` / ``<Class>.<m>`` naming a method the candidate defines."""
+        """``self.<m>`` / ``<Class>.<m>`` naming a method the candidate defines (not a Function wrapper's method
+        torch calls with a ctx: ``map(X.backward, ...)`` would hand it any object as ctx)."""
         return isinstance(node.value, ast.Name) and (node.value.id == "self" or node.value.id in self.local_classes) \
-            and node.attr in self.own_methods
+            and node.attr in self.own_methods and not (node.value.id in self.function_classes
+                                                       and node.attr in _CTX_METHODS)
 
     def callee_known(self, f: ast.AST) -> bool:
         """Whether run-time code calling (or handing to ``map``) the expression ``f`` calls something
@@ -695,7 +797,7 @@ class _Checker(ast.NodeVisitor):
                     return False
             elif isinstance(v, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
                 continue
-            elif v is None or not self.is_kernel_ref(v):
+            elif v is None or not (self.is_kernel_ref(v) or self.is_function_apply(v)):
                 return False
         return True
 
@@ -754,7 +856,7 @@ class _Checker(ast.NodeVisitor):
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if all(isinstance(t, ast.Name) for t in targets) and (
-                self.is_load_cuda(node.value) or self.constantish(node.value)
+                self.is_load_cuda(node.value) or self.constantish(node.value) or self.is_function_apply(node.value)
                 or self.loader_argument_list(node.value, [t.id for t in targets])  # type: ignore[attr-defined]
             ):
                 return
@@ -821,10 +923,21 @@ class _Checker(ast.NodeVisitor):
             if isinstance(base, ast.Name) and base.id == "Model":
                 continue  # reported by visit_Name
             if d == "torch.nn.Module" or d == "torch.nn.modules.module.Module":
+                if any(self.dotted(b) in _FUNCTION_BASES or (isinstance(b, ast.Name) and b.id in self.function_classes)
+                       for b in node.bases):
+                    self.add("base-class", f"class {node.name} derives from nn.Module and torch.autograd.Function",
+                             node)
                 continue
-            if isinstance(base, ast.Name) and base.id in self.local_classes:
+            if isinstance(base, ast.Name) and base.id in self.local_classes and (
+                    base.id not in self.function_classes or node.name in self.function_classes):
                 continue
-            self.add("base-class", f"class {node.name} derives from {ast.unparse(base)} (only nn.Module allowed)", node)
+            if node.name in self.function_classes and d in _FUNCTION_BASES:
+                continue  # a torch.autograd.Function wrapper: its methods are run-time code, X.apply(...) calls them
+            wrapper = d in _FUNCTION_BASES or (isinstance(base, ast.Name) and base.id in self.function_classes)
+            why = ("a torch.autograd.Function wrapper must be a module-level class other than ModelNew, its name bound "
+                   "once, deriving only from Function or such wrappers" if wrapper
+                   else "only nn.Module, torch.autograd.Function and the candidate's own classes allowed")
+            self.add("base-class", f"class {node.name} derives from {ast.unparse(base)} ({why})", node)
         for kw in node.keywords:
             self.add("base-class", f"class {node.name} uses the class keyword {kw.arg}=", node)
         for stmt in node.body:  # class-level mutable attributes are shared caches
@@ -899,6 +1012,10 @@ class _Checker(ast.NodeVisitor):
         elif (node.id in self.aliases and isinstance(node.ctx, ast.Load) and not _dice_ray_use_ok(self.aliases[node.id])
               and not isinstance(getattr(node, "parent", None), ast.Attribute)):  # attributes: check_escape
             self.add("patching", _dice_ray_use_message(self.aliases[node.id]), node)
+        elif self.current_ctx(node) and isinstance(node.ctx, ast.Load) and not (
+                isinstance(getattr(node, "parent", None), ast.Attribute) and node.parent.value is node):
+            self.add("dynamic-code", f"uses {node.id}, a Function wrapper's ctx, as a value (only ctx.<attr> is "
+                     "followed by the rules)", node)
         elif node.id == "self" and self.runtime_depth and isinstance(node.ctx, ast.Load) and not self.self_ok(node):
             self.add("forward-state", "run-time code uses self as a value (under another name its attributes are "
                      "state across calls and escape the rules on self)", node)
@@ -980,6 +1097,10 @@ class _Checker(ast.NodeVisitor):
         later under another name, where the call rules cannot see whose it is."""
         if self.is_called(node) or (self.init_depth and not self.runtime_depth) or d in ALLOWED_TORCH_CALLS:
             return
+        up = getattr(node, "parent", None)
+        if d in _ALLOWED_DECORATORS and isinstance(up, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and node in up.decorator_list:
+            return  # @once_differentiable: an allowed decorator (check_decorators), not an op under another name
         if (d == "torch" or d.startswith("torch.")) and _is_torch_function(_lookup(d)):
             self.add("forward-torch-op", f"takes {d} as a value outside __init__ (a torch op called under "
                      "another name)", node)
@@ -1063,11 +1184,18 @@ class _Checker(ast.NodeVisitor):
         elif node.attr in _STRING_EVAL_NAMES:
             self.add("dynamic-code", f"uses .{node.attr} (evaluates a string as code: string annotations, ForwardRef)",
                      node)
-        elif node.attr.startswith("_") and not node.attr.startswith("__") and not self.own_object(node.value):
+        elif node.attr.startswith("_") and not node.attr.startswith("__") and (
+                not self.own_object(node.value) or (isinstance(node.value, ast.Name) and node.value.id in
+                                                    self.function_classes and node.attr not in self.own_methods)):
             # a private attribute of an object the candidate did not make: a kernel's ctypes argument buffer
-            # (``kernels.k._ptrs``: raw memory, then the verifier's globals), a tensor's internals
+            # (``kernels.k._ptrs``: raw memory, then the verifier's globals), a tensor's internals, torch's
+            # machinery of a Function wrapper (``X._backward_cls``)
             self.add("dynamic-code", f"accesses the private attribute .{node.attr} of an object the candidate did "
                      "not define (only self's, cls's and its own classes' may be used)", node)
+        elif self.current_ctx(node.value) and node.attr not in _CTX_API and node.attr not in self.ctx_fields:
+            self.add("dynamic-code", f"uses ctx.{node.attr}: a Function wrapper's ctx may be used only to save what "
+                     f"backward needs ({', '.join(sorted(_CTX_API))}) and for the fields the candidate stores on it "
+                     "(ctx.<name> = value); its other attributes are the autograd graph's", node)
         self.check_escape(node)
         self.check_value(node)
         holder = self.kernel_holder(node.value)
@@ -1151,6 +1279,8 @@ class _Checker(ast.NodeVisitor):
             elif self.runtime_depth and name == "self" and self.functions and id(self.functions[-1]) in self.fresh_inits \
                     and isinstance(t, ast.Attribute) and t.value is root:
                 pass  # self.x = x in the __init__ of an object run-time code builds: a field of a new object
+            elif (isinstance(t, ast.Attribute) and self.current_ctx(t.value) and t.attr in self.ctx_fields):
+                pass  # ctx.alpha = alpha in a Function wrapper: a field of the call's own ctx (torch makes one a call)
             elif self.runtime_depth and name is not None and (
                     name == "self" or name in self.module_names or name in self.local_classes):
                 self.add("forward-state", f"run-time code assigns {ast.unparse(t)} (state across calls)", node)
@@ -1217,6 +1347,13 @@ class _Checker(ast.NodeVisitor):
             return
         if f.attr in ("forward", "__call__"):
             self.add("forward-module-call", f"calls .{f.attr}() in run-time code", node)
+            return
+        if self.is_function_apply(f):
+            return  # X.apply(...) of a Function wrapper: runs X.forward, whose body the rules judge as run-time code
+        if isinstance(f.value, ast.Name) and f.value.id in self.function_classes and f.attr in _CTX_METHODS:
+            self.add("forward-module-call", f"calls {ast.unparse(f)} directly: torch calls a Function wrapper's "
+                     f"{f.attr} with a ctx of its own (any object handed as ctx would get its fields: state across "
+                     f"calls); call {f.value.id}.apply(...)", node)
             return
         if isinstance(f.value, ast.Name) and f.value.id in self.local_classes and f.attr not in \
                 self.class_methods.get(f.value.id, set()):
@@ -1353,12 +1490,14 @@ def _set_parents(tree: ast.AST) -> None:
 
 
 
-def check_python(candidate: Candidate) -> StaticReport:
+def check_python(candidate: Candidate, input_dtypes: frozenset[str] | None = None) -> StaticReport:
     """The Python rules (see the module docstring) on a parsed candidate; parses nothing, runs nothing.
 
     Args:
         candidate: a :class:`~dice_ray.verify.candidate.candidate.Candidate` whose ``tree`` is not None; its tree
             gains ``parent`` links (every rule after this one may read them) and its dead code is not judged.
+        input_dtypes: the dtypes the task's inputs may have (:func:`dice_ray.tasks.sizing.input_dtypes`): a cast to
+            one of them is left to the run-time op check; None when the task is not known (float32 assumed).
 
     Returns:
         A :class:`~dice_ray.verify.rules.catalog.StaticReport` of the Python rules (format and ``kernel_refs``
@@ -1366,6 +1505,6 @@ def check_python(candidate: Candidate) -> StaticReport:
     """
     assert candidate.tree is not None
     _set_parents(candidate.tree)
-    checker = _Checker(candidate.tree, candidate.dead, inline=candidate.format == "inline")
+    checker = _Checker(candidate.tree, candidate.dead, inline=candidate.format == "inline", input_dtypes=input_dtypes)
     checker.check_module()
     return checker.report

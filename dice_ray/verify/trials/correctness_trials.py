@@ -81,7 +81,9 @@ class CorrectnessTrials:
             raise RuleBroken("host-memory", f"forward allocated pinned host memory ({', '.join(rec.pinned)} with "
                              "pin_memory=True): a kernel given its address writes host memory")
         if rec is not None and rec.forbidden:
-            raise RuleBroken("forward-torch-op", f"forward ran torch ops outside its kernels: {rec.forbidden}")
+            casts = (f" (casts that convert: {', '.join(rec.casts)}; a cast is free only to the dtype its input "
+                     "already has: let the kernel read or write that type)") if rec.casts else ""
+            raise RuleBroken("forward-torch-op", f"forward ran torch ops outside its kernels: {rec.forbidden}{casts}")
         check_output_types(out)
         return out
 

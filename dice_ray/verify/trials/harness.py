@@ -40,7 +40,9 @@ from dice_ray.verify.trials import bound, gpu_spin, inline_launches, mismatch_ke
 from dice_ray.verify.trials.ablation import KernelAblation
 from dice_ray.verify.trials.correctness_trials import CorrectnessTrials
 from dice_ray.verify.trials.dry_run import DryRun
-from dice_ray.verify.trials.execution import check_load_cuda_source, exec_inline, exec_source
+from dice_ray.verify.trials.execution import (check_load_cuda_source, exec_inline, exec_source, inline_stand_in,
+                                              standing_in)
+from dice_ray.verify.trials.inline_loader import InlineLoadError
 from dice_ray.verify.trials.outcome import JobResult, ReferenceError_, RuleBroken, error_text, in_candidate_lines
 from dice_ray.verify.trials.precision import PrecisionCheck
 from dice_ray.verify.trials.reference import ReferenceRuns
@@ -118,6 +120,7 @@ class Harness(ReferenceRuns, DryRun, CorrectnessTrials, KernelAblation, Precisio
         self._error_at: float | None = None  # when the candidate's forward raised (_trial)
         self._host_reads: list[tuple] = []  # the last recorded call's host reads (OpRecorder), replayed by _ablate
         self._read_outputs: Any = None  # that call's outputs when it read the host and they are small (_ablate)
+        self._stand_in: Any = None  # a load_inline candidate's torch.utils.cpp_extension (its __init__ may call it)
         try:
             result = self._run(job, stage)
         except RuleBroken as e:
@@ -164,7 +167,8 @@ class Harness(ReferenceRuns, DryRun, CorrectnessTrials, KernelAblation, Precisio
         stage("load")
         try:
             if job.get("inline"):  # the load_inline format: prebuilt extensions (trials.inline_loader)
-                cand = exec_inline(job["candidate_src"], job["inline"], guarded)
+                self._stand_in = inline_stand_in(job["inline"])
+                cand = exec_inline(job["candidate_src"], job["inline"], guarded, self._stand_in)
             else:
                 inline_launches.reset()  # an earlier candidate's extensions no longer count as launches
                 cand = exec_source(job["candidate_src"], "<candidate>", guarded)
@@ -203,19 +207,23 @@ class Harness(ReferenceRuns, DryRun, CorrectnessTrials, KernelAblation, Precisio
 
         Returns:
             The model, or the JobResult that ends the job: ``crash`` (the constructor or the move raised) or
-            ``compile_error`` with rule ``unknown-kernel``.
+            ``compile_error`` (a ``load_inline`` call of ``__init__`` that does not match the built extensions, or
+            rule ``unknown-kernel``).
         Raises:
             RuleBroken: a run-time rule the constructor broke.
         """
         seed_all(self.settings["seed"])
         try:
-            if self.mode == "gpu":
-                with self.dev:
-                    model = cand["ModelNew"](*init_inputs).to(self.dev)
-            else:
-                model = cand["ModelNew"](*init_inputs)
+            with standing_in(self._stand_in):  # self.ext = load_inline(...) in __init__ loads a prebuilt extension
+                if self.mode == "gpu":
+                    with self.dev:
+                        model = cand["ModelNew"](*init_inputs).to(self.dev)
+                else:
+                    model = cand["ModelNew"](*init_inputs)
         except RuleBroken:
             raise
+        except InlineLoadError as e:  # a load_inline call in __init__ that does not match the extensions built
+            return JobResult("compile_error", reason=error_text(e, 6000))
         except Exception as e:  # noqa: BLE001
             return JobResult("crash", compiled=True, reason=f"ModelNew(*get_init_inputs()) raised {error_text(e)}")
         unknown = self._unknown_kernels(refs, cand, model)

@@ -35,7 +35,7 @@ def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):  # no
     frame = sys._getframe(1)
     own = frame.f_code.co_filename == "<candidate>" and frame.f_code.co_code[frame.f_lasti] == _IMPORT_NAME
     names = tuple(fromlist or ())
-    if own and (level or not import_allowed(name, names if name == "dice_ray.launch" else ())):
+    if own and (level or not import_allowed(name, names)):
         what = f"from {name} import {', '.join(names)}" if names else f"import {name}"
         raise RuleBroken("forbidden-import", f"{what} at run time")
     return builtins.__import__(name, globals, locals, fromlist, level)

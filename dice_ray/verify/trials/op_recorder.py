@@ -43,13 +43,16 @@ class OpRecorder(TextHookedMode):
     (``forbidden``; :func:`~dice_ray.verify.trials.host_reads.host_read_kind`: a one-element ``.cpu()`` is a read,
     ``torch.tensor(values, device=...)`` an upload), the values
     the code read onto the host (``host_reads``: a :class:`~dice_ray.verify.trials.host_reads.HostReadLog`'s ``reads``,
-    tensor texts among them), for the kernel ablation's replay; and the ops that allocated pinned host memory
-    (``pinned``: rule ``host-memory``, which a kernel given its address writes)."""
+    tensor texts among them), for the kernel ablation's replay; the ops that allocated pinned host memory
+    (``pinned``: rule ``host-memory``, which a kernel given its address writes); and the dtype conversions among the
+    forbidden ops (``casts``: ``"torch.float32 -> torch.float16"`` for the ``_to_copy`` of ``x.half()``; a cast to
+    the dtype its input has runs no aten op at all), for the message."""
 
     def __init__(self) -> None:
         super().__init__()
         self.forbidden: list[str] = []
         self.pinned: list[str] = []
+        self.casts: list[str] = []
         self._log = HostReadLog()
         self.host_reads = self._log.reads
         self._on_text = self._log.record_text
@@ -60,6 +63,11 @@ class OpRecorder(TextHookedMode):
         if (name not in ALLOWED_ATEN_OPS and name not in self.forbidden and host_read_kind(name, args, kwargs) is None
                 and not _upload(name, args, kwargs)):
             self.forbidden.append(name)  # a host read (one element's .cpu()) is replayed, not refused
+        if name == "_to_copy" and args and isinstance(args[0], torch.Tensor) and kwargs.get("dtype") not in (
+                None, args[0].dtype) and host_read_kind(name, args, kwargs) is None and not _upload(name, args, kwargs):
+            cast = f"{args[0].dtype} -> {kwargs['dtype']}"
+            if cast not in self.casts:
+                self.casts.append(cast)
         if kwargs.get("pin_memory") and name not in self.pinned:
             self.pinned.append(name)
         out = func(*args, **kwargs)
