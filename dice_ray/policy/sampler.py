@@ -1,9 +1,12 @@
 """Block-diffusion decoding with a block KV cache and low-confidence remasking (SDAR / Fast-dLLM).
 
-A group of G samples of one prompt is one batch. The prompt is encoded once (batch 1, one bidirectional
-block) and its KV cache shared by the G rows. Each response block starts fully masked
-(``<|mask|>``) and is denoised in steps; at each step the model predicts every masked position, a token is
-drawn at each (temperature / top-k / top-p), and the most confident drafts are kept (unmasked):
+A group of G samples of one prompt is decoded in one batch, alone or with other prompts' groups
+(:func:`sample_groups`, :func:`sample_ids_batch`: prompts left-padded to the longest, each row attending its own
+keys at its own RoPE positions, each group drawing from its own generator, so a group's samples do not depend on
+what shares its batch). Each prompt is encoded once (one row a prompt) and its KV cache copied to its G rows.
+Each response block starts fully masked (``<|mask|>``) and is denoised in steps; at each step the model predicts
+every masked position, a token is drawn at each (temperature / top-k / top-p), and the most confident drafts are
+kept (unmasked):
 
 * ``static``: ``steps_per_block`` steps, ``block_size / steps_per_block`` tokens a step (remainder to the
   first steps), the highest-confidence ones (LLaDA / SDAR low-confidence remasking);
@@ -70,6 +73,9 @@ def draw_tokens(
             alone (a group's draws do not depend on the batch), None: that part draws nothing (its generator does not
             advance; its tokens are the most likely ones, to be ignored).
 
+    Raises:
+        ValueError: generators that do not split the rows into equal parts.
+
     Returns:
         (LongTensor[...] tokens, FloatTensor[...] probability of each token under the sampling distribution).
     """
@@ -93,6 +99,8 @@ def draw_tokens(
     if isinstance(generator, torch.Generator):
         u = torch.rand(probs.shape, generator=generator, device=probs.device, dtype=probs.dtype)
     else:
+        if not generator or probs.shape[0] % len(generator):
+            raise ValueError(f"generators ({len(generator)}): must split the {probs.shape[0]} rows into equal groups")
         part = (probs.shape[0] // len(generator), *probs.shape[1:])
         u = torch.cat([torch.rand(part, generator=g, device=probs.device, dtype=probs.dtype) if g is not None
                        else torch.full(part, 0.5, device=probs.device, dtype=probs.dtype) for g in generator])
