@@ -19,6 +19,13 @@ Each is warmed up, then timed ``--repeats`` times (CUDA-synchronised; the no-cac
 ``torch.cuda.max_memory_allocated`` during the run (weights included). ``<|eos|>`` is disabled so every
 row decodes all ``--new-tokens`` (random weights would stop rows at random).
 
+``--groups N`` also times a rollout worker's step shape: ``N`` groups of ``--group-size`` rows, prompts of
+different lengths (spread over ``--prompt-len / 2 .. --prompt-len``), each group with its own seed, decoded one
+group a batch (``groups, one at a time``: what a worker did before ``sampling.max_batch_rows``) and several groups
+a batch of up to ``--max-batch-rows`` rows (``groups, batched``: :func:`dice_ray.policy.sampler.sample_ids_batch`,
+the prompts left-padded), with the dynamic sampler (greedy); it prints the tokens/s of each and their ratio, and
+whether the greedy outputs agree (fp32: identical up to rounding; bf16 rounds batched GEMMs differently).
+
 Random weights predict almost uniformly (top probability ~1/V), so no token reaches the threshold and the
 dynamic sampler then unmasks one token a step, exactly the baseline algorithm. ``--logit-scales`` also
 runs the models with the final RMSNorm weight multiplied (as tests/test_policy_gpu.py does), which makes
@@ -31,7 +38,7 @@ fixed length). Agreement: greedy outputs of each sampler against ``one-token, KV
 
     python benchmarks/rollout_throughput.py [--device cuda] [--models tiny,sdar-1.7b] [--batch 64]
         [--prompt-len 512] [--new-tokens 512] [--threshold 0.9] [--logit-scales 1,40] [--repeats 3]
-        [--nocache-repeats 1] [--no-nocache] [--out rollout.json]
+        [--nocache-repeats 1] [--no-nocache] [--groups 16 --group-size 8 --max-batch-rows 128] [--out rollout.json]
     python benchmarks/rollout_throughput.py --device cpu --tiny     # seconds; what the CPU test runs
 """
 
@@ -49,7 +56,7 @@ import torch
 from dice_ray.config import ModelConfig, SamplingConfig
 from dice_ray.policy.model import build_model
 from dice_ray.policy.policy import DiffusionPolicy
-from dice_ray.policy.sampler import sample_ids
+from dice_ray.policy.sampler import sample_ids, sample_ids_batch
 
 #: Qwen3-1.7B's shape (SDAR-1.7B / TraDo-1.7B are built from it); block 4 as DICE
 SDAR_1P7B = ModelConfig(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
@@ -67,6 +74,7 @@ TARGET_TOKENS_PER_S = {"sdar-1.7b": 2000.0}
 
 NOCACHE, STATIC, DYNAMIC = "one-token, no cache", "one-token, KV cache", "dynamic, KV cache"
 EAGER = "dynamic, KV, no graphs"  # DYNAMIC without CUDA graphs (sampling.cuda_graphs=false), on a GPU only
+ONE_AT_A_TIME, BATCHED = "groups, one at a time", "groups, batched"  # --groups: a worker's step, two ways
 
 
 @dataclass
@@ -157,6 +165,72 @@ def time_sampler(policy: DiffusionPolicy, prompt: list[int], batch: int, cfg: Sa
                max(peaks) if peaks else None, resp)
 
 
+def group_prompts(n: int, prompt_len: int, vocab: int, mask_id: int, seed: int) -> list[list[int]]:
+    """``n`` random prompts (:func:`random_prompt`) of lengths spread evenly from ``prompt_len`` down to about half."""
+    lengths = [max(1, prompt_len - (prompt_len // 2) * i // max(n - 1, 1)) for i in range(n)]
+    return [random_prompt(length, vocab, mask_id, seed + 1 + i) for i, length in enumerate(lengths)]
+
+
+def time_groups(policy: DiffusionPolicy, prompts: list[list[int]], group_size: int, cfg: SamplingConfig,
+                per_batch: int, repeats: int, warmup_tokens: int, name: str) -> Run:
+    """Warm up once, then time ``repeats`` runs of every group of ``prompts`` (group ``i`` seeded ``i``), decoded
+    ``per_batch`` groups a :func:`sample_ids_batch` call; ``responses`` are all groups' rows, in order."""
+    device = policy.device
+
+    def run(c: SamplingConfig):
+        out, stats = [], []
+        for k in range(0, len(prompts), per_batch):
+            part = list(range(k, min(k + per_batch, len(prompts))))
+            gens = [torch.Generator(device=device).manual_seed(i) for i in part]
+            per, st = sample_ids_batch(policy, [prompts[i] for i in part], group_size, c, gens)
+            out += [r for resp, _, _ in per for r in resp]
+            stats.append(st)
+        return out, stats
+
+    run(cfg.model_copy(update={"max_new_tokens": warmup_tokens}))
+    secs, peaks = [], []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        _sync(device)
+        t0 = time.perf_counter()
+        resp, stats = run(cfg)
+        _sync(device)
+        secs.append(time.perf_counter() - t0)
+        if device.type == "cuda":
+            peaks.append(torch.cuda.max_memory_allocated(device) / 2**30)
+    sec = statistics.median(secs)
+    new = sum(st.new_tokens for st in stats)
+    row_steps = sum(st.num_samples * (st.forwards - 1) for st in stats)  # each call: one prefill, then denoising
+    return Run(name, new / sec, sec, new, sum(st.forwards for st in stats), new / max(row_steps, 1),
+               max(peaks) if peaks else None, resp)
+
+
+def bench_groups(policy: DiffusionPolicy, args: argparse.Namespace, cfg: SamplingConfig) -> dict:
+    """``--groups``: the groups one at a time against batched (see the module docstring); prints both, returns them."""
+    V, G = policy.model.config.vocab_size, args.group_size
+    prompts = group_prompts(args.groups, args.prompt_len, V, policy.mask_id, args.seed)
+    per_batch = max(1, args.max_batch_rows // G)
+    print(f"groups: {args.groups} x {G} rows, prompts {min(map(len, prompts))}-{max(map(len, prompts))} tokens, "
+          f"dynamic greedy; batched: up to {per_batch} group(s) ({per_batch * G} rows) a batch "
+          f"(--max-batch-rows {args.max_batch_rows})")
+    one = time_groups(policy, prompts, G, cfg, 1, args.repeats, args.warmup_tokens, ONE_AT_A_TIME)
+    many = time_groups(policy, prompts, G, cfg, per_batch, args.repeats, args.warmup_tokens, BATCHED)
+    agree = agreement(one.responses, many.responses)
+    ratio = many.tokens_per_s / one.tokens_per_s
+    for run in (one, many):
+        print(f"  {run.sampler:22s} {run.tokens_per_s:10.1f} tok/s {run.seconds:9.3f} s {run.forwards:6d} fwd "
+              f"{'-' if run.peak_gib is None else f'{run.peak_gib:.2f}':>6} GiB")
+    print(f"  batched / one at a time: {ratio:.2f}x; greedy {'identical' if agree['identical'] else 'DIFFER'}: "
+          f"{agree['identical_rows']}/{agree['rows']} rows, {agree['differing_tokens']}/{agree['tokens']} tokens differ",
+          flush=True)
+    runs = [{"sampler": r.sampler, "tokens_per_s": r.tokens_per_s, "seconds": r.seconds, "new_tokens": r.new_tokens,
+             "forwards": r.forwards, "tokens_per_step": r.tokens_per_step, "peak_gib": r.peak_gib} for r in (one, many)]
+    return {"groups": args.groups, "group_size": G, "max_batch_rows": args.max_batch_rows,
+            "groups_per_batch": per_batch, "prompt_lengths": [len(p) for p in prompts], "runs": runs,
+            "speedup_batched": ratio, "agreement": agree}
+
+
 def agreement(ref: list[list[int]], other: list[list[int]]) -> dict:
     """How far ``other``'s greedy outputs are from ``ref``'s: identical rows and differing tokens.
 
@@ -224,6 +298,10 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
                          "speedup_vs_nocache": x_nc, "speedup_vs_one_token_cache": x_one,
                          "agreement_vs_one_token_cache": agree})
         record["scales"].append({"logit_scale": scale, "runs": rows})
+    if args.groups:
+        with torch.no_grad():
+            norm.copy_(base_norm * args.logit_scales[0])
+        record["groups"] = bench_groups(policy, args, dyn)
     dyn_rows = [(s["logit_scale"], next(r for r in s["runs"] if r["sampler"] == DYNAMIC)) for s in record["scales"]]
     verdicts = []
 
@@ -274,11 +352,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-nocache", dest="nocache", action="store_false", help="skip the no-cache baseline")
     ap.add_argument("--warmup-tokens", type=int, default=8, help="new tokens of each sampler's warm-up call")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompt")
+    ap.add_argument("--groups", type=int, default=0,
+                    help="also time this many groups of --group-size rows, prompts of different lengths, one group a "
+                    "batch against batched (0: off)")
+    ap.add_argument("--group-size", type=int, default=8, help="--groups: rows a group (G)")
+    ap.add_argument("--max-batch-rows", type=int, default=128,
+                    help="--groups: rows a batch when batched (sampling.max_batch_rows)")
     ap.add_argument("--tiny", action="store_true",
-                    help="CPU-test size: models tiny,sdar-mini, batch 4, prompt 16, 8 new tokens, 1 repeat")
+                    help="CPU-test size: models tiny,sdar-mini, batch 4, prompt 16, 8 new tokens, 1 repeat, "
+                    "3 groups of 2")
     ap.add_argument("--out", help="write the figures as JSON here")
     if ap.parse_known_args(argv)[0].tiny:  # defaults only: explicit options still win
-        ap.set_defaults(models="tiny,sdar-mini", batch=4, prompt_len=16, new_tokens=8, repeats=1, warmup_tokens=4)
+        ap.set_defaults(models="tiny,sdar-mini", batch=4, prompt_len=16, new_tokens=8, repeats=1, warmup_tokens=4,
+                        groups=3, group_size=2)
     args = ap.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     args.logit_scales = [float(s) for s in args.logit_scales.split(",") if s.strip()]
@@ -287,7 +373,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ap.error(f"--models: {m!r} is not one of {MODELS}")
     if not args.logit_scales or min(args.logit_scales) <= 0:
         ap.error("--logit-scales: one or more positive numbers")
-    for flag in ("batch", "prompt_len", "new_tokens", "repeats", "nocache_repeats", "warmup_tokens"):
+    if args.groups < 0:
+        ap.error("--groups: must be >= 0")
+    for flag in ("batch", "prompt_len", "new_tokens", "repeats", "nocache_repeats", "warmup_tokens", "group_size",
+                 "max_batch_rows"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')}: must be >= 1")
     return args

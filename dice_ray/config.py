@@ -128,6 +128,14 @@ class SamplingConfig(_Section):
         True, description="On a GPU, record the block sampler's cached denoising forward as CUDA graphs and replay "
         "them (dice_ray.policy.graphs): the forward is one launch instead of ~1,600 from Python at the SDAR-1.7B "
         "shape; the sampling around it stays eager. Ignored on CPU, without the KV cache and by LLaDA / Dream.")
+    max_batch_rows: int = Field(
+        128, ge=0, description="SDAR: rows (samples) a rollout worker decodes in one batch. A worker's groups (prompt "
+        "x G samples) of a call are packed, G rows each, into batches of up to max(1, this // G) groups, prompts "
+        "left-padded to the batch's longest (dice_ray.policy.sampler.sample_groups); each group keeps its own seed, so "
+        "its samples do not depend on the batch it shares (up to floating-point rounding). At the SDAR-1.7B shape "
+        "decoding is bound by reading the weights: 128 rows cost little more than 8. The KV cache holds every row of "
+        "the batch (the dry-run plan counts it). 0 or 1: one group a batch. LLaDA / Dream always decode one group a "
+        "batch.")
 
 
 class SFTConfig(_Section):

@@ -91,6 +91,13 @@ def test_rollout_benchmark_tiny_cpu(tmp_path, capsys):
         assert static["agreement_vs_one_token_cache"]["identical"]  # reference against itself
         assert nocache["agreement_vs_one_token_cache"]["identical"]  # fp32: cache changes nothing
         assert first["runs"][2]["tokens_per_step"] == pytest.approx(1.0)  # random init: one token a step
+        groups = m["groups"]  # --tiny: 3 groups of 2 rows, prompts of different lengths, one at a time vs batched
+        assert [r["sampler"] for r in groups["runs"]] == [rollout.ONE_AT_A_TIME, rollout.BATCHED]
+        assert groups["groups_per_batch"] == 64 and len(set(groups["prompt_lengths"])) == 3
+        assert all(r["new_tokens"] == 3 * 2 * 8 and r["tokens_per_s"] > 0 for r in groups["runs"])
+        assert groups["runs"][0]["forwards"] == 3 * groups["runs"][1]["forwards"]  # 3 calls against 1
+        assert groups["agreement"]["identical"] and groups["speedup_batched"] > 0  # fp32: the same greedy tokens
+    assert "batched / one at a time" in text
 
 
 def test_attended_pairs_equals_block_mask():

@@ -27,6 +27,8 @@ from dice_ray.cluster.memory_estimate import (
     group_activations,
     model_shape,
     model_states,
+    rollout_batch_rows,
+    rollout_estimate,
     scoring_states,
 )
 from dice_ray.cluster.plan import Capacity, capacity_from_nodes, make_plan
@@ -386,3 +388,26 @@ def test_capacity_of_a_running_cluster_from_its_nodes():
     assert capacity_from_nodes([odd]).gpu_bytes is None
     assert capacity_from_nodes([odd], gpu_memory_gib=80).gpu_bytes == 80 * GIB
     assert capacity_from_nodes([head]).nodes == []
+
+
+def test_rollout_kv_cache_counts_the_sampling_batch_it_holds():
+    """SDAR workers decode a call's groups up to sampling.max_batch_rows rows a batch: the KV cache planned is that
+    batch's (whole groups, at least one, at most a call's groups: a step's prompts or an evaluation's tasks)."""
+    base = ["rl.prompts_per_step=16", "rl.num_generations=8", "eval.train_tasks=0", "eval.heldout_tasks=0"]
+
+    def kv(*extra):
+        cfg = load_config(None, [*base, *extra])
+        est = rollout_estimate(cfg, model_shape(cfg.model), 512)
+        return est.components["kv_cache"], rollout_batch_rows(cfg)[0], est.notes
+
+    one, rows, _ = kv("sampling.max_batch_rows=0")
+    assert rows == 8 and kv("sampling.max_batch_rows=1")[0] == kv("sampling.max_batch_rows=5")[0] == one  # one group
+    full, rows, notes = kv("sampling.max_batch_rows=128")
+    assert rows == 128 and full == 16 * one
+    assert any("128 rows, 16 group(s) of 8 (rl.prompts_per_step=16, sampling.max_batch_rows=128)" in n for n in notes)
+    assert kv("sampling.max_batch_rows=100")[:2] == (12 * one, 96)  # whole groups: 12 of 8
+    assert kv("sampling.max_batch_rows=1000")[:2] == (16 * one, 128)  # no more than a step's 16 groups
+    # an evaluation call can be the larger batch: 6 held-out tasks x 32 samples
+    assert kv("sampling.max_batch_rows=1000", "eval.heldout_tasks=6", "eval.heldout_samples=32")[1] == 192
+    # LLaDA / Dream decode one group at a time and keep no cache
+    assert kv("sampling.max_batch_rows=128", "model.family=llada")[0] == 0

@@ -9,7 +9,7 @@ from dice_ray.config import ModelConfig, SamplingConfig
 from dice_ray.policy.logprobs import tracerl_logprobs
 from dice_ray.policy.model import block_mask, build_model, forward_hidden, token_logits
 from dice_ray.policy.policy import DiffusionPolicy
-from dice_ray.policy.sampler import sample_group
+from dice_ray.policy.sampler import sample_group, sample_groups
 
 TINY = ModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=8, max_position_embeddings=512, block_size=4)
@@ -56,6 +56,32 @@ def test_tracerl_equals_sampler_behaviour_logprobs(sampling):
     assert lp.shape == resp.shape and lp.dtype == torch.float32
     err = (lp - blp)[mask].abs().max().item()
     assert err < 1e-4, f"sampler and TraceRL disagree by {err}"
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingConfig(max_new_tokens=32, remasking="dynamic", threshold=0.5, temperature=1.0),
+        SamplingConfig(max_new_tokens=32, remasking="static", steps_per_block=2, temperature=0.7, top_k=20, top_p=0.9),
+    ],
+    ids=["dynamic", "static2-tempered"],
+)
+def test_tracerl_equals_batched_sampler_behaviour_logprobs(sampling):
+    """Groups of prompts of different lengths decoded in one batch (left-padded, sample_groups): each group's
+    behaviour log-probs and unmask steps are what the learner's TraceRL replay of its own, unpadded, prompt gives."""
+    policy = DiffusionPolicy.build(TINY, seed=0)
+    with torch.no_grad():
+        policy.model.model.norm.weight.mul_(40.0)
+    prompts = [PROMPT, "import torch\n", PROMPT + "    # and a longer one, so three prompt lengths share the batch\n"]
+    assert len({len(policy.encode(p)) for p in prompts}) == 3
+    groups = sample_groups(policy, prompts, 3, sampling, [5, 6, 7])
+    for prompt, group in zip(prompts, groups):
+        resp, step, mask, blp = _pad(group, policy.block_size)
+        assert group[0].prompt_ids == policy.encode(prompt) and step.max() < policy.block_size
+        lp = tracerl_logprobs(policy.model, torch.tensor(group[0].prompt_ids), resp, step, mask,
+                              policy.block_size, policy.mask_id)
+        err = (lp - blp)[mask].abs().max().item()
+        assert err < 1e-4, f"batched sampler and TraceRL disagree by {err} (prompt of {len(group[0].prompt_ids)} tokens)"
 
 
 def test_tracerl_against_brute_force_per_step_recomputation():

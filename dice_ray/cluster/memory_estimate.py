@@ -48,10 +48,11 @@ the estimate within 15 % of the bytes autograd saves, every estimator and family
 is the budget) and the prompt is ``--prompt-tokens`` (default by template: 512 compact, 2048 dice), capped so
 prompt + response fits ``model.max_position_embeddings``.
 
-**Rollout worker**: the weights in ``model.dtype``, the KV cache of one group (SDAR: ``2 · layers · Hkv · d ·
-bytes · G · (prompt + max_new_tokens + block)``, preallocated by the sampler) and the logits of a block; LLaDA /
-Dream keep no cache but run a full forward over the G x (prompt + R) canvas every step (one layer's MLP
-intermediates and the logits of the canvas).
+**Rollout worker**: the weights in ``model.dtype``, the KV cache of one sampling batch (SDAR: ``2 · layers · Hkv · d ·
+bytes · rows · (prompt + max_new_tokens + block)``, preallocated by the sampler; ``rows``: :func:`rollout_batch_rows`,
+the groups of a ``generate`` call packed ``sampling.max_batch_rows`` rows a batch) and the logits of a block of
+every row; LLaDA / Dream decode one group at a time and keep no cache but run a full forward over the G x
+(prompt + R) canvas every step (one layer's MLP intermediates and the logits of the canvas).
 
 **Verifier**: ``verify.gpu_memory_fraction`` of the whole GPU's memory (its sandbox workers and spares).
 
@@ -459,19 +460,41 @@ def learner_estimate(cfg: DiceConfig, shape: ModelShape, prompt: int, gpus_per_n
 # ---- rollout and verifier -----------------------------------------------------------------------------------
 
 
+def rollout_batch_rows(cfg: DiceConfig) -> tuple[int, str]:
+    """Rows of the largest SDAR sampling batch a rollout worker holds, and where they come from, in words.
+
+    A ``generate`` call's groups (G rows each) are decoded up to ``max(1, sampling.max_batch_rows // G)`` groups a
+    batch (:func:`~dice_ray.policy.task_sampling.sample_task_groups`). The calls: a training step's prompts
+    (``rl.prompts_per_step`` x ``rl.num_generations``; one worker may get them all, e.g. a lane of one worker) and
+    the evaluations (``eval.train_tasks`` x ``eval.samples``, ``eval.heldout_tasks`` x ``eval.heldout_samples``).
+    """
+    cap = cfg.sampling.max_batch_rows
+    calls = [("rl.prompts_per_step", cfg.rl.prompts_per_step, cfg.rl.num_generations),
+             ("eval.train_tasks", cfg.eval.train_tasks, cfg.eval.samples),
+             ("eval.heldout_tasks", cfg.eval.heldout_tasks, cfg.eval.heldout_samples)]
+    rows, why = 0, ""
+    for key, groups, G in calls:
+        n = G * min(groups, max(1, cap // G))
+        if groups and n > rows:
+            rows, why = n, f"{n // G} group(s) of {G} ({key}={groups}, sampling.max_batch_rows={cap})"
+    return rows, why
+
+
 def rollout_estimate(cfg: DiceConfig, shape: ModelShape, prompt: int, on_gpu: bool = True,
                      broadcast: bool = False) -> Estimate:
-    """One rollout worker's memory: weights, the KV cache of one group, the sampling working set, runtime."""
+    """One rollout worker's memory: weights, the KV cache of its largest sampling batch (SDAR; LLaDA / Dream: one
+    group), the sampling working set, runtime."""
     G, R, V, b = cfg.rl.num_generations, cfg.sampling.max_new_tokens, shape.vocab, shape.dtype_bytes
     est = Estimate()
     est.components["weights"] = shape.params * b
     kv_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * b
     if shape.family == "sdar":
+        rows, why = rollout_batch_rows(cfg)
         length = prompt + R + shape.block_size
-        est.components["kv_cache"] = kv_token * G * length
-        est.components["working"] = G * shape.block_size * V * 4 * 2
-        est.notes.append(f"KV cache of one group: {G} samples x ({prompt} prompt + {R} new + {shape.block_size}) "
-                         f"tokens x {kv_token // 1024} KiB a token")
+        est.components["kv_cache"] = kv_token * rows * length
+        est.components["working"] = rows * shape.block_size * V * 4 * 2
+        est.notes.append(f"KV cache of one sampling batch: {rows} rows, {why}, x ({prompt} prompt + {R} new + "
+                         f"{shape.block_size}) tokens x {kv_token // 1024} KiB a token")
     else:
         T = prompt + R
         est.components["kv_cache"] = 0

@@ -35,7 +35,9 @@ class GroupRollout:
             behaviour log-probs).
         candidates: ``G`` candidate source files, assembled from the prompt's scaffold.
         tokens: response tokens generated for the group.
-        seconds: wall time of sampling the group.
+        seconds: wall time of sampling the group: its share of the batch it was decoded in (the batch's time
+            times the group's share of its rows, ``sampling.max_batch_rows``), so a call's groups add up to its
+            sampling time and ``tokens / seconds`` is the batch's rate.
         weights_version: the learner step whose weights sampled it.
     """
 
@@ -182,7 +184,9 @@ class RolloutWorker:
         return [context_tokens(self.policy, task, phase, self.template, self.granularity) for task, phase in items]
 
     def generate(self, requests: list[PromptRequest], num_generations: int, tasks: dict[str, Task]) -> list[GroupRollout]:
-        """Sample ``num_generations`` completions for each request.
+        """Sample ``num_generations`` completions for each request: SDAR decodes the requests' groups several a batch
+        (up to ``sampling.max_batch_rows`` rows, :func:`~dice_ray.policy.task_sampling.sample_task_groups`), each
+        group from its own seed (``PromptRequest.seed``).
 
         The tasks come with the call, not the constructor: constructor arguments that large sit in
         Ray's object store, which a restartable actor must not rely on (ray-project/ray#53727).
@@ -196,21 +200,19 @@ class RolloutWorker:
             KeyError: a request names a task missing from ``tasks``.
             WeightsMissing: no weights were set since the process started (a restarted worker).
         """
-        from dice_ray.policy.task_sampling import sample_task_group
+        from dice_ray.policy.task_sampling import sample_task_groups
 
         self.calls += 1
         _fault_hook(self.calls)
         if self.version < 0:
             raise WeightsMissing("this rollout worker holds no weights (restarted, not re-synced): set_weights first")
+        items = [(tasks[req.task_id], req.phase, req.seed) for req in requests]
+        sampled = sample_task_groups(self.policy, items, self.template, self.granularity, num_generations,
+                                     self.sampling_cfg)
         out = []
-        for req in requests:
-            task = tasks[req.task_id]
-            t0 = time.perf_counter()
-            rollouts, candidates = sample_task_group(self.policy, task, req.phase, self.template, self.granularity,
-                                                     num_generations, self.sampling_cfg, req.seed)
-            seconds = time.perf_counter() - t0
+        for req, (rollouts, candidates) in zip(requests, sampled):
             tokens = sum(len(r.response_ids) for r in rollouts)
-            out.append(GroupRollout(req, rollouts, candidates, tokens, seconds, self.version))
+            out.append(GroupRollout(req, rollouts, candidates, tokens, rollouts.stats.seconds, self.version))
         if self.free_cache and self.device == "cuda":
             torch.cuda.empty_cache()
         return out

@@ -9,9 +9,11 @@ Modules (import from them directly; importing this package does not load torch o
 * ``policy``: :class:`DiffusionPolicy` (build / save / load / encode / decode / state_dict).
 * ``samples``: what the sampler returns (:class:`Rollout`, :class:`RolloutGroup`, :class:`SampleStats`), plain data.
 * ``sampler``: :func:`sample_group` (block diffusion, static / dynamic low-confidence remasking; LLaDA / Dream
-  whole-response decoding) and :func:`infill_group` (prefix / suffix infilling, bidirectional families).
-* ``task_sampling``: :func:`sample_task_group`, a task and phase posed as the family decodes it (SDAR: the scaffold in
-  the prompt; LLaDA / Dream infill: the span between the scaffold's two sides), for rollouts and eval alike.
+  whole-response decoding), :func:`sample_groups` (several SDAR groups in one batch) and :func:`infill_group`
+  (prefix / suffix infilling, bidirectional families).
+* ``task_sampling``: :func:`sample_task_group` / :func:`sample_task_groups` (a worker's call, SDAR groups batched), a
+  task and phase posed as the family decodes it (SDAR: the scaffold in the prompt; LLaDA / Dream infill: the span
+  between the scaffold's two sides), for rollouts and eval alike.
 * ``logprobs``: :func:`response_logprobs` (TraceRL / coupled-GRPO / diffu-GRPO log-probs, ``rl.logprob_estimator``).
 * ``sft_loss``: :func:`diffusion_loss`, the masked-diffusion SFT loss of each family.
 * ``sft_batches``: SFT pairs to token ids, and an epoch's batches of similar length.

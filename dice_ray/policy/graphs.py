@@ -14,7 +14,9 @@ spans the whole buffer under a ``[q, C]`` mask, so no recorded kernel depends on
 recording keeps its inputs (token ids, positions, mask, slots) and its output in fixed tensors; each call
 copies the step's values in and replays. One recording a query shape: the block sampler has two (a block
 alone, or the finished block committed with the next one), made when each is first needed in a
-``sample_ids`` call (two warm-up forwards and the recorded one), since every call has a new cache.
+``sample_ids`` call (two warm-up forwards and the recorded one), since every call has a new cache. A batch of
+groups whose prompts differ in length (:func:`~dice_ray.policy.sampler.sample_groups`) passes per-row positions
+``[A, q]`` and masks ``[A, q, C]`` instead of ``[q]`` and ``[q, C]``: the same recording, its inputs one row each.
 """
 
 from __future__ import annotations
@@ -72,8 +74,10 @@ class CachedForward:
 
         Args:
             ids: LongTensor[A, q] token ids.
-            pos: LongTensor[q] RoPE positions.
-            mask: BoolTensor[q, C] (:meth:`KVCache.pad_mask`).
+            pos: LongTensor[q] RoPE positions, or [A, q] (a batch of groups whose prompts differ in length: each
+                row's own positions).
+            mask: BoolTensor[q, C] (:meth:`KVCache.pad_mask`), or [A, q, C] (each row's keys: a left-padded
+                prompt's padding hidden).
 
         Returns:
             FloatTensor[A, q, hidden_size] in the model dtype. With graphs it is the recording's output
@@ -81,7 +85,7 @@ class CachedForward:
         """
         if not self.graphs:
             return forward_hidden(self.model, ids, pos, mask, self.cache)
-        shape = (tuple(ids.shape), tuple(mask.shape))
+        shape = (tuple(ids.shape), tuple(pos.shape), tuple(mask.shape))
         rec = self._recordings.get(shape)
         if rec is None:
             rec = self._recordings[shape] = self._record(ids, pos, mask)

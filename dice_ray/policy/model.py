@@ -158,15 +158,24 @@ class KVCache:
         return self.keys[layer], self.values[layer]
 
     def expand(self, n: int) -> None:
-        """Repeat a batch-1 cache to ``n`` rows (views without a capacity; copies with one, which later
-        forwards write into). Raises ValueError if the batch is not 1."""
+        """Repeat each row of the cache ``n`` times: a batch-1 cache becomes ``n`` rows (views without a capacity;
+        copies with one, which later forwards write into); a preallocated cache of ``B`` rows becomes ``B * n``, rows
+        ``r * n .. r * n + n - 1`` copies of row ``r`` (the sampler's batch of groups: one prefilled prompt a group).
+
+        Raises:
+            ValueError: a batch above 1 without a capacity.
+        """
         for d in (self.keys, self.values):
             for k in d:
-                if d[k].shape[0] != 1:
-                    raise ValueError(f"expand: cache batch is {d[k].shape[0]}, must be 1")
-                d[k] = d[k].expand(n, -1, -1, -1)
-                if self.capacity is not None:
-                    d[k] = d[k].contiguous()
+                B = d[k].shape[0]
+                if B != 1 and self.capacity is None:
+                    raise ValueError(f"expand: cache batch is {B}, must be 1 (or the cache preallocated)")
+                if B == 1:
+                    d[k] = d[k].expand(n, -1, -1, -1)
+                    if self.capacity is not None:
+                        d[k] = d[k].contiguous()
+                else:
+                    d[k] = d[k].repeat_interleave(n, dim=0)
 
 
 def _block_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

@@ -1,9 +1,12 @@
 """Block-diffusion decoding with a block KV cache and low-confidence remasking (SDAR / Fast-dLLM).
 
-A group of G samples of one prompt is one batch. The prompt is encoded once (batch 1, one bidirectional
-block) and its KV cache shared by the G rows. Each response block starts fully masked
-(``<|mask|>``) and is denoised in steps; at each step the model predicts every masked position, a token is
-drawn at each (temperature / top-k / top-p), and the most confident drafts are kept (unmasked):
+A group of G samples of one prompt is decoded in one batch, alone or with other prompts' groups
+(:func:`sample_groups`, :func:`sample_ids_batch`: prompts left-padded to the longest, each row attending its own
+keys at its own RoPE positions, each group drawing from its own generator, so a group's samples do not depend on
+what shares its batch). Each prompt is encoded once (one row a prompt) and its KV cache copied to its G rows.
+Each response block starts fully masked (``<|mask|>``) and is denoised in steps; at each step the model predicts
+every masked position, a token is drawn at each (temperature / top-k / top-p), and the most confident drafts are
+kept (unmasked):
 
 * ``static``: ``steps_per_block`` steps, ``block_size / steps_per_block`` tokens a step (remainder to the
   first steps), the highest-confidence ones (LLaDA / SDAR low-confidence remasking);
@@ -33,6 +36,7 @@ decoded), so the TraceRL replay rebuilds every state the sampler saw (:attr:`Rol
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -55,7 +59,8 @@ def transfer_schedule(block_size: int, steps: int) -> list[int]:
 
 
 def draw_tokens(
-    logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator
+    logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+    generator: torch.Generator | Sequence[torch.Generator | None],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token a position and its confidence.
 
@@ -63,7 +68,13 @@ def draw_tokens(
         logits: FloatTensor[..., V] (fp32).
         temperature: 0 = greedy (argmax), else softmax(logits / temperature).
         top_k, top_p: optional nucleus / top-k filtering applied before sampling.
-        generator: torch.Generator on logits' device.
+        generator: torch.Generator on logits' device; or one per group of a batch of groups: ``logits``' first
+            dimension splits into ``len(generator)`` equal parts, part ``i`` drawn from ``generator[i]`` exactly as
+            alone (a group's draws do not depend on the batch), None: that part draws nothing (its generator does not
+            advance; its tokens are the most likely ones, to be ignored).
+
+    Raises:
+        ValueError: generators that do not split the rows into equal parts.
 
     Returns:
         (LongTensor[...] tokens, FloatTensor[...] probability of each token under the sampling distribution).
@@ -85,7 +96,14 @@ def draw_tokens(
     probs = torch.softmax(logits, dim=-1)
     # exponential race (= Gumbel-max): argmax p_i / E_i, E_i ~ Exp(1), draws i with probability p_i;
     # ~5x faster than torch.multinomial on CPU for [16, 4096]
-    u = torch.rand(probs.shape, generator=generator, device=probs.device, dtype=probs.dtype)
+    if isinstance(generator, torch.Generator):
+        u = torch.rand(probs.shape, generator=generator, device=probs.device, dtype=probs.dtype)
+    else:
+        if not generator or probs.shape[0] % len(generator):
+            raise ValueError(f"generators ({len(generator)}): must split the {probs.shape[0]} rows into equal groups")
+        part = (probs.shape[0] // len(generator), *probs.shape[1:])
+        u = torch.cat([torch.rand(part, generator=g, device=probs.device, dtype=probs.dtype) if g is not None
+                       else torch.full(part, 0.5, device=probs.device, dtype=probs.dtype) for g in generator])
     tok = (probs / -torch.log1p(-u)).argmax(dim=-1)
     conf = probs.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
     return tok, conf
@@ -105,67 +123,106 @@ def _choose(conf: torch.Tensor, masked: torch.Tensor, cfg: SamplingConfig, k_sta
     return pick | best
 
 
-def _decode_blocks(policy: DiffusionPolicy, prompt_ids: list[int], G: int, n_blocks: int, cfg: SamplingConfig,
-                   generator: torch.Generator, kv_cache: bool = True):
-    """The decoding loop of :func:`sample_ids`: per sample, lists of per-block token / step / log-prob tensors.
+def _decode_blocks(policy: DiffusionPolicy, prompts: list[list[int]], G: int, n_blocks: int, cfg: SamplingConfig,
+                   generators: list[torch.Generator], kv_cache: bool = True):
+    """The decoding loop of :func:`sample_ids` and :func:`sample_ids_batch`: ``len(prompts)`` groups of ``G`` rows in
+    one batch (rows ``g * G .. g * G + G - 1``: group ``g``), per sample lists of per-block token / step / log-prob
+    tensors.
+
+    Prompts of different lengths are left-padded (``pad_id``) to the longest, ``P``, so every row's response starts
+    at column ``P`` and the blocks, aligned to the prompt's end (:func:`prompt_blocks`), are the same columns for
+    every row. Each row attends its own keys only (``[B, q, kv]`` masks: a padding key is never attended; a padding
+    query attends itself, so its keys stay finite) and its RoPE positions are its own (column minus its padding), so
+    a row computes what it computes alone, up to floating-point rounding. Group ``g``'s random draws come from
+    ``generators[g]`` and only at the steps where one of its rows still has a masked position: exactly the draws it
+    makes alone (:func:`draw_tokens`), whatever else shares the batch. Without padding (one group, or prompts of one
+    length) positions and masks stay ``[q]`` / ``[q, kv]``, shared by the rows.
 
     With the cache and ``cfg.cuda_graphs`` on a GPU, the denoising forwards are replayed CUDA graphs
-    (:class:`~dice_ray.policy.graphs.CachedForward`). In every mode a row that finishes stays in the batch
-    until every row has, fully unmasked (pad tokens), so it adds no denoising steps and its later blocks are
-    not returned: the cache buffers a graph recorded stay valid, and the random draws of the other rows do
-    not depend on when it finished, so graphs and eager give the same samples. The cost: a finished row is
-    still computed (little at decoding batch sizes, where the GEMMs are bound by reading the weights).
+    (:class:`~dice_ray.policy.graphs.CachedForward`; with padding its inputs are per-row positions and masks). In
+    every mode a row that finishes stays in the batch until every row has, fully unmasked (pad tokens), so it adds
+    no denoising steps and its later blocks are not returned: the cache buffers a graph recorded stay valid, and the
+    random draws of the other rows do not depend on when it finished, so graphs and eager give the same samples.
+    The cost: a finished row is still computed (little at decoding batch sizes, where the GEMMs are bound by reading
+    the weights).
 
     Returns:
         (tokens, unmask steps, behaviour log-probs: per sample a list of LongTensor / LongTensor /
         FloatTensor ``[block_size]``, one per returned block; model forwards run, prefill included).
     """
-    model, bs, mask_id, P = policy.model, policy.block_size, policy.mask_id, len(prompt_ids)
-    device = policy.device
+    model, bs, mask_id = policy.model, policy.block_size, policy.mask_id
+    device, N = policy.device, len(prompts)
+    B, P = N * G, max(map(len, prompts))
     k_sched = transfer_schedule(bs, cfg.steps_per_block)
     graphs = kv_cache and cfg.cuda_graphs and device.type == "cuda"
 
+    # left padding: group g's prompt starts at column off[g]; its rows see no key before it, and their positions
+    # are the column minus off[g] (padding columns: position 0, never attended)
+    off = torch.tensor([P - len(p) for p in prompts], device=device)
+    padded = bool(off.any())
+    prompt = torch.full((N, P), policy.pad_id, dtype=torch.long, device=device)
+    for g, p in enumerate(prompts):
+        prompt[g, P - len(p):] = torch.tensor(p, dtype=torch.long, device=device)
+    off_rows = off.repeat_interleave(G)
+
     # committed tokens never exceed the prompt and all blocks; a step adds at most the finished block and this one
     cache = KVCache(capacity=P + (n_blocks + 1) * bs)
-    prompt = torch.tensor([prompt_ids], device=device)
+
+    def rows_view(pos: torch.Tensor, mask: torch.Tensor, offs: torch.Tensor, q0: int):
+        """Positions ``[q]`` and mask ``[q, kv]`` of a pass whose queries are columns ``q0 ..``, as they are without
+        padding, else each row's own, ``[rows, q]`` / ``[rows, q, kv]``, for rows whose prompts start at ``offs``."""
+        if not padded:
+            return pos, mask
+        q, kv = mask.shape
+        cols = torch.arange(kv, device=device)
+        own = mask[None] & (cols[None] >= offs[:, None])[:, None, :]  # no row attends a padding key
+        if q0 < P:  # a padding query attends only itself: its keys and values stay finite
+            qcols = q0 + torch.arange(q, device=device)
+            pad_q = qcols[None] < offs[:, None]
+            own = own | (pad_q[:, :, None] & (cols[None] == qcols[:, None])[None])
+        return (pos[None] - offs[:, None]).clamp(min=0), own
+
     zeros = torch.zeros(P, dtype=torch.long, device=device)
     p_block = prompt_blocks(P, bs, device)
     forwards = 0
     if kv_cache:
         cache.next_slots(P, device)
-        forward_hidden(model, prompt, torch.arange(P, device=device),
-                       cache.pad_mask(block_mask(p_block, zeros, p_block, zeros)), cache)
+        pos, mask = rows_view(torch.arange(P, device=device), cache.pad_mask(block_mask(p_block, zeros, p_block, zeros)),
+                              off, 0)
+        forward_hidden(model, prompt, pos, mask, cache)
         cache.commit(P)
         cache.expand(G)
         forwards = 1
         cached_forward = CachedForward(model, cache, graphs)
-    done = prompt.expand(G, -1)  # kv_cache=False: prompt + finished blocks of every row, re-run every step
+    done = prompt.repeat_interleave(G, dim=0)  # kv_cache=False: prompt + finished blocks of every row, re-run every step
 
-    live = [True] * G  # rows still decoding (a finished row stays in the batch, fully unmasked: pad tokens)
-    out_tok: list[list[torch.Tensor]] = [[] for _ in range(G)]
-    out_step: list[list[torch.Tensor]] = [[] for _ in range(G)]
-    out_lp: list[list[torch.Tensor]] = [[] for _ in range(G)]
-    prev: torch.Tensor | None = None  # [G, bs] finished block not yet committed to the cache
+    live = [True] * B  # rows still decoding (a finished row stays in the batch, fully unmasked: pad tokens)
+    out_tok: list[list[torch.Tensor]] = [[] for _ in range(B)]
+    out_step: list[list[torch.Tensor]] = [[] for _ in range(B)]
+    out_lp: list[list[torch.Tensor]] = [[] for _ in range(B)]
+    prev: torch.Tensor | None = None  # [B, bs] finished block not yet committed to the cache
     # block / copy ids of the committed cache: prompt blocks <= 0, response block j = j + 1, all clean
     k_block = p_block.clone()
 
     for b in range(n_blocks):
-        x = torch.full((G, bs), mask_id, dtype=torch.long, device=device)
+        x = torch.full((B, bs), mask_id, dtype=torch.long, device=device)
         if not all(live):  # finished rows: nothing masked, so they add no denoising steps
             x[torch.tensor([not a for a in live], device=device)] = policy.pad_id
-        step_of = torch.full((G, bs), -1, dtype=torch.long, device=device)
-        lp_of = torch.zeros((G, bs), device=device)
+        step_of = torch.full((B, bs), -1, dtype=torch.long, device=device)
+        lp_of = torch.zeros((B, bs), device=device)
         cur = torch.full((bs,), b + 1, dtype=torch.long, device=device)
         step = 0
         while True:
             masked = x == mask_id
-            if not masked.any():
+            need = masked.view(N, -1).any(-1).tolist()  # groups still decoding this block: they draw this step
+            if not any(need):
                 break
             if not kv_cache:  # no cache (baseline): the whole sequence, this block last, block-causal
                 blocks = torch.cat([p_block, torch.arange(done.shape[1] - P + bs, device=device) // bs + 1])
                 ids, clean = torch.cat([done, x], dim=1), torch.zeros_like(blocks)
-                h = forward_hidden(model, ids, torch.arange(blocks.numel(), device=device),
-                                   block_mask(blocks, clean, blocks, clean))
+                pos, mask = rows_view(torch.arange(blocks.numel(), device=device),
+                                      block_mask(blocks, clean, blocks, clean), off_rows, 0)
+                h = forward_hidden(model, ids, pos, mask)
             else:
                 if prev is not None:  # commit the finished block while denoising this one
                     q_block = torch.cat([cur - 1, cur])
@@ -176,6 +233,7 @@ def _decode_blocks(policy: DiffusionPolicy, prompt_ids: list[int], G: int, n_blo
                 k_copy = torch.cat([torch.zeros_like(k_block), q_copy])
                 mask = cache.pad_mask(block_mask(q_block, q_copy, torch.cat([k_block, q_block]), k_copy))
                 pos = P + (q_block - 1) * bs + torch.arange(q_block.numel(), device=device) % bs
+                pos, mask = rows_view(pos, mask, off_rows, len(cache))
                 cache.next_slots(q_block.numel(), device)
                 h = cached_forward(ids, pos, mask)
                 cache.commit(keep)
@@ -183,15 +241,16 @@ def _decode_blocks(policy: DiffusionPolicy, prompt_ids: list[int], G: int, n_blo
             if prev is not None:
                 k_block = torch.cat([k_block, cur - 1])
                 prev = None
-            logits = token_logits(model, h[:, -bs:], mask_id)  # [G, bs, V] fp32
-            tok, conf = draw_tokens(logits, cfg.temperature, cfg.top_k, cfg.top_p, generator)
+            logits = token_logits(model, h[:, -bs:], mask_id)  # [B, bs, V] fp32
+            gens = generators[0] if N == 1 else [g if n else None for g, n in zip(generators, need)]
+            tok, conf = draw_tokens(logits, cfg.temperature, cfg.top_k, cfg.top_p, gens)
             lp = torch.log_softmax(logits, dim=-1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
             pick = _choose(conf, masked, cfg, k_sched[min(step, len(k_sched) - 1)])
             x = torch.where(pick, tok, x)
             step_of = torch.where(pick, step, step_of)
             lp_of = torch.where(pick, lp, lp_of)
             step += 1
-        for r in range(G):
+        for r in range(B):
             if live[r]:
                 out_tok[r].append(x[r])
                 out_step[r].append(step_of[r])
@@ -207,7 +266,6 @@ def _decode_blocks(policy: DiffusionPolicy, prompt_ids: list[int], G: int, n_blo
     return out_tok, out_step, out_lp, forwards
 
 
-@torch.inference_mode()
 def sample_ids(
     policy: DiffusionPolicy,
     prompt_ids: list[int],
@@ -230,15 +288,53 @@ def sample_ids(
         ValueError: empty prompt, ``num_samples < 1``, or prompt + max_new_tokens beyond the model's
             ``max_position_embeddings``.
     """
-    model, bs = policy.model, policy.block_size
-    P, G = len(prompt_ids), num_samples
-    if P == 0:
+    if policy.family != "sdar":  # LLaDA / Dream: whole-response masked diffusion
+        if not prompt_ids:
+            raise ValueError("prompt_ids: must not be empty")
+        if num_samples < 1:
+            raise ValueError(f"num_samples={num_samples}: must be >= 1")
+        return sample_masked_ids(policy, [list(prompt_ids)] * num_samples, cfg, generator)
+    groups, stats = sample_ids_batch(policy, [prompt_ids], num_samples, cfg, [generator], kv_cache)
+    return (*groups[0], stats)
+
+
+@torch.inference_mode()
+def sample_ids_batch(
+    policy: DiffusionPolicy,
+    prompts: list[list[int]],
+    num_samples: int,
+    cfg: SamplingConfig,
+    generators: list[torch.Generator],
+    kv_cache: bool = True,
+) -> tuple[list[tuple[list[list[int]], list[list[int]], list[list[float]]]], SampleStats]:
+    """SDAR block-diffusion decoding of ``num_samples`` responses to each of several prompts, in one batch.
+
+    The prompts may differ in length (left-padded, each row attending its own keys at its own positions:
+    :func:`_decode_blocks`); prompt ``i``'s draws come from ``generators[i]`` alone, so its responses are those of
+    ``sample_ids(policy, prompts[i], num_samples, cfg, generators[i])`` up to the floating-point rounding of batched
+    GEMMs and padded attention (on CPU in fp32 the same tokens in practice; log-probs within ~1e-5).
+
+    Returns:
+        (per prompt ``(response_ids, unmask_step, behaviour_logprobs)`` as :func:`sample_ids` returns them, the
+        batch's :class:`SampleStats`: ``num_samples`` = rows, ``prompt_tokens`` = the prompts' sum).
+
+    Raises:
+        ValueError: no prompt, an empty prompt, ``num_samples < 1``, as many generators as prompts not given, a
+            non-SDAR policy, or a prompt + max_new_tokens beyond the model's ``max_position_embeddings``.
+    """
+    model, bs, G = policy.model, policy.block_size, num_samples
+    if policy.family != "sdar":
+        raise ValueError(f"sample_ids_batch: SDAR block decoding only (model.family {policy.family!r}: sample_group)")
+    if not prompts:
+        raise ValueError("prompts: must not be empty")
+    if any(len(p) == 0 for p in prompts):
         raise ValueError("prompt_ids: must not be empty")
     if G < 1:
         raise ValueError(f"num_samples={G}: must be >= 1")
-    if policy.family != "sdar":  # LLaDA / Dream: whole-response masked diffusion
-        return sample_masked_ids(policy, [list(prompt_ids)] * G, cfg, generator)
+    if len(generators) != len(prompts):
+        raise ValueError(f"generators ({len(generators)}): one a prompt ({len(prompts)})")
     n_blocks = cfg.max_new_tokens // bs
+    P = max(map(len, prompts))
     if P + n_blocks * bs > policy.model_cfg.max_position_embeddings:
         raise ValueError(
             f"prompt ({P} tokens) + max_new_tokens ({n_blocks * bs}) exceeds max_position_embeddings="
@@ -248,7 +344,7 @@ def sample_ids(
     model.eval()
     t0 = time.perf_counter()
     try:
-        out_tok, out_step, out_lp, forwards = _decode_blocks(policy, prompt_ids, G, n_blocks, cfg, generator, kv_cache)
+        out_tok, out_step, out_lp, forwards = _decode_blocks(policy, prompts, G, n_blocks, cfg, generators, kv_cache)
     finally:
         model.train(was_training)
     responses = [torch.cat(t).tolist() for t in out_tok]
@@ -256,8 +352,9 @@ def sample_ids(
     lps = [torch.cat(t).tolist() for t in out_lp]
     seconds = time.perf_counter() - t0
     new = sum(map(len, responses))
-    stats = SampleStats(G, P, new, forwards, seconds, new / max(seconds, 1e-9))
-    return responses, steps, lps, stats
+    stats = SampleStats(len(prompts) * G, sum(map(len, prompts)), new, forwards, seconds, new / max(seconds, 1e-9))
+    per = [(responses[i * G:(i + 1) * G], steps[i * G:(i + 1) * G], lps[i * G:(i + 1) * G]) for i in range(len(prompts))]
+    return per, stats
 
 
 def sample_group(
@@ -275,17 +372,48 @@ def sample_group(
     Raises:
         ValueError: see :func:`sample_ids`.
     """
-    prompt_ids = policy.encode(prompt)
-    if policy.family != "sdar" and prompt_ids:
-        return _span_group(policy, prompt_ids, [], num_samples, cfg, seed, cfg.max_new_tokens, None, stop_at_eos=True)
-    gen = torch.Generator(device=policy.device).manual_seed(seed)
-    responses, steps, lps, stats = sample_ids(policy, prompt_ids, num_samples, cfg, gen)
-    group = RolloutGroup()
-    for resp, st, lp in zip(responses, steps, lps):
-        cut = resp.index(policy.eos_id) if policy.eos_id in resp else len(resp)
-        group.append(Rollout(list(prompt_ids), resp, st, lp, policy.decode(resp[:cut]), cut < len(resp)))
-    group.stats = stats
-    return group
+    return sample_groups(policy, [prompt], num_samples, cfg, [seed])[0]
+
+
+def sample_groups(
+    policy: DiffusionPolicy, prompts: list[str], num_samples: int, cfg: SamplingConfig, seeds: list[int]
+) -> list[RolloutGroup]:
+    """A group of ``num_samples`` rollouts for each prompt, group ``i`` seeded by ``seeds[i]``: SDAR decodes every
+    group in one batch (:func:`sample_ids_batch`; the caller bounds the batch, ``sampling.max_batch_rows``), each
+    group's samples those :func:`sample_group` draws alone up to floating-point rounding; LLaDA / Dream sample one
+    group after another (:func:`sample_group`; their decoding drops finished rows as it goes, one generator a call).
+
+    Each group's ``.stats`` is its share of the batch: its own prompt and new tokens, the batch's forwards, and the
+    batch's seconds times its share of the rows (the shares of a batch add up to its wall time).
+
+    Raises:
+        ValueError: ``seeds`` not one a prompt; see :func:`sample_ids_batch`.
+    """
+    if len(seeds) != len(prompts):
+        raise ValueError(f"seeds ({len(seeds)}): one a prompt ({len(prompts)})")
+    if policy.family != "sdar":
+        out = []
+        for prompt, seed in zip(prompts, seeds):
+            prompt_ids = policy.encode(prompt)
+            if not prompt_ids:
+                raise ValueError("prompt_ids: must not be empty")
+            out.append(_span_group(policy, prompt_ids, [], num_samples, cfg, seed, cfg.max_new_tokens, None,
+                                   stop_at_eos=True))
+        return out
+    ids = [policy.encode(p) for p in prompts]
+    gens = [torch.Generator(device=policy.device).manual_seed(seed) for seed in seeds]
+    per, stats = sample_ids_batch(policy, ids, num_samples, cfg, gens)
+    out = []
+    for prompt_ids, (responses, steps, lps) in zip(ids, per):
+        group = RolloutGroup()
+        for resp, st, lp in zip(responses, steps, lps):
+            cut = resp.index(policy.eos_id) if policy.eos_id in resp else len(resp)
+            group.append(Rollout(list(prompt_ids), resp, st, lp, policy.decode(resp[:cut]), cut < len(resp)))
+        new = sum(len(r.response_ids) for r in group)
+        seconds = stats.seconds * num_samples / stats.num_samples
+        group.stats = SampleStats(num_samples, len(prompt_ids), new, stats.forwards, seconds, new / max(seconds, 1e-9))
+        out.append(group)
+    return out
 
 
 # ---- bidirectional families (LLaDA, Dream): whole-response decoding and prefix / suffix infilling -------------

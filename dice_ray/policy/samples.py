@@ -51,14 +51,15 @@ class Rollout:
 
 @dataclass
 class SampleStats:
-    """Throughput of one :func:`sample_group` call.
+    """Throughput of one :func:`sample_group` call (or of a group's share of a batch of groups, ``sample_groups``;
+    or of a whole batch, ``sample_ids_batch``: rows and prompts summed).
 
     Attributes:
-        num_samples: G.
-        prompt_tokens: P.
+        num_samples: G (a whole batch: its rows).
+        prompt_tokens: P (a whole batch: the prompts' sum).
         new_tokens: sum of the G response lengths (tokens).
-        forwards: model forward passes (prefill + denoising steps).
-        seconds: wall time (s).
+        forwards: model forward passes (prefill + denoising steps; a group of a batch: the batch's).
+        seconds: wall time (s); a group of a batch: the batch's times the group's share of its rows.
         tokens_per_s: new_tokens / seconds.
     """
 

@@ -1,7 +1,8 @@
 """Sampling a group of rollouts for a task and phase, posed the way the policy's family decodes.
 
-One entry point for the rollout workers (:meth:`dice_ray.cluster.rollout.RolloutWorker.generate`) and eval
-(:func:`dice_ray.eval.run.model_candidates`), so training and evaluation pose a task alike:
+One entry point for the rollout workers (:meth:`dice_ray.cluster.rollout.RolloutWorker.generate`, through
+:func:`sample_task_groups`, several groups a batch) and eval (:func:`dice_ray.eval.run.model_candidates`), so training
+and evaluation pose a task alike:
 
 * SDAR, every phase, and LLaDA / Dream end-to-end: the phase's prompt (:func:`~dice_ray.tasks.prompts.build_prompt`;
   an infill prompt shows the scaffold with the middle marked missing, as DICE's SDAR rollouts do), decoded by
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from dice_ray.config import SamplingConfig
 from dice_ray.policy.policy import DiffusionPolicy
-from dice_ray.policy.sampler import infill_group, sample_group
+from dice_ray.policy.sampler import infill_group, sample_group, sample_groups
 from dice_ray.policy.samples import RolloutGroup
 from dice_ray.tasks.prompts import assemble_candidate, build_prompt, infill_context
 from dice_ray.tasks.task import Task
@@ -66,6 +67,44 @@ def sample_task_group(
         prompt = build_prompt(task, phase, template, granularity)
         group = sample_group(policy, prompt, num_samples, sampling_cfg, seed)
     return group, [assemble_candidate(task, phase, r.text, granularity) for r in group]
+
+
+def sample_task_groups(
+    policy: DiffusionPolicy,
+    items: list[tuple[Task, str, int]],
+    template: str,
+    granularity: str,
+    num_samples: int,
+    sampling_cfg: SamplingConfig,
+) -> list[tuple[RolloutGroup, list[str]]]:
+    """:func:`sample_task_group` of each ``(task, phase, seed)`` of ``items``, SDAR groups decoded several a batch.
+
+    SDAR (every phase: the scaffold is in the prompt): the prompts, longest first (similar lengths share a batch, so
+    little padding), go in batches of ``max(1, sampling.max_batch_rows // num_samples)`` groups
+    (:func:`~dice_ray.policy.sampler.sample_groups`); each group keeps its own seed, so its rollouts are those
+    :func:`sample_task_group` gives it alone, up to floating-point rounding. LLaDA / Dream: one group after another
+    (:func:`sample_task_group`). Each group's ``.stats.seconds`` is its share of its batch's wall time.
+
+    Returns:
+        per item, in order, what :func:`sample_task_group` returns.
+
+    Raises:
+        ValueError / ScaffoldError: as :func:`sample_task_group`, for any item (before anything is sampled for SDAR).
+    """
+    if policy.family != "sdar":
+        return [sample_task_group(policy, task, phase, template, granularity, num_samples, sampling_cfg, seed)
+                for task, phase, seed in items]
+    prompts = [build_prompt(task, phase, template, granularity) for task, phase, _ in items]
+    lengths = [len(policy.encode(p)) for p in prompts]
+    order = sorted(range(len(items)), key=lambda i: -lengths[i])  # stable: equal lengths keep their order
+    per_batch = max(1, sampling_cfg.max_batch_rows // num_samples)
+    groups: dict[int, RolloutGroup] = {}
+    for k in range(0, len(order), per_batch):
+        part = order[k:k + per_batch]
+        batch = sample_groups(policy, [prompts[i] for i in part], num_samples, sampling_cfg, [items[i][2] for i in part])
+        groups.update(zip(part, batch))
+    return [(groups[i], [assemble_candidate(task, phase, r.text, granularity) for r in groups[i]])
+            for i, (task, phase, _) in enumerate(items)]
 
 
 def context_tokens(policy: DiffusionPolicy, task: Task, phase: str, template: str, granularity: str) -> int:
