@@ -1,6 +1,6 @@
-"""Helpers shared by several test files: a process's state, waiting on a VerifierPool's status, a plain-torch engine, the
-coupled estimator's exact expectation, ``dice-ray train`` in a process of its own and the deterministic run's
-overrides."""
+"""Helpers shared by several test files: a process's state, the session's shared Ray cluster joined for a block, waiting
+on a VerifierPool's status, a plain-torch engine, the coupled estimator's exact expectation, ``dice-ray train`` in a
+process of its own and the deterministic run's overrides."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import json
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Iterator
 
 import pytest
 import ray
@@ -94,6 +96,46 @@ def wait_for_pool(pool, cond, what: str = "condition", timeout: float = 60.0, po
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}: {json.dumps(status, default=str)[:2000]}")
         time.sleep(poll)
+
+
+@contextmanager
+def joined_ray(address: str, namespace: str | None = None, timeout_s: float = 60.0) -> Iterator[None]:
+    """This process as a Ray driver of the session's shared cluster (conftest's ``ray_head``) for the block: a Ray job
+    of its own in ``namespace``. Joining waits until the cluster holds nothing of an earlier job (the actors and
+    placement groups of a job that left end within a second or so); leaving (``ray.shutdown``) ends the job, and with
+    it every actor and placement group it made, and leaves the cluster running.
+
+    Raises:
+        RuntimeError: something of an earlier job is still there after ``timeout_s`` (the message names it).
+    """
+    from dice_ray.cluster.auth import connect
+
+    connect(address, namespace=namespace, log_to_driver=False)  # as ``--address``: this machine's token, if any
+    try:
+        deadline = time.monotonic() + timeout_s
+        while left := _left_by_earlier_jobs():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the shared Ray cluster still holds what earlier test modules made, "
+                                   f"{timeout_s:.0f} s after this one joined: {left}")
+            time.sleep(0.1)
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _left_by_earlier_jobs() -> list[str]:
+    """Actors not dead, placement groups not removed and resources in use, on the cluster this process joined (with no
+    dashboard, the GCS's own tables)."""
+    from ray._private import state
+
+    left = [f"actor {a['ActorClassName']} {a['Name'] or ''} ({a['State']}, job {a['JobID']})".replace("  ", " ")
+            for a in state.actors().values() if a["State"] != "DEAD"]
+    left += [f"placement group {pg} ({info['state']})" for pg, info in ray.util.placement_group_table().items()
+             if info["state"] != "REMOVED"]
+    free = ray.available_resources()
+    left += [f"{k} {free.get(k, 0)} of {total} free" for k, total in ray.cluster_resources().items()
+             if free.get(k, 0) < total - 1e-6]
+    return left
 
 
 class PlainEngine:

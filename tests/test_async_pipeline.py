@@ -21,6 +21,7 @@ from dice_ray.cluster.pipeline import StepPipeline, check_staleness, staleness_s
 from dice_ray.cluster.rollout import GroupRollout
 from dice_ray.cluster.scheduler import PhaseSchedulerActor, PromptRequest
 from dice_ray.config import PhaseConfig, load_config
+from _helpers import joined_ray
 
 
 # ---- the staleness bound ------------------------------------------------------------------------------
@@ -150,13 +151,12 @@ class FakeLearner:
 
 
 @pytest.fixture(scope="module")
-def stand_ins():
-    """A local Ray cluster and started stand-in actors: (rollout worker, verifier pool, learner)."""
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="dice-ray-test-pipeline", log_to_driver=False)
-    actors = FakeRollout.remote(), FakePool.remote(), FakeLearner.remote()
-    ray.get([actors[0].set_weights.remote(0), actors[1].verify_batch.remote([]), actors[2].train_step.remote(0)])
-    yield actors
-    ray.shutdown()
+def stand_ins(ray_head):
+    """Started stand-in actors on the shared local Ray cluster: (rollout worker, verifier pool, learner)."""
+    with joined_ray(ray_head, namespace="dice-ray-test-pipeline"):
+        actors = FakeRollout.remote(), FakePool.remote(), FakeLearner.remote()
+        ray.get([actors[0].set_weights.remote(0), actors[1].verify_batch.remote([]), actors[2].train_step.remote(0)])
+        yield actors
 
 
 def _loop(actors, max_staleness: int, steps: int = 4):

@@ -14,6 +14,8 @@ import pytest
 import ray
 import torch
 
+from _helpers import joined_ray
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "weight_sync.py"
 
 
@@ -64,10 +66,9 @@ def test_modes_parse_and_reject_bad_lists():
 
 
 @pytest.fixture(scope="module")
-def ray_cpu():
-    ray.init(address="local", num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+def ray_cpu(ray_head):
+    with joined_ray(ray_head):  # 2 CPUs, no GPU
+        yield
 
 
 def test_benchmark_cpu_both_modes_sync_and_report(ray_cpu, tmp_path):

@@ -562,12 +562,13 @@ def test_train_refuses_a_broken_model_folder_before_starting_anything(tmp_path, 
 
 
 @pytest.fixture
-def local_ray():
+def local_ray(ray_head):
     import ray
 
-    ray.init(address="local", num_cpus=1, include_dashboard=False, namespace="dice-ray-test-cli", log_to_driver=False)
-    yield ray
-    ray.shutdown()
+    from _helpers import joined_ray
+
+    with joined_ray(ray_head, namespace="dice-ray-test-cli"):
+        yield ray
 
 
 def test_an_actor_failure_ends_train_with_one_line_naming_the_actor_and_its_error(local_ray, monkeypatch, capsys):

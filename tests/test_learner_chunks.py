@@ -22,7 +22,7 @@ from dice_ray.config import DiceConfig, ModelConfig, RLConfig, SamplingConfig, l
 from dice_ray.policy.logprobs import ESTIMATORS, response_logprobs
 from dice_ray.policy.policy import DiffusionPolicy
 from dice_ray.rl.loss import LossStats, clipped_policy_loss, merge_chunk_stats
-from _helpers import HANG_S, TINY_FAMILY_SHAPE, PlainEngine, saved_activation_bytes
+from _helpers import HANG_S, TINY_FAMILY_SHAPE, PlainEngine, joined_ray, saved_activation_bytes
 from _helpers import one_torch_thread  # noqa: F401 (autouse: one torch thread)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -311,7 +311,7 @@ def test_deepspeed_train_step_takes_the_same_update_chunked(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_gloo_ranks_chunked_take_the_one_rank_whole_group_update():
+def test_two_gloo_ranks_chunked_take_the_one_rank_whole_group_update(ray_head):
     """2 DeepSpeed ranks (ZeRO-2, gloo, Ray actors) scoring 2 rows a chunk take the update 1 rank takes on whole
     groups: 5 groups of 5 and 4 rows over 2 ranks, one a micro-batch (3 on each rank, one of them padding), 3
     backwards each (a group of 4 rows has 2 chunks: its micro-batch's third backward is a zero-weight one)."""
@@ -329,8 +329,7 @@ def test_two_gloo_ranks_chunked_take_the_one_rank_whole_group_update():
                                          "cluster.micro_batch_tokens=100", f"cluster.learner_rows_per_chunk={rows}"])
         return LearnerGroup(cfg, use_gpu=False, num_threads=1, env=learner_env(False))
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
+    with joined_ray(ray_head):
         one, two = group(1, 2, 0), group(2, 2, 2)  # ZeRO-2 both: its reported norm differs from ZeRO-0's in ~1e-5
         ray.get([one.init_engine.remote(), two.init_engine.remote()])
         s1, s2 = ray.get([one.train_step.remote(groups), two.train_step.remote(groups)])
@@ -343,8 +342,6 @@ def test_two_gloo_ranks_chunked_take_the_one_rank_whole_group_update():
         assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 1e-5
         for g in (one, two):
             g.shutdown()
-    finally:
-        ray.shutdown()
 
 
 # ---- the memory estimate --------------------------------------------------------------------------------------

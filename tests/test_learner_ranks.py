@@ -22,7 +22,7 @@ from dice_ray.cluster.learner import (
 )
 from dice_ray.cluster.weight_sync import named_weights, plan_buckets, resolve_mode
 from dice_ray.config import DiceConfig, load_config
-from _helpers import PlainEngine
+from _helpers import PlainEngine, joined_ray
 
 VOCAB, BLOCK = 4096, 4
 
@@ -126,11 +126,10 @@ def test_weight_plan_buckets_are_aligned_and_complete():
 
 # ---- Ray: DeepSpeed ranks over gloo and the weight sync ---------------------------------------------------
 @pytest.fixture(scope="module")
-def ray_local():
+def ray_local(ray_head):
     ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+    with joined_ray(ray_head):
+        yield ray
 
 
 def _learner(ray, ranks: int, zero: int) -> LearnerGroup:

@@ -22,6 +22,7 @@ from dice_ray.cluster.rollout import GroupRollout, WeightsMissing
 from dice_ray.cluster.scheduler import PhaseSchedulerActor
 from dice_ray.cluster.weight_sync import WeightSync
 from dice_ray.config import PhaseConfig
+from _helpers import joined_ray
 
 
 # ---- StepPipeline and WeightSync with restartable stand-in workers --------------------------------------------
@@ -82,12 +83,11 @@ class EchoPool:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="dice-ray-test-rollout-fault", log_to_driver=False)
-    pool = EchoPool.remote()
-    ray.get(pool.verify_batch.remote([]))
-    yield pool
-    ray.shutdown()
+def cluster(ray_head):
+    with joined_ray(ray_head, namespace="dice-ray-test-rollout-fault"):
+        pool = EchoPool.remote()
+        ray.get(pool.verify_batch.remote([]))
+        yield pool
 
 
 def _wait_restarted(worker, timeout_s: float = 60.0) -> None:

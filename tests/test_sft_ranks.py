@@ -11,6 +11,7 @@ from dice_ray.config import ModelConfig
 from dice_ray.policy.policy import DiffusionPolicy
 from dice_ray.policy.sft_batches import tokenize_pairs
 from dice_ray.policy.sft_loss import diffusion_loss
+from _helpers import joined_ray
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=512, block_size=4)
@@ -62,11 +63,10 @@ SMALL = [*TINY_CFG, "tasks.max_tasks=3", "sft.batch_size=4", "sft.warmup_steps=1
 
 
 @pytest.fixture(scope="module")
-def ray_local():
+def ray_local(ray_head):
     ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+    with joined_ray(ray_head):
+        yield ray
 
 
 @pytest.mark.slow

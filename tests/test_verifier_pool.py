@@ -17,17 +17,16 @@ from dice_ray import cli
 from dice_ray.cluster.verifier_pool import NAMESPACE, POOL_NAME, TICK_S, VerifierPool
 from dice_ray.config import ClusterConfig, RewardConfig, VerifyConfig
 from dice_ray.tasks.loaders import load_tasks
-from _helpers import wait_for_pool
+from _helpers import joined_ray, wait_for_pool
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A local Ray cluster; yields its address (what ``--address`` / RAY_ADDRESS take)."""
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="dice-ray-test", log_to_driver=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
+def cluster(ray_head):
+    """The shared local Ray cluster, joined; yields its address (what ``--address`` / RAY_ADDRESS take)."""
+    with joined_ray(ray_head, namespace="dice-ray-test"):
+        yield ray.get_runtime_context().gcs_address
 
 
 @pytest.fixture(scope="module")

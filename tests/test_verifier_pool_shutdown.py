@@ -13,7 +13,7 @@ import ray
 from dice_ray.cluster.verifier_pool import VerifierPool
 from dice_ray.config import RewardConfig, VerifyConfig
 from dice_ray.tasks.loaders import load_tasks
-from _helpers import wait_for_pool
+from _helpers import joined_ray, wait_for_pool
 
 pytestmark = pytest.mark.slow
 
@@ -21,10 +21,9 @@ NOISE = ("Event loop is closed", "Task was destroyed but it is pending")
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="dice-ray-test-shutdown", log_to_driver=False)
-    yield
-    ray.shutdown()
+def cluster(ray_head):
+    with joined_ray(ray_head, namespace="dice-ray-test-shutdown"):
+        yield
 
 
 def _worker_of(handle) -> tuple[int, Path]:
