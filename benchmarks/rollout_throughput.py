@@ -50,6 +50,7 @@ import statistics
 import time
 import types
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -140,29 +141,35 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def timed(call: Callable[[], Any], repeats: int, device: torch.device) -> tuple[float, float | None, Any]:
+    """Run ``call`` ``repeats`` times: (median seconds, peak GPU memory in GiB over the runs or None on CPU, the last
+    run's result)."""
+    secs, peaks, out = [], [], None
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        _sync(device)
+        t0 = time.perf_counter()
+        out = call()
+        _sync(device)
+        secs.append(time.perf_counter() - t0)
+        if device.type == "cuda":
+            peaks.append(torch.cuda.max_memory_allocated(device) / 2**30)
+    return statistics.median(secs), max(peaks) if peaks else None, out
+
+
 def time_sampler(policy: DiffusionPolicy, prompt: list[int], batch: int, cfg: SamplingConfig, kv_cache: bool,
                  repeats: int, warmup_tokens: int, name: str) -> Run:
     """Warm up once (``warmup_tokens`` new tokens), then time ``repeats`` calls of ``sample_ids``."""
     device = policy.device
     warm = cfg.model_copy(update={"max_new_tokens": warmup_tokens})
     sample_ids(policy, prompt, batch, warm, torch.Generator(device=device).manual_seed(0), kv_cache=kv_cache)
-    secs, peaks = [], []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        _sync(device)
-        t0 = time.perf_counter()
-        resp, _, _, stats = sample_ids(policy, prompt, batch, cfg, torch.Generator(device=device).manual_seed(0),
-                                       kv_cache=kv_cache)
-        _sync(device)
-        secs.append(time.perf_counter() - t0)
-        if device.type == "cuda":
-            peaks.append(torch.cuda.max_memory_allocated(device) / 2**30)
-    sec = statistics.median(secs)
+    sec, peak, (resp, _, _, stats) = timed(
+        lambda: sample_ids(policy, prompt, batch, cfg, torch.Generator(device=device).manual_seed(0), kv_cache=kv_cache),
+        repeats, device)
     steps = stats.forwards - (1 if kv_cache else 0)  # denoising forwards (the cached path adds a prefill)
     per_row = stats.new_tokens / batch
-    return Run(name, stats.new_tokens / sec, sec, stats.new_tokens, stats.forwards, per_row / max(steps, 1),
-               max(peaks) if peaks else None, resp)
+    return Run(name, stats.new_tokens / sec, sec, stats.new_tokens, stats.forwards, per_row / max(steps, 1), peak, resp)
 
 
 def group_prompts(n: int, prompt_len: int, vocab: int, mask_id: int, seed: int) -> list[list[int]]:
@@ -188,22 +195,10 @@ def time_groups(policy: DiffusionPolicy, prompts: list[list[int]], group_size: i
         return out, stats
 
     run(cfg.model_copy(update={"max_new_tokens": warmup_tokens}))
-    secs, peaks = [], []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        _sync(device)
-        t0 = time.perf_counter()
-        resp, stats = run(cfg)
-        _sync(device)
-        secs.append(time.perf_counter() - t0)
-        if device.type == "cuda":
-            peaks.append(torch.cuda.max_memory_allocated(device) / 2**30)
-    sec = statistics.median(secs)
+    sec, peak, (resp, stats) = timed(lambda: run(cfg), repeats, device)
     new = sum(st.new_tokens for st in stats)
     row_steps = sum(st.num_samples * (st.forwards - 1) for st in stats)  # each call: one prefill, then denoising
-    return Run(name, new / sec, sec, new, sum(st.forwards for st in stats), new / max(row_steps, 1),
-               max(peaks) if peaks else None, resp)
+    return Run(name, new / sec, sec, new, sum(st.forwards for st in stats), new / max(row_steps, 1), peak, resp)
 
 
 def bench_groups(policy: DiffusionPolicy, args: argparse.Namespace, cfg: SamplingConfig) -> dict:
