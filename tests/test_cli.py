@@ -1,6 +1,7 @@
 """The `dice-ray` command line: verify's JSON contract and exit codes, config errors before any actor."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -452,6 +453,32 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path, monkeypatch, capsys):
     assert "stopped (terminated (SIGTERM)) with 1 of 4 steps done" in out
     assert f"dice-ray train --resume {tmp_path / 't'}" in out
     assert json.loads((tmp_path / "t" / "stopped.json").read_text())["reason"] == "terminated (SIGTERM)"
+
+
+_SIGTERM_AFTER_RAY = """
+import os, signal, sys, time
+from dice_ray.cluster.ray_start import start_ray
+
+got = []
+signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+start_ray(None)  # a private local cluster: ray.init installs Ray's own C-level SIGTERM handler in this driver
+os.kill(os.getpid(), signal.SIGTERM)
+for _ in range(100):
+    if got:
+        break
+    time.sleep(0.05)
+print("handled" if got else "not handled", flush=True)
+"""
+
+
+def test_the_python_sigterm_handler_stays_in_force_after_ray_starts():
+    """Ray's driver put its own C-level SIGTERM handler over Python's (it prints a stack and aborts: exit 134, a fresh
+    user's trial), so the trainer's handler never ran on a real run; the test above mocks the run and starts no Ray.
+    After start_ray the process's Python handler gets the signal."""
+    out = subprocess.run([sys.executable, "-c", _SIGTERM_AFTER_RAY], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "RAY_ADDRESS": ""})
+    assert out.returncode == 0 and out.stdout.split("\n")[-2:] == ["handled", ""], \
+        (out.returncode, out.stdout, out.stderr[-2000:])
 
 
 def test_train_refuses_a_run_name_that_holds_a_run(tmp_path, monkeypatch, capsys):

@@ -9,9 +9,13 @@ that ends with the run. ``--address auto`` still joins the machine's ``ray start
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 
 import ray
 
@@ -48,6 +52,14 @@ def start_ray(address: str | None) -> dict:
         return {"address": ctx.gcs_address, "dashboard": None, "started": False}
     # Ray's own INFO lines ("Started a local Ray instance. View the dashboard at ..." with colour codes in a
     # log file) are left out: the trainer prints the address and the dashboard itself
+    with _sigterm_kept():
+        ctx, started = _init(address)
+    url = ctx.dashboard_url
+    return {"address": ctx.address_info.get("gcs_address"), "dashboard": f"http://{url}" if url else None, "started": started}
+
+
+def _init(address: str | None):
+    """``ray.init`` for :func:`start_ray`: (Ray's context, whether a new local cluster was started)."""
     if address:
         ctx = connect(address, namespace=NAMESPACE, log_to_driver=True, logging_level="WARNING")  # Ray >= 2.60's token
         started = False
@@ -56,5 +68,20 @@ def start_ray(address: str | None) -> dict:
         ctx = ray.init(address=PRIVATE_CLUSTER, namespace=NAMESPACE, include_dashboard=True,
                        dashboard_host="127.0.0.1", log_to_driver=True, logging_level="WARNING")
         started = True
-    url = ctx.dashboard_url
-    return {"address": ctx.address_info.get("gcs_address"), "dashboard": f"http://{url}" if url else None, "started": started}
+    return ctx, started
+
+
+@contextlib.contextmanager
+def _sigterm_kept() -> Iterator[None]:
+    """Keep the process's SIGTERM handler over ``ray.init``: a driver's init sets Ray's own (``sys.exit(15)`` in
+    Python, and a C-level one that prints "SIGTERM received" with a stack and aborts, exit 134), so the trainer's
+    handler (stop as on Ctrl-C, ``--resume`` printed, ``stopped.json``) never ran on a real run (a fresh user's
+    trial). Only a Python handler is kept (a default one leaves Ray's, which shuts Ray down on the way out); main
+    thread only (signals are set there)."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if callable(before):
+            signal.signal(signal.SIGTERM, before)
